@@ -1,0 +1,28 @@
+# Two commands do all the set-up on a fresh machine:
+#   make test   create .venv, install pinned dependencies, run the test suite
+#   make demo   fetch the model pair (once) and run a real multi-sequence request
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: install test test-fast models demo clean
+
+$(STAMP): pyproject.toml requirements/runtime.txt requirements/dev.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements/dev.txt
+	$(PY) -m pip install -q --no-deps -e .
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+test: install
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

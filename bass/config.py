@@ -1,0 +1,128 @@
+"""Every configuration type, typed and validated in one place.
+
+Each config is a frozen dataclass that checks itself in __post_init__ and raises
+InvalidRequestError naming the offending field, so the same checks guard the CLI, config files
+and (later) gRPC requests.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bass.errors import InvalidRequestError
+
+DTYPES = ("float32", "bfloat16", "float16")
+ATTENTION_BACKENDS = ("pad", "split")
+DRAFT_LENGTH_POLICIES = ("bass", "fixed", "adaptive")
+
+
+def _require(ok: bool, field_name: str, message: str) -> None:
+    if not ok:
+        raise InvalidRequestError(field_name, message)
+
+
+def _finite(x: float) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one sequence turns logits into a token; shapes target and draft distributions alike.
+
+    temperature 0 means greedy. top_k 0 and top_p 1.0 mean "off".
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        _require(_finite(self.temperature) and self.temperature >= 0, "temperature",
+                 f"must be a finite number >= 0, got {self.temperature!r}")
+        _require(isinstance(self.top_k, int) and self.top_k >= 0, "top_k",
+                 f"must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        _require(_finite(self.top_p) and 0 < self.top_p <= 1, "top_p",
+                 f"must be in (0, 1], got {self.top_p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """One model with its KV cache on one device: what each model service runs."""
+
+    model_dir: Path
+    device: str = "cpu"
+    dtype: str = "float32"
+    num_slots: int = 64
+    max_seq_len: int = 2048
+    attention: str = "pad"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "model_dir", Path(self.model_dir))
+        _require(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
+        _require(self.device == "cpu" or self.device.startswith("cuda"), "device",
+                 f"must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        _require(self.num_slots >= 1, "num_slots", f"must be >= 1, got {self.num_slots}")
+        _require(self.max_seq_len >= 2, "max_seq_len", f"must be >= 2, got {self.max_seq_len}")
+        _require(self.attention in ATTENTION_BACKENDS, "attention",
+                 f"must be one of {ATTENTION_BACKENDS}, got {self.attention!r}")
+
+
+@dataclass(frozen=True)
+class DraftLengthConfig:
+    """How many tokens the draft proposes per step.
+
+    policy "bass": the paper's batch-level rule (start at `initial`, grow by 2 up to `max_length`
+    when any sequence accepts all, shrink otherwise). "fixed": always `fixed`. "adaptive": each
+    sequence picks its own length from its acceptance history and `cost_ratio` (draft step cost /
+    target step cost). fixed = 0 means regular decoding.
+    """
+
+    policy: str = "bass"
+    fixed: int = 4
+    initial: int = 7
+    max_length: int = 32
+    cost_ratio: float = 0.2
+
+    def __post_init__(self) -> None:
+        _require(self.policy in DRAFT_LENGTH_POLICIES, "draft_length.policy",
+                 f"must be one of {DRAFT_LENGTH_POLICIES}, got {self.policy!r}")
+        _require(0 <= self.fixed <= 64, "draft_length.fixed", f"must be in [0, 64], got {self.fixed}")
+        _require(1 <= self.max_length <= 64, "draft_length.max_length",
+                 f"must be in [1, 64], got {self.max_length}")
+        _require(1 <= self.initial <= self.max_length, "draft_length.initial",
+                 f"must be in [1, max_length={self.max_length}], got {self.initial}")
+        _require(_finite(self.cost_ratio) and 0 <= self.cost_ratio <= 1, "draft_length.cost_ratio",
+                 f"must be in [0, 1], got {self.cost_ratio}")
+
+    @classmethod
+    def parse(cls, text: str) -> "DraftLengthConfig":
+        """'bass', 'adaptive', 'fixed' or an integer k (a fixed length; 0 = regular decoding)."""
+        text = text.strip().lower()
+        if text.isdigit():
+            return cls(policy="fixed", fixed=int(text))
+        return cls(policy=text)
+
+    @property
+    def speculates(self) -> bool:
+        return not (self.policy == "fixed" and self.fixed == 0)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """The coordinator's limits and policies."""
+
+    max_batch_size: int = 64
+    max_n: int = 16
+    max_new_tokens: int = 2048
+    draft_length: DraftLengthConfig = field(default_factory=DraftLengthConfig)
+
+    def __post_init__(self) -> None:
+        _require(self.max_batch_size >= 1, "max_batch_size", f"must be >= 1, got {self.max_batch_size}")
+        _require(self.max_n >= 1, "max_n", f"must be >= 1, got {self.max_n}")
+        _require(self.max_new_tokens >= 1, "max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")

@@ -1,0 +1,32 @@
+"""Errors a caller can act on. Each maps to one gRPC status code at the service edge."""
+
+
+class BassError(Exception):
+    """Base class for errors raised on purpose by this package."""
+
+
+class InvalidRequestError(BassError, ValueError):
+    """A request or config field has a bad value (maps to INVALID_ARGUMENT)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class CapacityError(BassError):
+    """A fixed capacity is exhausted; the caller may queue and retry (maps to RESOURCE_EXHAUSTED)."""
+
+
+class CacheFullError(CapacityError):
+    """No free KV-cache slot for a new sequence."""
+
+
+class SequenceTooLongError(CapacityError):
+    """A sequence would grow past the KV cache's max_seq_len."""
+
+
+class UnknownSequenceError(BassError, KeyError):
+    """A worker was asked about a sequence id it does not hold (maps to NOT_FOUND)."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else "unknown sequence"

@@ -1,0 +1,19 @@
+"""Composition root for running everything in one process (CLI `bass generate`, tests)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bass.config import RunnerConfig, SchedulerConfig
+from bass.coordinator.scheduler import Scheduler
+from bass.coordinator.tokenizer import load_codec
+from bass.draft_service.worker import DraftWorker
+from bass.engine.runner import ModelRunner
+from bass.target_service.worker import TargetWorker
+
+
+def build_local_scheduler(target: RunnerConfig, draft: RunnerConfig | None = None, *,
+                          scheduler: SchedulerConfig = SchedulerConfig(), draft_top_n: int = 64) -> Scheduler:
+    target_worker = TargetWorker(ModelRunner(target))
+    draft_worker = DraftWorker(ModelRunner(draft), top_n=draft_top_n) if draft is not None else None
+    return Scheduler(target_worker, draft_worker, load_codec(Path(target.model_dir)), scheduler)

@@ -1,0 +1,94 @@
+"""What a client asks for and what it gets back."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+
+from bass.config import SamplingParams
+from bass.errors import InvalidRequestError
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One prompt (text or token ids) and how to continue it, n times."""
+
+    prompt: str | None = None
+    prompt_ids: tuple[int, ...] | None = None
+    n: int = 1
+    max_new_tokens: int = 128
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    speculate: bool = True
+
+    def __post_init__(self) -> None:
+        if (self.prompt is None) == (self.prompt_ids is None):
+            raise InvalidRequestError("prompt", "give exactly one of prompt or prompt_ids")
+        if self.prompt is not None and not self.prompt:
+            raise InvalidRequestError("prompt", "must not be empty")
+        if self.prompt_ids is not None:
+            object.__setattr__(self, "prompt_ids", tuple(self.prompt_ids))
+            if not self.prompt_ids:
+                raise InvalidRequestError("prompt_ids", "must not be empty")
+            if any(not isinstance(t, int) or t < 0 for t in self.prompt_ids):
+                raise InvalidRequestError("prompt_ids", "must be non-negative integers")
+        if not isinstance(self.n, int) or self.n < 1:
+            raise InvalidRequestError("n", f"must be an integer >= 1, got {self.n!r}")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise InvalidRequestError("max_new_tokens", f"must be an integer >= 1, got {self.max_new_tokens!r}")
+        if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed < 1 << 64):
+            raise InvalidRequestError("seed", f"must be an integer in [0, 2**64), got {self.seed!r}")
+        object.__setattr__(self, "stop", tuple(self.stop))
+        if any(not s for s in self.stop):
+            raise InvalidRequestError("stop", "stop strings must not be empty")
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            raise InvalidRequestError("stop_token_ids", "must be non-negative integers")
+
+
+class FinishReason(str, Enum):
+    STOP = "stop"  # EOS, a stop token id or a stop string
+    LENGTH = "length"  # max_new_tokens reached
+
+
+@dataclass(frozen=True)
+class SequenceOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason
+
+
+@dataclass
+class RequestStats:
+    steps: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    generated_tokens: int = 0
+    wall_time_s: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else math.nan
+
+    def to_dict(self) -> dict:
+        rate = self.acceptance_rate
+        return {"steps": self.steps, "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
+                "generated_tokens": self.generated_tokens,
+                "acceptance_rate": None if math.isnan(rate) else round(rate, 4),
+                "wall_time_s": round(self.wall_time_s, 4)}
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    sequences: list[SequenceOutput]
+    stats: RequestStats
+
+    def to_dict(self) -> dict:
+        return {"sequences": [{"index": s.index, "text": s.text, "token_ids": s.token_ids,
+                               "finish_reason": s.finish_reason.value} for s in self.sequences],
+                "stats": self.stats.to_dict()}

@@ -1,0 +1,1 @@
+"""The draft model service: proposes k tokens per sequence from a small model."""

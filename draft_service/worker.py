@@ -1,0 +1,89 @@
+"""DraftWorker: k autoregressive draft steps for every sequence of the batch at once.
+
+The first forward runs each sequence's pending committed tokens (a ragged batch); each later
+forward feeds one token per sequence still drafting. Each draft token is sampled from the
+compact q (top-N of the shaped draft distribution), which is returned for the verifier.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from bass.engine.runner import ModelRunner
+from bass.engine.sampling import (DRAFT_SAMPLE, RowParams, compact, keyed_uniform, sample_from, seed_key_tensor,
+                                  shape_probs)
+from bass.errors import InvalidRequestError
+from bass.worker_api import DraftDistributions, ProposeRequest, ProposeResponse, WorkerInfo
+
+
+class DraftWorker:
+    def __init__(self, runner: ModelRunner, top_n: int = 64):
+        if top_n < 1:
+            raise InvalidRequestError("draft_top_n", f"must be >= 1, got {top_n}")
+        self.runner = runner
+        self.top_n = top_n
+
+    def info(self) -> WorkerInfo:
+        return self.runner.info()
+
+    def release(self, seq_ids: Sequence[int]) -> None:
+        self.runner.release(seq_ids)
+
+    @torch.inference_mode()
+    def propose(self, request: ProposeRequest) -> ProposeResponse:
+        runner = self.runner
+        runner.release(request.release)
+        runner.add(request.add)
+        items = list(request.items)
+        states = [runner.get(it.seq_id) for it in items]
+        for it in items:
+            if it.num_tokens < 0:
+                raise InvalidRequestError("num_tokens", f"must be >= 0, got {it.num_tokens}")
+        for state, it in zip(states, items):
+            runner.commit(state, it.committed)
+
+        device = runner.device
+        drafts: list[list[int]] = [[] for _ in items]
+        active = [i for i, it in enumerate(items) if it.num_tokens > 0]
+        greedy = all(items[i].sampling.params.greedy for i in active)
+        q_steps: list[tuple[list[int], torch.Tensor, torch.Tensor]] = []
+        base = torch.tensor([len(states[i].committed) for i in active], dtype=torch.int64, device=device)
+        keys = seed_key_tensor([items[i].sampling.seed_key for i in active], device)
+        params = RowParams.build([items[i].sampling.params for i in active], device)
+        max_k = max((items[i].num_tokens for i in active), default=0)
+        for j in range(max_k):
+            live = [n for n, i in enumerate(active) if items[i].num_tokens > j]
+            work = [(states[active[n]], [] if j == 0 else [drafts[active[n]][-1]]) for n in live]
+            logits = runner.forward(work, [1] * len(live))
+            if greedy:
+                tokens = logits.argmax(dim=-1)
+            else:
+                live_t = torch.tensor(live, device=device)
+                ids, probs = compact(shape_probs(logits, params.take(live_t)), self.top_n)
+                u = keyed_uniform(keys[live_t], base[live_t] + j, DRAFT_SAMPLE)
+                tokens = ids.gather(-1, sample_from(probs, u)[:, None]).squeeze(-1)
+                q_steps.append((live, ids, probs))
+            for n, t in zip(live, tokens.tolist()):
+                drafts[active[n]].append(t)
+
+        offsets, q = self._gather_q(items, active, q_steps) if not greedy else ([0] * len(items), None)
+        return ProposeResponse(tokens=drafts, q=q, q_row_offsets=offsets)
+
+    @staticmethod
+    def _gather_q(items, active, q_steps) -> tuple[list[int], DraftDistributions]:
+        """Reorder per-step q rows into per-sequence order: item i's rows are contiguous."""
+        offsets, row = [0] * len(items), 0
+        for i, it in enumerate(items):
+            offsets[i] = row
+            row += it.num_tokens
+        order = []  # for each step-row (in concatenation order), its destination row
+        for j, (live, _, _) in enumerate(q_steps):
+            order.extend(offsets[active[n]] + j for n in live)
+        ids = torch.cat([s[1] for s in q_steps])
+        probs = torch.cat([s[2] for s in q_steps])
+        dest = torch.tensor(order, dtype=torch.int64, device=ids.device)
+        out_ids = torch.empty_like(ids).index_copy_(0, dest, ids)
+        out_probs = torch.empty_like(probs).index_copy_(0, dest, probs)
+        return offsets, DraftDistributions(token_ids=out_ids, probs=out_probs)

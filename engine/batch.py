@@ -1,0 +1,80 @@
+"""The ragged batch: several sequences, each with its own query and context length.
+
+Tokens of all sequences are packed into one dimension (no padding); per-sequence offsets say
+where each sequence's queries start. Attention kernels read keys and values from the KV cache
+up to each sequence's context length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SequenceChunk:
+    slot: int
+    start: int  # position of the chunk's first token
+    tokens: list[int]
+    logit_rows: int  # how many of the chunk's last positions need logits
+
+
+@dataclass(frozen=True)
+class RaggedBatch:
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    token_slots: torch.Tensor  # [T] int64: KV slot of each token
+    token_seq: torch.Tensor  # [T] int64: index of each token's sequence in the batch
+    token_offset: torch.Tensor  # [T] int64: index of each token within its chunk
+    slots: torch.Tensor  # [B] int64
+    q_starts: torch.Tensor  # [B + 1] int64: cumulative query lengths
+    q_lens: torch.Tensor  # [B] int64
+    ctx_lens: torch.Tensor  # [B] int64: cached length after this step's tokens
+    logit_rows: torch.Tensor  # [R] int64: packed-token indices whose logits are returned
+    max_q: int
+    max_ctx: int
+    q_lens_list: list[int]
+    ctx_lens_list: list[int]
+    slots_list: list[int]
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.q_lens_list)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @classmethod
+    def build(cls, chunks: list[SequenceChunk], device: torch.device | str) -> "RaggedBatch":
+        ids, positions, token_slots, token_seq, token_offset, rows = [], [], [], [], [], []
+        q_lens, ctx_lens, slots, q_starts = [], [], [], [0]
+        for b, c in enumerate(chunks):
+            n = len(c.tokens)
+            if n == 0:
+                raise ValueError(f"sequence in slot {c.slot} has no tokens to run")
+            if not 0 <= c.logit_rows <= n:
+                raise ValueError(f"logit_rows={c.logit_rows} outside [0, {n}]")
+            base = q_starts[-1]
+            ids.extend(c.tokens)
+            positions.extend(range(c.start, c.start + n))
+            token_slots.extend([c.slot] * n)
+            token_seq.extend([b] * n)
+            token_offset.extend(range(n))
+            rows.extend(range(base + n - c.logit_rows, base + n))
+            q_lens.append(n)
+            ctx_lens.append(c.start + n)
+            slots.append(c.slot)
+            q_starts.append(base + n)
+
+        def t(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=device)
+
+        return cls(
+            input_ids=t(ids), positions=t(positions), token_slots=t(token_slots),
+            token_seq=t(token_seq), token_offset=t(token_offset), slots=t(slots),
+            q_starts=t(q_starts), q_lens=t(q_lens), ctx_lens=t(ctx_lens), logit_rows=t(rows),
+            max_q=max(q_lens), max_ctx=max(ctx_lens), q_lens_list=q_lens, ctx_lens_list=ctx_lens,
+            slots_list=slots,
+        )

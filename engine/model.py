@@ -1,0 +1,169 @@
+"""A decoder-only transformer of the Llama family (Qwen2 included) over ragged batches.
+
+The math follows Hugging Face's LlamaForCausalLM / Qwen2ForCausalLM exactly (RMSNorm in fp32,
+rotate-half RoPE, grouped-query attention, SwiGLU), so greedy outputs match token for token.
+Projections are fused at load time (q|k|v and gate|up) so each layer runs four GEMMs over all
+tokens of the batch at once; only attention sees the sequences' boundaries.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from bass.engine.batch import RaggedBatch
+from bass.engine.kv_cache import KVCache
+from bass.kernels import attention_kernel
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any]) -> "TransformerConfig":
+        archs = cfg.get("architectures") or [cfg.get("model_type", "?")]
+        arch = archs[0]
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(f"unsupported architecture {arch!r}; supported: {SUPPORTED_ARCHITECTURES}")
+        heads = cfg["num_attention_heads"]
+        hidden = cfg["hidden_size"]
+        # transformers 5 moved rope settings into `rope_parameters`; 4.x kept them at top level.
+        rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+        theta = rope.pop("rope_theta", None) or cfg.get("rope_theta", 10000.0)
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in ("default", "linear", "llama3"):
+            raise ValueError(f"unsupported rope type {rope_type!r}")
+        return cls(
+            architecture=arch,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=hidden,
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or hidden // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=float(theta),
+            rope_scaling=None if rope_type == "default" else {**rope, "rope_type": rope_type},
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+        )
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor
+    qkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, hidden]
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor  # [2 * intermediate, hidden]
+    down: torch.Tensor
+
+
+@dataclass
+class TransformerWeights:
+    embed: torch.Tensor
+    layers: list[LayerWeights]
+    final_norm: torch.Tensor
+    lm_head: torch.Tensor
+
+
+def rope_inv_freq(config: TransformerConfig) -> torch.Tensor:
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq
+    if scaling["rope_type"] == "linear":
+        return inv_freq / scaling["factor"]
+    # llama3: scale low frequencies, keep high ones, blend in between.
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_len = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old_len / high) & ~(wavelen > old_len / low)
+    return torch.where(medium, blended, scaled)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, D]; cos/sin: [T, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None] + rotated * sin[:, None]
+
+
+class Transformer:
+    def __init__(self, config: TransformerConfig, weights: TransformerWeights, *, max_seq_len: int,
+                 attention: str = "pad"):
+        self.config = config
+        self.weights = weights
+        self.attend = attention_kernel(attention)
+        self.scale = config.head_dim ** -0.5
+        device, dtype = weights.embed.device, weights.embed.dtype
+        positions = torch.arange(max_seq_len, dtype=torch.float32, device=device)
+        freqs = torch.outer(positions, rope_inv_freq(config).to(device))
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos, self.sin = emb.cos().to(dtype), emb.sin().to(dtype)
+
+    @property
+    def device(self) -> torch.device:
+        return self.weights.embed.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.weights.embed.dtype
+
+    @torch.inference_mode()
+    def forward(self, batch: RaggedBatch, cache: KVCache) -> torch.Tensor:
+        """Run the batch, write its keys/values into `cache`, return fp32 logits for
+        `batch.logit_rows` ([R, vocab])."""
+        c = self.config
+        q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        cos, sin = self.cos[batch.positions], self.sin[batch.positions]
+        x = self.weights.embed[batch.input_ids]
+        for i, layer in enumerate(self.weights.layers):
+            h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
+            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+            q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
+            q = apply_rope(q.view(-1, c.num_heads, c.head_dim), cos, sin)
+            k = apply_rope(k.view(-1, c.num_kv_heads, c.head_dim), cos, sin)
+            cache.k[i][batch.token_slots, batch.positions] = k
+            cache.v[i][batch.token_slots, batch.positions] = v.view(-1, c.num_kv_heads, c.head_dim)
+            attn = self.attend(q, cache.k[i], cache.v[i], batch, self.scale)
+            x = x + F.linear(attn.reshape(-1, q_size), layer.o, layer.o_bias)
+            h = rms_norm(x, layer.post_norm, c.rms_norm_eps)
+            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down)
+        if batch.logit_rows.numel() == 0:
+            return x.new_empty(0, c.vocab_size, dtype=torch.float32)
+        h = rms_norm(x[batch.logit_rows], self.weights.final_norm, c.rms_norm_eps)
+        return F.linear(h, self.weights.lm_head).float()

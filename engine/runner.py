@@ -1,0 +1,152 @@
+"""One model, its KV cache and the sequences it holds: what a draft or target worker stands on.
+
+A sequence is its committed tokens plus what the cache holds. The cache may run ahead of the
+committed tokens (speculative tokens from the last step) or behind them (tokens committed by
+the other model that this one has not run yet: its "pending" tokens). `commit` appends newly
+committed tokens and rolls the cache back to where it stops agreeing with them; the next
+forward runs the pending tokens. Rollback is therefore a length change, never an RPC.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from bass.config import RunnerConfig
+from bass.engine.batch import RaggedBatch, SequenceChunk
+from bass.engine.kv_cache import KVCache
+from bass.engine.model import Transformer
+from bass.engine.weights import TORCH_DTYPES, eos_token_ids, load_config, load_weights
+from bass.errors import InvalidRequestError, SequenceTooLongError, UnknownSequenceError
+from bass.worker_api import AddSequence, WorkerInfo
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SequenceState:
+    slot: int
+    committed: list[int] = field(default_factory=list)
+
+
+class ModelRunner:
+    def __init__(self, config: RunnerConfig):
+        self.config = config
+        self.model_config = load_config(config.model_dir)
+        log.info("loading %s (%s, %s) on %s", config.model_dir, self.model_config.architecture,
+                 config.dtype, config.device)
+        weights = load_weights(config.model_dir, self.model_config, dtype=config.dtype, device=config.device)
+        self.model = Transformer(self.model_config, weights, max_seq_len=config.max_seq_len,
+                                 attention=config.attention)
+        mc = self.model_config
+        self.cache = KVCache(num_layers=mc.num_layers, num_slots=config.num_slots,
+                             max_seq_len=config.max_seq_len, num_kv_heads=mc.num_kv_heads,
+                             head_dim=mc.head_dim, dtype=TORCH_DTYPES[config.dtype], device=config.device)
+        self.eos_token_ids = eos_token_ids(config.model_dir)
+        self.sequences: dict[int, SequenceState] = {}
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model_config.vocab_size
+
+    def info(self) -> WorkerInfo:
+        return WorkerInfo(model_name=self.config.model_dir.name, vocab_size=self.vocab_size,
+                          num_slots=self.config.num_slots, max_seq_len=self.config.max_seq_len,
+                          dtype=self.config.dtype, device=self.config.device,
+                          eos_token_ids=self.eos_token_ids)
+
+    # -- sequence lifecycle ------------------------------------------------------------------
+    def add(self, items: Sequence[AddSequence]) -> None:
+        """Admit new sequences: prefill each prompt except its last token (which the next step
+        runs together with the drafts), then fork children from their parents' caches.
+        All-or-nothing: on any error, nothing from this call stays allocated."""
+        added: list[int] = []
+        try:
+            roots = [it for it in items if it.parent_id is None]
+            for it in roots:
+                self._check_new(it.seq_id)
+                self._check_tokens("prompt_ids", it.prompt_ids)
+                if len(it.prompt_ids) >= self.config.max_seq_len:
+                    raise SequenceTooLongError(
+                        f"prompt of {len(it.prompt_ids)} tokens does not fit max_seq_len={self.config.max_seq_len}")
+                self.sequences[it.seq_id] = SequenceState(self.cache.allocate(), list(it.prompt_ids))
+                added.append(it.seq_id)
+            prefill = [self.sequences[it.seq_id] for it in roots if len(it.prompt_ids) > 1]
+            if prefill:
+                self.forward([(s, []) for s in prefill], logits_per_seq=[0] * len(prefill), run_all_but_last=True)
+            for it in items:
+                if it.parent_id is None:
+                    continue
+                self._check_new(it.seq_id)
+                parent = self.get(it.parent_id)
+                self.sequences[it.seq_id] = SequenceState(self.cache.fork(parent.slot), list(parent.committed))
+                added.append(it.seq_id)
+        except BaseException:
+            self.release(added)
+            raise
+
+    def release(self, seq_ids: Sequence[int]) -> None:
+        """Free sequences' slots; unknown ids are ignored, so release is idempotent."""
+        for seq_id in seq_ids:
+            state = self.sequences.pop(seq_id, None)
+            if state is not None:
+                self.cache.release(state.slot)
+
+    def get(self, seq_id: int) -> SequenceState:
+        try:
+            return self.sequences[seq_id]
+        except KeyError:
+            raise UnknownSequenceError(f"sequence {seq_id} is not held by this worker") from None
+
+    def commit(self, state: SequenceState, tokens: Sequence[int]) -> None:
+        """Append committed tokens; drop cached tokens from where they disagree."""
+        if not tokens:
+            return
+        self._check_tokens("committed", tokens)
+        stable = len(state.committed)  # the cache agrees with everything committed before
+        state.committed.extend(tokens)
+        cached = self.cache.tokens(state.slot)
+        end = min(len(cached), len(state.committed))
+        keep = stable
+        while keep < end and cached[keep] == state.committed[keep]:
+            keep += 1
+        if keep < len(cached):
+            self.cache.truncate(state.slot, keep)
+
+    # -- forward -------------------------------------------------------------------------------
+    def forward(self, work: list[tuple[SequenceState, list[int]]], logits_per_seq: list[int],
+                run_all_but_last: bool = False) -> torch.Tensor:
+        """One ragged forward: for each sequence its pending committed tokens followed by
+        `extra` tokens (drafts). Returns fp32 logits for the last `logits_per_seq[i]` positions
+        of each sequence, concatenated in order.
+
+        With run_all_but_last, the last committed token stays pending (prefill)."""
+        chunks = []
+        for (state, extra), n_logits in zip(work, logits_per_seq):
+            start = self.cache.length(state.slot)
+            end = len(state.committed) - 1 if run_all_but_last else len(state.committed)
+            tokens = state.committed[start:end] + list(extra)
+            self.cache.append(state.slot, tokens)
+            chunks.append(SequenceChunk(slot=state.slot, start=start, tokens=tokens, logit_rows=n_logits))
+        batch = RaggedBatch.build(chunks, self.device)
+        return self.model.forward(batch, self.cache)
+
+    # -- checks ----------------------------------------------------------------------------------
+    def _check_new(self, seq_id: int) -> None:
+        if seq_id in self.sequences:
+            raise InvalidRequestError("seq_id", f"sequence {seq_id} already exists")
+
+    def _check_tokens(self, field_name: str, tokens: Sequence[int]) -> None:
+        if field_name == "prompt_ids" and not tokens:
+            raise InvalidRequestError(field_name, "must not be empty")
+        vocab = self.vocab_size
+        bad = [t for t in tokens if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(field_name, f"token ids {bad[:5]} outside the vocabulary [0, {vocab})")

@@ -1,0 +1,1 @@
+"""The target model service: verifies every sequence's proposals in one ragged forward."""

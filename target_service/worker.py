@@ -1,0 +1,106 @@
+"""TargetWorker: one ragged forward over [pending tokens, d1..dk] of every sequence, then
+per-sequence verification; the cache keeps exactly the committed prefix afterwards."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from bass.engine.runner import ModelRunner
+from bass.engine.sampling import ACCEPT_TEST, TARGET_SAMPLE, RowParams, keyed_uniform, seed_key_tensor, shape_probs
+from bass.engine.verification import verify_drafts, verify_greedy
+from bass.errors import InvalidRequestError
+from bass.worker_api import DraftDistributions, Verdict, VerifyRequest, VerifyResponse, WorkerInfo
+
+
+def pad_rows(rows: torch.Tensor, counts: list[int], width: int) -> torch.Tensor:
+    """Packed rows [sum(counts), ...] to [len(counts), width, ...], zero-filled; a free view
+    when every count equals width (the common case under a batch-level draft length)."""
+    if all(c == width for c in counts):
+        return rows.view(len(counts), width, *rows.shape[1:])
+    out = rows.new_zeros(len(counts), width, *rows.shape[1:])
+    seq = [b for b, c in enumerate(counts) for _ in range(c)]
+    offset = [j for c in counts for j in range(c)]
+    out[torch.tensor(seq, device=rows.device), torch.tensor(offset, device=rows.device)] = rows
+    return out
+
+
+class TargetWorker:
+    def __init__(self, runner: ModelRunner):
+        self.runner = runner
+
+    def info(self) -> WorkerInfo:
+        return self.runner.info()
+
+    def release(self, seq_ids: Sequence[int]) -> None:
+        self.runner.release(seq_ids)
+
+    @torch.inference_mode()
+    def verify(self, request: VerifyRequest) -> VerifyResponse:
+        runner = self.runner
+        runner.release(request.release)
+        runner.add(request.add)
+        items = list(request.items)
+        if not items:
+            return VerifyResponse(verdicts=[])
+        states = [runner.get(it.seq_id) for it in items]
+        device = runner.device
+        counts = [len(it.draft_tokens) for it in items]
+        max_k = max(counts)
+        params = [it.sampling.params for it in items]
+        if request.q is None and not all(p.greedy for p in params) and max_k > 0:
+            raise InvalidRequestError("q", "sampled (temperature > 0) sequences need the draft's q")
+        base = [len(s.committed) for s in states]
+
+        logits = runner.forward([(s, list(it.draft_tokens)) for s, it in zip(states, items)],
+                                [c + 1 for c in counts])
+        drafts = torch.tensor([list(it.draft_tokens) + [0] * (max_k - len(it.draft_tokens)) for it in items],
+                              dtype=torch.int64, device=device).view(len(items), max_k)
+        draft_lens = torch.tensor(counts, dtype=torch.int64, device=device)
+        rows_per_seq = [c + 1 for c in counts]
+        if all(p.greedy for p in params):
+            argmax = pad_rows(logits.argmax(dim=-1), rows_per_seq, max_k + 1)
+            accepted, tokens = verify_greedy(argmax, drafts, draft_lens)
+        else:
+            row_params = RowParams.build([p for p, n in zip(params, rows_per_seq) for _ in range(n)], device)
+            p = pad_rows(shape_probs(logits, row_params), rows_per_seq, max_k + 1)
+            q_ids, q_probs = self._draft_q(request.q, items, drafts, max_k)
+            keys = seed_key_tensor([it.sampling.seed_key for it in items], device)[:, None]
+            positions = torch.tensor(base, dtype=torch.int64, device=device)[:, None] + torch.arange(
+                max_k + 1, device=device)[None, :]
+            u_accept = keyed_uniform(keys, positions[:, :max_k], ACCEPT_TEST)
+            u_final = keyed_uniform(keys, positions, TARGET_SAMPLE)
+            accepted, tokens = verify_drafts(p, drafts, draft_lens, q_ids, q_probs, u_accept, u_final)
+        return self._commit(states, accepted, tokens)
+
+    def _commit(self, states, accepted: torch.Tensor, tokens: torch.Tensor) -> VerifyResponse:
+        verdicts = []
+        for state, a, row in zip(states, accepted.tolist(), tokens.tolist()):
+            emitted = row[:a + 1]
+            self.runner.commit(state, emitted)
+            verdicts.append(Verdict(accepted=a, tokens=emitted))
+        return VerifyResponse(verdicts=verdicts)
+
+    @staticmethod
+    def _draft_q(q: DraftDistributions | None, items, drafts: torch.Tensor,
+                 max_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-sequence compact q as [B, K, N]; one-hot on the draft token where none was sent
+        (greedy drafts)."""
+        device = drafts.device
+        if q is None:
+            return drafts[..., None], torch.ones(len(items), max_k, 1, device=device)
+        num_rows = q.token_ids.shape[0]
+        for it in items:
+            if it.draft_tokens and not 0 <= it.q_row_offset <= num_rows - len(it.draft_tokens):
+                raise InvalidRequestError(
+                    "q_row_offset", f"sequence {it.seq_id}: rows {it.q_row_offset}..{it.q_row_offset + len(it.draft_tokens)}"
+                    f" outside the {num_rows} rows of q")
+        offsets = torch.tensor([it.q_row_offset for it in items], dtype=torch.int64, device=device)
+        lens = torch.tensor([len(it.draft_tokens) for it in items], dtype=torch.int64, device=device)
+        j = torch.arange(max_k, device=device)[None, :]
+        valid = j < lens[:, None]
+        index = torch.where(valid, offsets[:, None] + j, torch.zeros_like(j))
+        ids = q.token_ids.to(device)[index]
+        probs = q.probs.to(device)[index] * valid[..., None]
+        return ids, probs

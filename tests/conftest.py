@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tiny_models import make_model  # noqa: E402
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def llama_target(models_dir) -> Path:
+    return make_model(models_dir / "llama-target", "llama", seed=1)
+
+
+@pytest.fixture(scope="session")
+def llama_draft(models_dir, llama_target) -> Path:
+    """Agrees with llama_target often but not always."""
+    return make_model(models_dir / "llama-draft", "llama", seed=2, perturb_from=llama_target, perturb_scale=0.1)
+
+
+@pytest.fixture(scope="session")
+def llama_bad_draft(models_dir) -> Path:
+    """An unrelated model: proposals are mostly rejected."""
+    return make_model(models_dir / "llama-bad-draft", "llama", seed=3)
+
+
+@pytest.fixture(scope="session")
+def qwen_target(models_dir) -> Path:
+    return make_model(models_dir / "qwen-target", "qwen2", seed=4)
+
+
+@pytest.fixture(scope="session")
+def qwen_draft(models_dir, qwen_target) -> Path:
+    return make_model(models_dir / "qwen-draft", "qwen2", seed=5, perturb_from=qwen_target, perturb_scale=0.1)
+
+
+def build_scheduler(target: Path, draft: Path | None = None, draft_length: str = "bass", *, num_slots: int = 32,
+                    max_seq_len: int = 256, attention: str = "pad", max_batch_size: int = 64, max_n: int = 16,
+                    draft_top_n: int = 64, target_slots: int | None = None):
+    """An in-process coordinator over real target/draft workers on the CPU (fp32)."""
+    from bass.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
+    from bass.local import build_local_scheduler
+
+    def runner(d: Path, slots: int) -> RunnerConfig:
+        return RunnerConfig(model_dir=d, num_slots=slots, max_seq_len=max_seq_len, attention=attention)
+
+    return build_local_scheduler(
+        runner(target, target_slots or num_slots), runner(draft, num_slots) if draft else None,
+        scheduler=SchedulerConfig(max_batch_size=max_batch_size, max_n=max_n,
+                                  draft_length=DraftLengthConfig.parse(draft_length)),
+        draft_top_n=draft_top_n)

@@ -1,0 +1,53 @@
+"""`bass generate` as a user runs it: a subprocess printing one JSON object."""
+
+import json
+import os
+import subprocess
+import sys
+
+from bass.coordinator.requests import GenerationRequest
+from conftest import build_scheduler
+
+
+def bass(*args):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "bass.cli", *map(str, args)], capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+def test_generate_json_speculative_matches_regular(llama_target, llama_draft):
+    common = ["--target", llama_target, "--prompt-ids", "5,17,33", "-n", "2", "--max-new-tokens", "10", "--json"]
+    spec = bass("generate", *common, "--draft", llama_draft, "--draft-length", "bass")
+    assert spec.returncode == 0, spec.stderr
+    out = json.loads(spec.stdout)
+    assert [s["index"] for s in out["sequences"]] == [0, 1]
+    for s in out["sequences"]:
+        assert s["finish_reason"] in ("stop", "length") and isinstance(s["text"], str)
+    stats = out["stats"]
+    assert stats["mode"] == "speculative" and stats["draft_tokens"] > 0
+    assert 0 <= stats["acceptance_rate"] <= 1 and stats["steps"] >= 1 and stats["wall_time_s"] > 0
+
+    regular = json.loads(bass("generate", *common, "--draft", llama_draft, "--draft-length", "0").stdout)
+    assert regular["stats"]["mode"] == "regular" and regular["stats"]["draft_tokens"] == 0
+    assert [s["token_ids"] for s in regular["sequences"]] == [s["token_ids"] for s in out["sequences"]]
+
+    (expected,) = build_scheduler(llama_target, None).generate(
+        [GenerationRequest(prompt_ids=(5, 17, 33), max_new_tokens=10)])
+    assert out["sequences"][0]["token_ids"] == expected.sequences[0].token_ids
+
+
+def test_generate_text_prompt_sampling_with_seed_is_reproducible(llama_target, llama_draft):
+    args = ["generate", "--target", llama_target, "--draft", llama_draft, "--prompt", "def fibonacci(n):",
+            "--temperature", "0.8", "--top-p", "0.95", "--seed", "7", "--max-new-tokens", "8", "--json"]
+    a, b = bass(*args), bass(*args)
+    assert a.returncode == 0, a.stderr
+    assert json.loads(a.stdout)["sequences"] == json.loads(b.stdout)["sequences"]
+
+
+def test_bad_input_is_a_usage_error_naming_the_field(llama_target):
+    r = bass("generate", "--target", llama_target, "--prompt-ids", "5,17", "--temperature", "-1")
+    assert r.returncode == 2 and "temperature" in r.stderr
+    r = bass("generate", "--target", llama_target, "--prompt-ids", "5,x")
+    assert r.returncode == 2 and "comma-separated integers" in r.stderr
+    r = bass("generate", "--target", llama_target)
+    assert r.returncode == 2 and "prompt" in r.stderr

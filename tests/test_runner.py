@@ -1,0 +1,75 @@
+"""The model runner's sequence lifecycle: add, fork, commit with rollback, release."""
+
+import pytest
+import torch
+
+from bass.config import RunnerConfig
+from bass.engine.runner import ModelRunner
+from bass.errors import CacheFullError, InvalidRequestError, SequenceTooLongError, UnknownSequenceError
+from bass.worker_api import AddSequence
+
+
+@pytest.fixture
+def runner(llama_target):
+    return ModelRunner(RunnerConfig(model_dir=llama_target, num_slots=3, max_seq_len=16))
+
+
+def test_add_prefills_all_but_last_prompt_token(runner):
+    runner.add([AddSequence(1, (5, 6, 7, 8))])
+    s = runner.get(1)
+    assert s.committed == [5, 6, 7, 8] and runner.cache.tokens(s.slot) == [5, 6, 7]
+
+
+def test_fork_shares_the_prefill(runner):
+    runner.add([AddSequence(1, (5, 6, 7)), AddSequence(2, parent_id=1), AddSequence(3, parent_id=1)])
+    slots = {runner.get(i).slot for i in (1, 2, 3)}
+    assert len(slots) == 3
+    for i in (2, 3):
+        s = runner.get(i)
+        assert s.committed == [5, 6, 7] and runner.cache.tokens(s.slot) == [5, 6]
+        torch.testing.assert_close(runner.cache.k[:, s.slot, :2], runner.cache.k[:, runner.get(1).slot, :2])
+    # Forked sequences diverge without touching each other.
+    logits = runner.forward([(runner.get(2), [9]), (runner.get(3), [10])], [1, 1])
+    assert not torch.allclose(logits[0], logits[1])
+    assert runner.cache.tokens(runner.get(2).slot) == [5, 6, 7, 9]
+    assert runner.cache.tokens(runner.get(3).slot) == [5, 6, 7, 10]
+
+
+def test_commit_rolls_back_to_the_first_disagreement(runner):
+    runner.add([AddSequence(1, (5, 6))])
+    s = runner.get(1)
+    runner.forward([(s, [20, 21, 22])], [0])  # cache: 5 6 20 21 22
+    runner.commit(s, [20, 21, 30])  # 20, 21 accepted; 30 replaces 22
+    assert runner.cache.tokens(s.slot) == [5, 6, 20, 21]
+    assert s.committed == [5, 6, 20, 21, 30]
+    runner.forward([(s, [])], [0])  # pending 30 runs
+    runner.commit(s, [31, 32])  # tokens committed by the other model: nothing to roll back
+    assert runner.cache.tokens(s.slot) == [5, 6, 20, 21, 30] and s.committed[-2:] == [31, 32]
+
+
+def test_full_cache_is_all_or_nothing(runner):
+    runner.add([AddSequence(1, (5,)), AddSequence(2, parent_id=1)])
+    with pytest.raises(CacheFullError):
+        runner.add([AddSequence(3, (6, 7)), AddSequence(4, parent_id=3)])
+    assert set(runner.sequences) == {1, 2} and runner.cache.free_slots == 1
+    runner.release([1, 2, 1])  # idempotent
+    assert runner.cache.free_slots == 3
+    runner.add([AddSequence(3, (6, 7)), AddSequence(4, parent_id=3), AddSequence(5, parent_id=3)])
+    assert runner.cache.free_slots == 0
+
+
+def test_bad_input_is_refused_clearly(runner):
+    with pytest.raises(InvalidRequestError, match="prompt_ids.*vocabulary"):
+        runner.add([AddSequence(1, (5, 10_000))])
+    with pytest.raises(InvalidRequestError, match="prompt_ids: must not be empty"):
+        runner.add([AddSequence(1, ())])
+    with pytest.raises(SequenceTooLongError):
+        runner.add([AddSequence(1, tuple(range(1, 20)))])
+    runner.add([AddSequence(1, (5,))])
+    with pytest.raises(InvalidRequestError, match="already exists"):
+        runner.add([AddSequence(1, (5,))])
+    with pytest.raises(UnknownSequenceError, match="sequence 9"):
+        runner.get(9)
+    with pytest.raises(UnknownSequenceError):
+        runner.add([AddSequence(2, parent_id=9)])
+    assert set(runner.sequences) == {1}

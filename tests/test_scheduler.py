@@ -1,0 +1,148 @@
+"""The coordinator's step loop: exact stops, continuous batching, capacity, slot release."""
+
+import json
+import shutil
+
+import pytest
+
+from bass.coordinator.requests import FinishReason, GenerationRequest
+from bass.errors import InvalidRequestError
+from conftest import build_scheduler
+
+PROMPT = (5, 17, 33, 200)
+
+
+@pytest.fixture(scope="module")
+def reference(llama_target):
+    """Target-only greedy output and its text, one token per step."""
+    s = build_scheduler(llama_target, None)
+    (r,) = s.generate([GenerationRequest(prompt_ids=PROMPT, max_new_tokens=30, ignore_eos=True)])
+    return r.sequences[0].token_ids, s.codec
+
+
+def run_both(target, request):
+    """The same request with one token per step and with up to 7 per step (draft = target)."""
+    regular = build_scheduler(target, None).generate([request])[0]
+    fast = build_scheduler(target, target, "6").generate([request])[0]
+    assert fast.stats.steps < regular.stats.steps  # several tokens really committed per step
+    return regular, fast
+
+
+def test_stop_string_cuts_exactly_mid_step(llama_target, reference):
+    ids, codec = reference
+    text = codec.decode(ids)
+    start = len(codec.decode(ids[:9]))
+    stop = text[start:start + 3]
+    assert len(stop) == 3
+    cut = text.find(stop)
+    request = GenerationRequest(prompt_ids=PROMPT, max_new_tokens=30, stop=("\x00never", stop), ignore_eos=True)
+    for result in run_both(llama_target, request):
+        seq = result.sequences[0]
+        assert seq.finish_reason == FinishReason.STOP
+        assert seq.text == text[:cut]
+        # the kept tokens are exactly those up to the one that completed the stop string
+        n = next(j for j in range(1, len(ids) + 1) if stop in codec.decode(ids[:j]))
+        assert seq.token_ids == ids[:n]
+
+
+def test_stop_token_id_is_kept_and_nothing_after(llama_target, reference):
+    ids, _ = reference
+    stop_id = ids[7]
+    first = ids.index(stop_id)
+    request = GenerationRequest(prompt_ids=PROMPT, max_new_tokens=30, stop_token_ids=(stop_id,), ignore_eos=True)
+    for result in run_both(llama_target, request):
+        assert result.sequences[0].token_ids == ids[:first + 1]
+        assert result.sequences[0].finish_reason == FinishReason.STOP
+
+
+def test_eos_from_generation_config_stops(llama_target, reference, tmp_path):
+    ids, _ = reference
+    model = tmp_path / "eos-model"
+    shutil.copytree(llama_target, model)
+    eos = ids[5]
+    (model / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos]}))
+    first = ids.index(eos)
+    request = GenerationRequest(prompt_ids=PROMPT, max_new_tokens=30)
+    for result in run_both(model, request):
+        assert result.sequences[0].token_ids == ids[:first + 1]
+        assert result.sequences[0].finish_reason == FinishReason.STOP
+    ignoring = build_scheduler(model, model, "6").generate(
+        [GenerationRequest(prompt_ids=PROMPT, max_new_tokens=30, ignore_eos=True)])[0]
+    assert ignoring.sequences[0].token_ids == ids
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 9, 13])
+def test_max_new_tokens_is_exact(llama_target, reference, max_new):
+    ids, _ = reference
+    request = GenerationRequest(prompt_ids=PROMPT, max_new_tokens=max_new, ignore_eos=True)
+    fast = build_scheduler(llama_target, llama_target, "6").generate([request])[0]
+    assert fast.sequences[0].token_ids == ids[:max_new]
+    assert fast.sequences[0].finish_reason == FinishReason.LENGTH
+
+
+def test_requests_joining_mid_flight_get_the_same_output(llama_target, llama_draft):
+    prompts = [PROMPT, (42, 43), tuple(range(3, 15))]
+    reqs = [GenerationRequest(prompt_ids=p, max_new_tokens=16 + i, n=2, ignore_eos=True) for i, p in enumerate(prompts)]
+    alone = [build_scheduler(llama_target, None).generate([r])[0] for r in reqs]
+    s = build_scheduler(llama_target, llama_draft, "bass")
+    runs = [s.submit(reqs[0])]
+    s.step()
+    s.step()
+    runs.append(s.submit(reqs[1]))
+    s.step()
+    runs.append(s.submit(reqs[2]))
+    while s.has_work:
+        s.step()
+    for run, want in zip(runs, alone):
+        assert [q.token_ids for q in run.result.sequences] == [q.token_ids for q in want.sequences]
+
+
+def test_requests_wait_for_free_slots_and_every_slot_is_released(llama_target, llama_draft):
+    s = build_scheduler(llama_target, llama_draft, "bass", num_slots=4, max_n=4)
+    reqs = [GenerationRequest(prompt_ids=PROMPT + (i,), n=3, max_new_tokens=6 + i, ignore_eos=True) for i in range(5)]
+    runs = [s.submit(r) for r in reqs]
+    s.step()
+    assert len(s.running) == 3 and len(s.waiting) == 4  # one request of 3 fits in 4 slots
+    while s.has_work:
+        s.step()
+    s.flush_releases()
+    assert all(len(r.result.sequences) == 3 for r in runs)
+    assert [len(r.result.sequences[0].token_ids) for r in runs] == [6, 7, 8, 9, 10]
+    for worker in (s.target, s.draft):
+        assert worker.runner.sequences == {} and worker.runner.cache.free_slots == 4
+
+
+def test_limits_are_enforced_at_submit(llama_target):
+    s = build_scheduler(llama_target, None, num_slots=4, max_n=8, max_seq_len=64)
+    with pytest.raises(InvalidRequestError, match="n: 9 exceeds"):
+        s.submit(GenerationRequest(prompt_ids=PROMPT, n=9))
+    with pytest.raises(InvalidRequestError, match="n: 5 sequences can never fit"):
+        s.submit(GenerationRequest(prompt_ids=PROMPT, n=5))
+    with pytest.raises(InvalidRequestError, match="max_new_tokens.*max_seq_len"):
+        s.submit(GenerationRequest(prompt_ids=PROMPT, max_new_tokens=61))
+    with pytest.raises(InvalidRequestError, match="prompt_ids: token ids must be < vocabulary"):
+        s.submit(GenerationRequest(prompt_ids=(1, 99999)))
+    with pytest.raises(InvalidRequestError, match="prompt: give exactly one"):
+        GenerationRequest()
+    with pytest.raises(InvalidRequestError, match="stop"):
+        GenerationRequest(prompt="x", stop=("",))
+    assert not s.has_work
+
+
+def test_zero_draft_length_never_calls_the_draft(llama_target, llama_draft):
+    s = build_scheduler(llama_target, llama_draft, "0")
+    calls = []
+    original = s.draft.propose
+    s.draft.propose = lambda req: calls.append(req) or original(req)
+    s.generate([GenerationRequest(prompt_ids=PROMPT, max_new_tokens=5)])
+    assert calls == []
+
+
+def test_text_prompt_uses_the_tokenizer(llama_target, llama_draft):
+    s = build_scheduler(llama_target, llama_draft, "3")
+    (r,) = s.generate([GenerationRequest(prompt="def fibonacci(n):", max_new_tokens=8, ignore_eos=True)])
+    ids = s.codec.encode("def fibonacci(n):")
+    (same,) = build_scheduler(llama_target, None).generate(
+        [GenerationRequest(prompt_ids=tuple(ids), max_new_tokens=8, ignore_eos=True)])
+    assert r.sequences[0].token_ids == same.sequences[0].token_ids
+    assert r.sequences[0].text == s.codec.decode(same.sequences[0].token_ids)
