@@ -74,3 +74,25 @@ def test_half_precision_tracks_fp32(llama_target, dtype):
     assert out[dtype].dtype == torch.float32
     assert (out[dtype] - out["float32"]).abs().max() < 0.1
     assert out[dtype].argmax() == out["float32"].argmax()
+
+
+def test_sharded_checkpoint_loads_the_same(llama_target, tmp_path):
+    model = AutoModelForCausalLM.from_pretrained(str(llama_target))
+    model.save_pretrained(str(tmp_path), max_shard_size="40KB")
+    for f in llama_target.glob("tokenizer*"):
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    assert len(list(tmp_path.glob("*.safetensors"))) > 1
+    out = []
+    for d in (llama_target, tmp_path):
+        r = ModelRunner(RunnerConfig(model_dir=d, num_slots=1, max_seq_len=32))
+        r.add([AddSequence(1, tuple(PROMPTS[0]))])
+        out.append(r.forward([(r.get(1), [])], [1]))
+    torch.testing.assert_close(out[0], out[1], atol=1e-5, rtol=1e-5)
+
+
+def test_missing_model_files_are_reported(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        ModelRunner(RunnerConfig(model_dir=tmp_path))
+    (tmp_path / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"]}')
+    with pytest.raises(ValueError, match="unsupported architecture 'GPT2LMHeadModel'"):
+        ModelRunner(RunnerConfig(model_dir=tmp_path))
