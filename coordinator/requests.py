@@ -68,18 +68,31 @@ class RequestStats:
     steps: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    rejections: int = 0  # sequence-steps whose drafts were cut short by a rejection
     generated_tokens: int = 0
     wall_time_s: float = 0.0
 
     @property
     def acceptance_rate(self) -> float:
+        """Accepted / proposed draft tokens."""
         return self.accepted_tokens / self.draft_tokens if self.draft_tokens else math.nan
 
+    @property
+    def token_acceptance(self) -> float:
+        """Estimated chance that one draft token is accepted given its prefix was (alpha): each
+        accepted token is a success and each rejection a failure; tokens after a rejection
+        were never tested, so this does not depend on the draft length the way
+        acceptance_rate does."""
+        tested = self.accepted_tokens + self.rejections
+        return self.accepted_tokens / tested if tested else math.nan
+
     def to_dict(self) -> dict:
-        rate = self.acceptance_rate
+        def num(x: float) -> float | None:
+            return None if math.isnan(x) else round(x, 4)
+
         return {"steps": self.steps, "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
-                "generated_tokens": self.generated_tokens,
-                "acceptance_rate": None if math.isnan(rate) else round(rate, 4),
+                "rejections": self.rejections, "generated_tokens": self.generated_tokens,
+                "acceptance_rate": num(self.acceptance_rate), "token_acceptance": num(self.token_acceptance),
                 "wall_time_s": round(self.wall_time_s, 4)}
 
 

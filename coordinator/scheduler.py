@@ -176,6 +176,7 @@ class Scheduler:
             touched[id(req)] = req
             req.stats.draft_tokens += len(draft)
             req.stats.accepted_tokens += verdict.accepted
+            req.stats.rejections += verdict.accepted < len(draft)
             self._extend(seq, verdict.tokens)
         for req in touched.values():
             req.stats.steps += 1

@@ -52,3 +52,11 @@ def test_config_parsing():
     assert DraftLengthConfig.parse("0").speculates is False
     assert isinstance(make_policy(DraftLengthConfig.parse("bass")), BassRule)
     assert isinstance(make_policy(DraftLengthConfig.parse("adaptive")), PerSequenceAdaptive)
+
+
+def test_token_acceptance_counts_only_tested_tokens():
+    from bass.coordinator.requests import RequestStats
+
+    # 2 steps of k = 4: accepted 4 (no rejection), then 1 then rejected: alpha = 5 / 6
+    stats = RequestStats(steps=2, draft_tokens=8, accepted_tokens=5, rejections=1)
+    assert stats.acceptance_rate == 5 / 8 and stats.token_acceptance == 5 / 6

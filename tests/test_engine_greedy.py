@@ -68,5 +68,5 @@ def test_draft_identical_to_target_accepts_every_token(pair):
     results = scheduler.generate(requests(n=1))
     assert [r.sequences[0].token_ids for r in results] == expected
     for r in results:
-        assert r.stats.acceptance_rate == 1.0
+        assert r.stats.acceptance_rate == 1.0 and r.stats.token_acceptance == 1.0 and r.stats.rejections == 0
         assert r.stats.steps == 4  # 20 tokens at up to 5 per step
