@@ -96,3 +96,48 @@ def generate(target_dir, draft_dir, prompt, prompt_ids, n, max_new_tokens, tempe
 
 if __name__ == "__main__":
     main()
+
+
+@main.group()
+def bench() -> None:
+    """Measurements; results are JSON (with device, model and commit) for bench/results/."""
+
+
+@bench.command("acceptance")
+@click.option("--target", "target_dir", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--draft", "draft_dir", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--problems", default="0:8", show_default=True, help="HumanEval problems: '0:16', '1,5,9' or 'all'.")
+@click.option("-n", "n", default=1, show_default=True, help="Sequences per prompt.")
+@click.option("--max-new-tokens", default=64, show_default=True)
+@click.option("--draft-lengths", default="2,4,8", show_default=True, help="Comma-separated policies or k values.")
+@click.option("--modes", default="greedy,t0.8-p0.95", show_default=True)
+@click.option("--batch-prompts", default=8, show_default=True, help="Prompts run together in one batch.")
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
+@click.option("--max-seq-len", default=1024, show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False), help="Write the JSON here too.")
+def bench_acceptance(target_dir, draft_dir, problems, n, max_new_tokens, draft_lengths, modes, batch_prompts, device,
+                     dtype, max_seq_len, out) -> None:
+    """Draft acceptance on HumanEval prompts for several draft lengths and sampling modes."""
+    from bass.bench.acceptance import MODES, measure
+    from bass.bench.environment import describe
+    from bass.bench.humaneval import load_problems, select
+
+    chosen = select(load_problems(), None if problems == "all" else problems)
+    mode_list = [m for m in modes.split(",") if m]
+    unknown = [m for m in mode_list if m not in MODES]
+    if unknown:
+        raise click.BadParameter(f"unknown modes {unknown}; known: {sorted(MODES)}", param_hint="--modes")
+    runner = dict(device=device, dtype=dtype, num_slots=batch_prompts * n, max_seq_len=max_seq_len)
+    rows = measure(RunnerConfig(model_dir=target_dir, **runner), RunnerConfig(model_dir=draft_dir, **runner),
+                   [p["prompt"] for p in chosen], n=n, max_new_tokens=max_new_tokens,
+                   draft_lengths=[d for d in draft_lengths.split(",") if d], modes=mode_list,
+                   batch_prompts=batch_prompts, progress=lambda msg: click.echo(msg, err=True))
+    result = {"benchmark": "acceptance", "environment": describe(device),
+              "target": str(target_dir), "draft": str(draft_dir), "dtype": dtype,
+              "problems": f"HumanEval {problems} ({len(chosen)})", "results": rows}
+    text = json.dumps(result, indent=2)
+    if out:
+        with open(out, "w") as f:
+            f.write(text + "\n")
+    click.echo(text)

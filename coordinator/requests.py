@@ -66,6 +66,7 @@ class SequenceOutput:
 @dataclass
 class RequestStats:
     steps: int = 0
+    sequence_steps: int = 0  # steps summed over the request's sequences
     draft_tokens: int = 0
     accepted_tokens: int = 0
     rejections: int = 0  # sequence-steps whose drafts were cut short by a rejection
@@ -90,7 +91,7 @@ class RequestStats:
         def num(x: float) -> float | None:
             return None if math.isnan(x) else round(x, 4)
 
-        return {"steps": self.steps, "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
+        return {"steps": self.steps, "sequence_steps": self.sequence_steps, "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
                 "rejections": self.rejections, "generated_tokens": self.generated_tokens,
                 "acceptance_rate": num(self.acceptance_rate), "token_acceptance": num(self.token_acceptance),
                 "wall_time_s": round(self.wall_time_s, 4)}

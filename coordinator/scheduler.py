@@ -174,6 +174,7 @@ class Scheduler:
         for seq, draft, verdict in zip(batch, drafts, verdicts):
             req = seq.request
             touched[id(req)] = req
+            req.stats.sequence_steps += 1
             req.stats.draft_tokens += len(draft)
             req.stats.accepted_tokens += verdict.accepted
             req.stats.rejections += verdict.accepted < len(draft)

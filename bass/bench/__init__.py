@@ -1,0 +1,1 @@
+"""Benchmarks and measurements (`bass bench ...`); results go to bench/results/."""
