@@ -30,3 +30,7 @@ class UnknownSequenceError(BassError, KeyError):
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0]) if self.args else "unknown sequence"
+
+
+class WorkerUnavailableError(BassError):
+    """A model worker cannot be reached or failed mid-call (maps to UNAVAILABLE)."""

@@ -24,6 +24,7 @@ class GenerationRequest:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     speculate: bool = True
+    time_budget_ms: int = 0  # 0 = none; counted from submission
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.prompt_ids is None):
@@ -42,6 +43,8 @@ class GenerationRequest:
             raise InvalidRequestError("max_new_tokens", f"must be an integer >= 1, got {self.max_new_tokens!r}")
         if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed < 1 << 64):
             raise InvalidRequestError("seed", f"must be an integer in [0, 2**64), got {self.seed!r}")
+        if not isinstance(self.time_budget_ms, int) or self.time_budget_ms < 0:
+            raise InvalidRequestError("time_budget_ms", f"must be an integer >= 0, got {self.time_budget_ms!r}")
         object.__setattr__(self, "stop", tuple(self.stop))
         if any(not s for s in self.stop):
             raise InvalidRequestError("stop", "stop strings must not be empty")
@@ -53,6 +56,8 @@ class GenerationRequest:
 class FinishReason(str, Enum):
     STOP = "stop"  # EOS, a stop token id or a stop string
     LENGTH = "length"  # max_new_tokens reached
+    TIME_BUDGET = "time_budget"  # the request's time budget ran out first (text is partial)
+    CANCELLED = "cancelled"  # the client went away; never returned to anyone
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,7 @@ class RequestStats:
     rejections: int = 0  # sequence-steps whose drafts were cut short by a rejection
     generated_tokens: int = 0
     wall_time_s: float = 0.0
+    queue_time_s: float = 0.0
 
     @property
     def acceptance_rate(self) -> float:
@@ -94,7 +100,7 @@ class RequestStats:
         return {"steps": self.steps, "sequence_steps": self.sequence_steps, "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
                 "rejections": self.rejections, "generated_tokens": self.generated_tokens,
                 "acceptance_rate": num(self.acceptance_rate), "token_acceptance": num(self.token_acceptance),
-                "wall_time_s": round(self.wall_time_s, 4)}
+                "wall_time_s": round(self.wall_time_s, 4), "queue_time_s": round(self.queue_time_s, 4)}
 
 
 @dataclass(frozen=True)

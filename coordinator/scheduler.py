@@ -3,16 +3,25 @@
 One `step()` is one BASS step for every running sequence. New requests join between steps
 (continuous batching) while KV slots and the batch limit allow; finished sequences leave and
 their slots are released with the next call to each worker.
+
+Failures: if the draft worker fails, sequences carry on with regular decoding and the draft
+is probed every `reconnect_interval_s`; once it answers it is reset and every running
+sequence is re-added to it. A target failure propagates (WorkerUnavailableError) to the
+caller, which fails the affected requests (`fail_all`).
+
+Not thread-safe: one thread runs the loop (see coordinator/engine.py); `prepare` alone may be
+called from other threads.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import secrets
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 from bass.config import SchedulerConfig
 from bass.coordinator.draft_length import make_policy
@@ -20,7 +29,7 @@ from bass.coordinator.requests import (FinishReason, GenerationRequest, Generati
                                        SequenceOutput)
 from bass.coordinator.stopping import StopCriteria, check_stop
 from bass.coordinator.tokenizer import Codec
-from bass.errors import InvalidRequestError
+from bass.errors import InvalidRequestError, WorkerUnavailableError
 from bass.worker_api import (AddSequence, DraftWorkerAPI, ProposeItem, ProposeRequest, SequenceSampling,
                              TargetWorkerAPI, VerifyItem, VerifyRequest)
 
@@ -52,6 +61,7 @@ class SequenceRun:
     finish_reason: FinishReason | None = None
     text_end: int | None = None
     drafted: bool = False  # whether the draft worker holds this sequence
+    finish_order: int = 0  # 1 = finished first within its request
 
 
 @dataclass
@@ -61,33 +71,41 @@ class RequestRun:
     criteria: StopCriteria
     sequences: list[SequenceRun] = field(default_factory=list)
     stats: RequestStats = field(default_factory=RequestStats)
-    started: float = field(default_factory=time.perf_counter)
+    submitted: float = field(default_factory=time.perf_counter)
+    started: float | None = None
     result: GenerationResult | None = None
+    # (sequence index, tokens committed this step, finish reason or None), drained by the caller
+    deltas: list[tuple[int, list[int], FinishReason | None]] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
         return all(s.finish_reason is not None for s in self.sequences)
 
+    @property
+    def deadline(self) -> float | None:
+        budget = self.request.time_budget_ms
+        return self.submitted + budget / 1000 if budget else None
+
 
 class Scheduler:
     def __init__(self, target: TargetWorkerAPI, draft: DraftWorkerAPI | None, codec: Codec,
-                 config: SchedulerConfig = SchedulerConfig()):
+                 config: SchedulerConfig = SchedulerConfig(), *, reconnect_interval_s: float = 2.0,
+                 clock: Callable[[], float] = time.perf_counter):
         self.target, self.draft, self.codec, self.config = target, draft, codec, config
+        self.clock = clock
+        self.reconnect_interval_s = reconnect_interval_s
         self.target_info = target.info()
-        capacity = self.target_info.num_slots
-        if draft is not None:
-            draft_info = draft.info()
-            if draft_info.vocab_size != self.target_info.vocab_size:
-                raise ValueError(f"draft vocabulary ({draft_info.vocab_size}) differs from the target's "
-                                 f"({self.target_info.vocab_size}); the models must share a tokenizer")
-            capacity = min(capacity, draft_info.num_slots)
-        self.slot_capacity = capacity
-        self.max_seq_len = min(self.target_info.max_seq_len, draft.info().max_seq_len if draft else 1 << 62)
+        self.slot_capacity = self.target_info.num_slots
+        self.max_seq_len = self.target_info.max_seq_len
         self.policy = make_policy(config.draft_length)
-        self.speculating = draft is not None and config.draft_length.speculates
+        self.wants_draft = draft is not None and config.draft_length.speculates
+        self.draft_up = False
+        self._next_probe = 0.0
+        if self.wants_draft:
+            self._connect_draft()
         self.waiting: deque[RequestRun] = deque()
         self.running: list[SequenceRun] = []
-        self._next_seq_id = 0
+        self._seq_ids = itertools.count(1)
         self._slots_held = 0  # running sequences plus finished ones not yet released
         self._target_add: list[AddSequence] = []
         self._draft_add: list[AddSequence] = []
@@ -95,14 +113,14 @@ class Scheduler:
         self._draft_release: list[int] = []
 
     # -- requests ---------------------------------------------------------------------------------
-    def submit(self, request: GenerationRequest) -> RequestRun:
-        """Validate and queue a request; it joins the batch at the next step with room."""
+    def prepare(self, request: GenerationRequest) -> RequestRun:
+        """Validate and tokenize a request (safe to call from any thread)."""
         cfg = self.config
         if request.n > cfg.max_n:
             raise InvalidRequestError("n", f"{request.n} exceeds the limit of {cfg.max_n}")
-        if request.n > min(self.slot_capacity, cfg.max_batch_size):
-            raise InvalidRequestError("n", f"{request.n} sequences can never fit: the batch holds at most "
-                                           f"{min(self.slot_capacity, cfg.max_batch_size)}")
+        fits = min(self.slot_capacity, cfg.max_batch_size)
+        if request.n > fits:
+            raise InvalidRequestError("n", f"{request.n} sequences can never fit: the batch holds at most {fits}")
         if request.max_new_tokens > cfg.max_new_tokens:
             raise InvalidRequestError("max_new_tokens",
                                       f"{request.max_new_tokens} exceeds the limit of {cfg.max_new_tokens}")
@@ -119,14 +137,21 @@ class Scheduler:
         stop_ids = set(request.stop_token_ids)
         if not request.ignore_eos:
             stop_ids.update(self.target_info.eos_token_ids)
-        run = RequestRun(request=request, prompt_ids=prompt_ids,
+        run = RequestRun(request=request, prompt_ids=prompt_ids, submitted=self.clock(),
                          criteria=StopCriteria(frozenset(stop_ids), request.stop, request.max_new_tokens))
         seed = request.seed if request.seed is not None else secrets.randbits(64)
         for index in range(request.n):
             run.sequences.append(SequenceRun(
-                seq_id=self._new_seq_id(), index=index, request=run,
+                seq_id=next(self._seq_ids), index=index, request=run,
                 sampling=SequenceSampling(request.sampling, sequence_seed_key(seed, index))))
+        return run
+
+    def enqueue(self, run: RequestRun) -> None:
         self.waiting.append(run)
+
+    def submit(self, request: GenerationRequest) -> RequestRun:
+        run = self.prepare(request)
+        self.enqueue(run)
         return run
 
     @property
@@ -141,35 +166,62 @@ class Scheduler:
         self.flush_releases()
         return [r.result for r in runs]
 
+    def cancel(self, run: RequestRun) -> None:
+        """Drop a request (the client went away): its sequences stop and their slots are freed."""
+        if run in self.waiting:
+            self.waiting.remove(run)
+            return
+        for seq in run.sequences:
+            if seq.finish_reason is None:
+                self._finish_sequence(seq, FinishReason.CANCELLED)
+        self.running = [s for s in self.running if s.finish_reason is None]
+
+    def fail_all(self) -> list[RequestRun]:
+        """Forget every request (after a target failure); returns them so the caller can
+        answer each with an error. Both workers are reset before new work is admitted."""
+        failed = list(self.waiting) + list({id(s.request): s.request for s in self.running}.values())
+        self.waiting.clear()
+        self.running = []
+        self._slots_held = 0
+        self._target_add, self._draft_add, self._target_release, self._draft_release = [], [], [], []
+        self.policy = make_policy(self.config.draft_length)
+        return failed
+
     # -- the step ---------------------------------------------------------------------------------
     def step(self) -> list[RequestRun]:
-        """One speculative step for the whole batch; returns the requests that finished."""
+        """One speculative step for the whole batch; returns the requests that finished
+        (each exactly once). Raises WorkerUnavailableError if the target fails."""
+        finished = self._expire_budgets()
         self._admit()
         if not self.running:
-            return []
+            return finished
         batch = self.running
         lengths = self._draft_lengths(batch)
         drafts: list[tuple[int, ...]] = [()] * len(batch)
         q, q_offsets = None, [0] * len(batch)
-        if self.draft is not None and (any(lengths) or self._draft_add or self._draft_release):
+        if self.draft_up and (any(lengths) or self._draft_add or self._draft_release):
             drafting = [i for i, k in enumerate(lengths) if k > 0]
-            response = self.draft.propose(ProposeRequest(
-                items=[ProposeItem(batch[i].seq_id, lengths[i], tuple(batch[i].unsent_to_draft), batch[i].sampling)
-                       for i in drafting],
-                add=self._draft_add, release=self._draft_release))
-            self._draft_add, self._draft_release = [], []
-            q = response.q
-            for n, i in enumerate(drafting):
-                batch[i].unsent_to_draft.clear()
-                drafts[i] = tuple(response.tokens[n])
-                q_offsets[i] = response.q_row_offsets[n]
+            try:
+                response = self.draft.propose(ProposeRequest(
+                    items=[ProposeItem(batch[i].seq_id, lengths[i], tuple(batch[i].unsent_to_draft),
+                                       batch[i].sampling) for i in drafting],
+                    add=self._draft_add, release=self._draft_release))
+            except Exception as exc:  # noqa: BLE001 - speculation is optional; never fail a request for it
+                self._draft_failed(exc)
+                lengths = [0] * len(batch)
+            else:
+                self._draft_add, self._draft_release = [], []
+                q = response.q
+                for n, i in enumerate(drafting):
+                    batch[i].unsent_to_draft.clear()
+                    drafts[i] = tuple(response.tokens[n])
+                    q_offsets[i] = response.q_row_offsets[n]
         verdicts = self.target.verify(VerifyRequest(
             items=[VerifyItem(s.seq_id, drafts[i], s.sampling, q_offsets[i]) for i, s in enumerate(batch)],
             q=q, add=self._target_add, release=self._target_release)).verdicts
         self._target_add, self._target_release = [], []
 
-        accepted = [v.accepted for v in verdicts]
-        self.policy.observe([s.seq_id for s in batch], [len(d) for d in drafts], accepted)
+        self.policy.observe([s.seq_id for s in batch], [len(d) for d in drafts], [v.accepted for v in verdicts])
         touched: dict[int, RequestRun] = {}
         for seq, draft, verdict in zip(batch, drafts, verdicts):
             req = seq.request
@@ -182,21 +234,84 @@ class Scheduler:
         for req in touched.values():
             req.stats.steps += 1
         self.running = [s for s in batch if s.finish_reason is None]
-        finished = [req for req in touched.values() if req.done]
-        for req in finished:
-            self._finish(req)
+        for req in touched.values():
+            if req.done:
+                self._finish(req)
+                finished.append(req)
         return finished
 
     def flush_releases(self) -> None:
         """Release finished sequences now rather than with the next step."""
         if self._target_release:
             self.target.release(self._target_release)
-        if self.draft is not None and self._draft_release:
-            self.draft.release(self._draft_release)
+        if self.draft_up and self._draft_release:
+            try:
+                self.draft.release(self._draft_release)
+            except Exception as exc:  # noqa: BLE001
+                self._draft_failed(exc)
         self._target_release, self._draft_release = [], []
 
+    # -- draft availability -------------------------------------------------------------------------
+    def _connect_draft(self) -> None:
+        try:
+            info = self.draft.info()
+            if info.vocab_size != self.target_info.vocab_size:
+                raise ValueError(f"draft vocabulary ({info.vocab_size}) differs from the target's "
+                                 f"({self.target_info.vocab_size}); the models must share a tokenizer")
+            self.draft.reset()
+        except WorkerUnavailableError as exc:
+            log.warning("draft unavailable (%s); regular decoding until it answers", exc)
+            self._next_probe = self.clock() + self.reconnect_interval_s
+            return
+        self.slot_capacity = min(self.target_info.num_slots, info.num_slots)
+        self.max_seq_len = min(self.target_info.max_seq_len, info.max_seq_len)
+        self.draft_up = True
+
+    def _draft_failed(self, exc: Exception) -> None:
+        log.warning("draft failed (%s); continuing with regular decoding", exc)
+        self.draft_up = False
+        self._next_probe = self.clock() + self.reconnect_interval_s
+        self._draft_add, self._draft_release = [], []
+        for seq in self.running:
+            seq.drafted = False
+            seq.unsent_to_draft.clear()
+
+    def _maybe_reconnect_draft(self) -> None:
+        if self.draft_up or not self.wants_draft or self.clock() < self._next_probe:
+            return
+        self._connect_draft()
+        if self.draft_up:
+            log.info("draft is back; re-adding %d running sequences", len(self.running))
+            for seq in self.running:
+                if seq.request.request.speculate:
+                    self._draft_add.append(AddSequence(seq.seq_id, tuple(seq.request.prompt_ids + seq.output)))
+                    seq.drafted = True
+
     # -- internals --------------------------------------------------------------------------------
+    def _expire_budgets(self) -> list[RequestRun]:
+        now = self.clock()
+        expired = []
+        for run in list(self.waiting):
+            if run.deadline is not None and now >= run.deadline:
+                self.waiting.remove(run)
+                expired.append(run)
+        for req in {id(s.request): s.request for s in self.running}.values():
+            if req.deadline is not None and now >= req.deadline:
+                for seq in req.sequences:
+                    if seq.finish_reason is None:
+                        self._finish_sequence(seq, FinishReason.TIME_BUDGET)
+                expired.append(req)
+        if expired:
+            self.running = [s for s in self.running if s.finish_reason is None]
+        for req in expired:
+            for seq in req.sequences:
+                if seq.finish_reason is None:  # never admitted
+                    seq.finish_reason = FinishReason.TIME_BUDGET
+            self._finish(req)
+        return expired
+
     def _admit(self) -> None:
+        self._maybe_reconnect_draft()
         while self.waiting:
             run = self.waiting[0]
             n = len(run.sequences)
@@ -204,12 +319,13 @@ class Scheduler:
                     or self._slots_held + n > self.slot_capacity):
                 break
             self.waiting.popleft()
-            run.started = time.perf_counter()
+            run.started = self.clock()
+            run.stats.queue_time_s = run.started - run.submitted
             root = run.sequences[0]
             adds = [AddSequence(root.seq_id, tuple(run.prompt_ids))]
             adds += [AddSequence(s.seq_id, parent_id=root.seq_id) for s in run.sequences[1:]]
             self._target_add.extend(adds)
-            if self.speculating and run.request.speculate:
+            if self.draft_up and run.request.speculate:
                 self._draft_add.extend(adds)
                 for s in run.sequences:
                     s.drafted = True
@@ -217,7 +333,7 @@ class Scheduler:
             self._slots_held += n
 
     def _draft_lengths(self, batch: list[SequenceRun]) -> list[int]:
-        if not self.speculating:
+        if not self.draft_up:
             return [0] * len(batch)
         wanted = self.policy.lengths([s.seq_id for s in batch])
         out = []
@@ -229,30 +345,34 @@ class Scheduler:
 
     def _extend(self, seq: SequenceRun, tokens: list[int]) -> None:
         decision = check_stop(seq.output, tokens, seq.request.criteria, self.codec.decode)
-        seq.output.extend(tokens[:decision.keep])
+        kept = tokens[:decision.keep]
+        seq.output.extend(kept)
         seq.unsent_to_draft.extend(tokens)
         seq.request.stats.generated_tokens += decision.keep
         if decision.reason is not None:
-            seq.finish_reason, seq.text_end = decision.reason, decision.text_end
-            self.policy.forget(seq.seq_id)
-            self._target_release.append(seq.seq_id)
-            if seq.drafted:
-                self._draft_release.append(seq.seq_id)
-            self._slots_held -= 1
+            seq.text_end = decision.text_end
+            self._finish_sequence(seq, decision.reason)
+        seq.request.deltas.append((seq.index, kept, seq.finish_reason))
+
+    def _finish_sequence(self, seq: SequenceRun, reason: FinishReason) -> None:
+        req = seq.request
+        seq.finish_reason = reason
+        seq.finish_order = 1 + sum(1 for s in req.sequences if s.finish_order)
+        self.policy.forget(seq.seq_id)
+        self._target_release.append(seq.seq_id)
+        if seq.drafted:
+            self._draft_release.append(seq.seq_id)
+        self._slots_held -= 1
 
     def _finish(self, req: RequestRun) -> None:
-        req.stats.wall_time_s = time.perf_counter() - req.started
-        outputs = []
-        for s in req.sequences:
-            ids = s.output
-            text_ids = ids[:-1] if ids and ids[-1] in req.criteria.stop_token_ids else ids
-            text = self.codec.decode(text_ids)
-            if s.text_end is not None:
-                text = text[:s.text_end]
-            outputs.append(SequenceOutput(index=s.index, text=text, token_ids=list(ids), finish_reason=s.finish_reason))
-        req.result = GenerationResult(sequences=outputs, stats=req.stats)
-        log.debug("request finished: %d sequences, %s", len(outputs), req.stats.to_dict())
+        req.stats.wall_time_s = self.clock() - (req.started if req.started is not None else req.submitted)
+        req.result = GenerationResult(sequences=[self.sequence_output(s) for s in req.sequences], stats=req.stats)
+        log.debug("request finished: %d sequences, %s", len(req.sequences), req.stats.to_dict())
 
-    def _new_seq_id(self) -> int:
-        self._next_seq_id += 1
-        return self._next_seq_id
+    def sequence_output(self, s: SequenceRun) -> SequenceOutput:
+        ids = s.output
+        stops = s.request.criteria.stop_token_ids
+        text = self.codec.decode(ids[:-1] if ids and ids[-1] in stops else ids)
+        if s.text_end is not None:
+            text = text[:s.text_end]
+        return SequenceOutput(index=s.index, text=text, token_ids=list(ids), finish_reason=s.finish_reason)

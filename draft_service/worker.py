@@ -31,6 +31,10 @@ class DraftWorker:
     def release(self, seq_ids: Sequence[int]) -> None:
         self.runner.release(seq_ids)
 
+    def reset(self) -> None:
+        """Drop every sequence (the coordinator restarted or lost track of this worker)."""
+        self.runner.release(list(self.runner.sequences))
+
     @torch.inference_mode()
     def propose(self, request: ProposeRequest) -> ProposeResponse:
         runner = self.runner

@@ -36,6 +36,10 @@ class TargetWorker:
     def release(self, seq_ids: Sequence[int]) -> None:
         self.runner.release(seq_ids)
 
+    def reset(self) -> None:
+        """Drop every sequence (the coordinator restarted or lost track of this worker)."""
+        self.runner.release(list(self.runner.sequences))
+
     @torch.inference_mode()
     def verify(self, request: VerifyRequest) -> VerifyResponse:
         runner = self.runner

@@ -1,0 +1,60 @@
+"""gRPC clients for the draft and target workers, with the same interface as in-process ones."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import grpc
+
+from bass import wire
+from bass.errors import InvalidRequestError, WorkerUnavailableError
+from bass.grpc_server import SERVER_OPTIONS
+from bass.v1 import worker_pb2 as pb
+from bass.v1 import worker_pb2_grpc
+from bass.worker_api import ProposeRequest, ProposeResponse, VerifyRequest, VerifyResponse, WorkerInfo
+
+
+class _RemoteWorker:
+    stub_class: type
+
+    def __init__(self, address: str, timeout_s: float = 120.0):
+        self.address = address
+        self.timeout_s = timeout_s
+        self.channel = grpc.insecure_channel(address, options=SERVER_OPTIONS)
+        self.stub = self.stub_class(self.channel)
+
+    def _call(self, method: str, request, timeout_s: float | None = None):
+        try:
+            return getattr(self.stub, method)(request, timeout=timeout_s or self.timeout_s)
+        except grpc.RpcError as e:
+            code = e.code()
+            if code == grpc.StatusCode.INVALID_ARGUMENT:
+                raise InvalidRequestError(f"{self.address}", e.details()) from None
+            raise WorkerUnavailableError(f"worker at {self.address}: {method} failed with {code.name}: "
+                                         f"{e.details()}") from None
+
+    def info(self, timeout_s: float | None = None) -> WorkerInfo:
+        return wire.info_from_proto(self._call("Info", pb.InfoRequest(), timeout_s))
+
+    def release(self, seq_ids: Sequence[int]) -> None:
+        self._call("Release", pb.ReleaseRequest(seq_ids=list(seq_ids)))
+
+    def reset(self) -> None:
+        self._call("Reset", pb.ResetRequest())
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+class RemoteDraftWorker(_RemoteWorker):
+    stub_class = worker_pb2_grpc.DraftWorkerStub
+
+    def propose(self, request: ProposeRequest) -> ProposeResponse:
+        return wire.propose_response_from_proto(self._call("Propose", wire.propose_request_to_proto(request)))
+
+
+class RemoteTargetWorker(_RemoteWorker):
+    stub_class = worker_pb2_grpc.TargetWorkerStub
+
+    def verify(self, request: VerifyRequest) -> VerifyResponse:
+        return wire.verify_response_from_proto(self._call("Verify", wire.verify_request_to_proto(request)))

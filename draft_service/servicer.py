@@ -1,0 +1,20 @@
+"""bass.v1.DraftWorker over a DraftWorker."""
+
+from __future__ import annotations
+
+from bass import wire
+from bass.v1 import worker_pb2_grpc
+from bass.worker_servicer import WorkerServicerBase
+
+SERVICE_NAME = "bass.v1.DraftWorker"
+
+
+class DraftServicer(WorkerServicerBase, worker_pb2_grpc.DraftWorkerServicer):
+    def Propose(self, request, context):
+        step = wire.propose_request_from_proto(request)
+        with self.lock:
+            response = self.worker.propose(step)
+        return wire.propose_response_to_proto(response)
+
+    def register(self, server) -> None:
+        worker_pb2_grpc.add_DraftWorkerServicer_to_server(self, server)
