@@ -34,6 +34,8 @@ class SamplingParams:
     temperature 0 means greedy. top_k 0 and top_p 1.0 mean "off".
     """
 
+    __pydantic_config__ = {"extra": "forbid"}  # config files: unknown keys are errors
+
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
@@ -54,6 +56,8 @@ class SamplingParams:
 @dataclass(frozen=True)
 class RunnerConfig:
     """One model with its KV cache on one device: what each model service runs."""
+
+    __pydantic_config__ = {"extra": "forbid"}  # config files: unknown keys are errors
 
     model_dir: Path
     device: str = "cpu"
@@ -82,6 +86,8 @@ class DraftLengthConfig:
     sequence picks its own length from its acceptance history and `cost_ratio` (draft step cost /
     target step cost). fixed = 0 means regular decoding.
     """
+
+    __pydantic_config__ = {"extra": "forbid"}  # config files: unknown keys are errors
 
     policy: str = "bass"
     fixed: int = 4
@@ -117,6 +123,8 @@ class DraftLengthConfig:
 class SchedulerConfig:
     """The coordinator's limits and policies."""
 
+    __pydantic_config__ = {"extra": "forbid"}  # config files: unknown keys are errors
+
     max_batch_size: int = 64
     max_n: int = 16
     max_new_tokens: int = 2048
@@ -126,3 +134,85 @@ class SchedulerConfig:
         _require(self.max_batch_size >= 1, "max_batch_size", f"must be >= 1, got {self.max_batch_size}")
         _require(self.max_n >= 1, "max_n", f"must be >= 1, got {self.max_n}")
         _require(self.max_new_tokens >= 1, "max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
+
+
+@dataclass(frozen=True)
+class WorkerServiceConfig:
+    """A draft or target service: its model runner and where it listens."""
+
+    __pydantic_config__ = {"extra": "forbid"}  # config files: unknown keys are errors
+
+    model_dir: Path | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
+    num_slots: int = 64
+    max_seq_len: int = 2048
+    attention: str = "pad"
+    host: str = "127.0.0.1"
+    port: int = 0  # 0 = any free port
+    draft_top_n: int = 64  # compact-q size; draft service only
+
+    def __post_init__(self) -> None:
+        if self.model_dir is not None:
+            object.__setattr__(self, "model_dir", Path(self.model_dir).expanduser())
+            self.runner_config()  # validates the runner fields
+        _require(0 <= self.port < 65536, "port", f"must be in [0, 65535], got {self.port}")
+        _require(self.draft_top_n >= 1, "draft_top_n", f"must be >= 1, got {self.draft_top_n}")
+
+    def runner_config(self) -> RunnerConfig:
+        _require(self.model_dir is not None, "model_dir", "is required")
+        return RunnerConfig(model_dir=self.model_dir, device=self.device, dtype=self.dtype, num_slots=self.num_slots,
+                            max_seq_len=self.max_seq_len, attention=self.attention)
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    """The public Generation service."""
+
+    __pydantic_config__ = {"extra": "forbid"}  # config files: unknown keys are errors
+
+    target_address: str = ""
+    draft_address: str = ""  # empty: regular decoding only
+    tokenizer_dir: Path | None = None  # defaults to the target's model directory where known
+    host: str = "127.0.0.1"
+    port: int = 50051
+    max_waiting: int = 256  # requests queued for a place in the batch before RESOURCE_EXHAUSTED
+    max_concurrent_rpcs: int = 512
+    reconnect_interval_s: float = 2.0
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    def __post_init__(self) -> None:
+        if self.tokenizer_dir is not None:
+            object.__setattr__(self, "tokenizer_dir", Path(self.tokenizer_dir).expanduser())
+        _require(0 <= self.port < 65536, "coordinator.port", f"must be in [0, 65535], got {self.port}")
+        _require(self.max_waiting >= 0, "max_waiting", f"must be >= 0, got {self.max_waiting}")
+        _require(self.max_concurrent_rpcs >= 1, "max_concurrent_rpcs", f"must be >= 1, got {self.max_concurrent_rpcs}")
+        _require(_finite(self.reconnect_interval_s) and self.reconnect_interval_s > 0, "reconnect_interval_s",
+                 f"must be > 0, got {self.reconnect_interval_s}")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """`bass serve`: all three services on one machine (sections [target], [draft], [coordinator])."""
+
+    __pydantic_config__ = {"extra": "forbid"}  # config files: unknown keys are errors
+
+    target: WorkerServiceConfig = field(default_factory=WorkerServiceConfig)
+    draft: WorkerServiceConfig | None = field(default_factory=WorkerServiceConfig)
+    coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
+
+
+def load_config_file(path: Path, cls: type = ServeConfig):
+    """Read a TOML file into `cls`, rejecting unknown keys and bad values with the key's path."""
+    import tomllib
+
+    from pydantic import TypeAdapter, ValidationError
+
+    with open(path, "rb") as f:
+        data = tomllib.load(f)
+    try:
+        return TypeAdapter(cls).validate_python(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "config"
+        raise InvalidRequestError(where, f"{first['msg']} (in {path})") from None

@@ -92,6 +92,7 @@ class RunningServer:
     port: int
     health: health.HealthServicer
     service_names: tuple[str, ...]
+    engine: object = None  # what the servicers are thin over (a worker or the coordinator engine)
 
     @property
     def address(self) -> str:
@@ -115,7 +116,7 @@ class RunningServer:
 
 
 def start_server(register: Iterable[Callable[[grpc.Server], None]], service_names: Iterable[str], *,
-                 host: str = "127.0.0.1", port: int = 0, max_workers: int = 16) -> RunningServer:
+                 host: str = "127.0.0.1", port: int = 0, max_workers: int = 16, engine: object = None) -> RunningServer:
     """Build, bind (port 0 = any free port) and start a server with health and reflection."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), interceptors=[ErrorInterceptor()],
                          options=SERVER_OPTIONS)
@@ -132,4 +133,4 @@ def start_server(register: Iterable[Callable[[grpc.Server], None]], service_name
     for name in ("",) + names:
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info("serving %s on %s:%d", ", ".join(names), host, bound)
-    return RunningServer(server=server, port=bound, health=health_servicer, service_names=names)
+    return RunningServer(server=server, port=bound, health=health_servicer, service_names=names, engine=engine)

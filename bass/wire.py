@@ -80,14 +80,14 @@ def q_from_proto(m: pb.DraftDistributions) -> DraftDistributions | None:
 def propose_request_to_proto(r: ProposeRequest) -> pb.ProposeRequest:
     return pb.ProposeRequest(
         items=[pb.ProposeItem(seq_id=i.seq_id, num_tokens=i.num_tokens, committed=list(i.committed),
-                              sampling=_sampling_to_proto(i.sampling)) for i in r.items],
+                              sampling=_sampling_to_proto(i.sampling), tail_q=i.tail_q) for i in r.items],
         add=[_add_to_proto(a) for a in r.add], release=list(r.release))
 
 
 def propose_request_from_proto(m: pb.ProposeRequest) -> ProposeRequest:
     return ProposeRequest(
         items=[ProposeItem(seq_id=i.seq_id, num_tokens=i.num_tokens, committed=tuple(i.committed),
-                           sampling=_sampling_from_proto(i.sampling)) for i in m.items],
+                           sampling=_sampling_from_proto(i.sampling), tail_q=i.tail_q) for i in m.items],
         add=[_add_from_proto(a) for a in m.add], release=list(m.release))
 
 
@@ -109,7 +109,7 @@ def propose_response_from_proto(m: pb.ProposeResponse) -> ProposeResponse:
 def verify_request_to_proto(r: VerifyRequest) -> pb.VerifyRequest:
     m = pb.VerifyRequest(
         items=[pb.VerifyItem(seq_id=i.seq_id, draft_tokens=list(i.draft_tokens), sampling=_sampling_to_proto(i.sampling),
-                             q_row_offset=i.q_row_offset) for i in r.items],
+                             q_row_offset=i.q_row_offset, tail_q=i.tail_q) for i in r.items],
         add=[_add_to_proto(a) for a in r.add], release=list(r.release))
     if r.q is not None:
         m.q.CopyFrom(q_to_proto(r.q))
@@ -119,7 +119,7 @@ def verify_request_to_proto(r: VerifyRequest) -> pb.VerifyRequest:
 def verify_request_from_proto(m: pb.VerifyRequest) -> VerifyRequest:
     return VerifyRequest(
         items=[VerifyItem(seq_id=i.seq_id, draft_tokens=tuple(i.draft_tokens), sampling=_sampling_from_proto(i.sampling),
-                          q_row_offset=i.q_row_offset) for i in m.items],
+                          q_row_offset=i.q_row_offset, tail_q=i.tail_q) for i in m.items],
         q=q_from_proto(m.q) if m.HasField("q") else None,
         add=[_add_from_proto(a) for a in m.add], release=list(m.release))
 

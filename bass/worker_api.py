@@ -48,6 +48,10 @@ class ProposeItem:
     num_tokens: int
     committed: tuple[int, ...]  # tokens committed since this worker last saw this sequence
     sampling: SequenceSampling
+    # Also return q for the position after the last draft token (one more draft forward). The
+    # verifier then decides that position by the same draft-accept-or-resample rule as every
+    # other, so a seeded sequence's text does not depend on its draft length.
+    tail_q: bool = False
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,7 @@ class ProposeRequest:
 class DraftDistributions:
     """The compact q of every proposed token: row r holds the top-N token ids and their
     renormalized probabilities under which draft token r was sampled. Rows follow the order of
-    the proposals, `num_tokens` rows per sequence. Greedy rows have a single id with p = 1."""
+    the proposals, `num_tokens` rows per sequence (+1 with tail_q)."""
 
     token_ids: "torch.Tensor"  # [rows, N] int64
     probs: "torch.Tensor"  # [rows, N] float32
@@ -80,6 +84,7 @@ class VerifyItem:
     draft_tokens: tuple[int, ...]
     sampling: SequenceSampling
     q_row_offset: int = 0  # first row of this item's q in the request's `q`
+    tail_q: bool = False  # q holds one row more than draft_tokens (see ProposeItem.tail_q)
 
 
 @dataclass(frozen=True)
@@ -92,7 +97,7 @@ class VerifyRequest:
 
 @dataclass(frozen=True)
 class Verdict:
-    accepted: int  # draft tokens accepted
+    accepted: int  # draft tokens (proposed by the draft model) accepted
     tokens: list[int]  # committed this step: accepted drafts then one target token
 
 

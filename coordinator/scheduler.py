@@ -61,6 +61,9 @@ class SequenceRun:
     finish_reason: FinishReason | None = None
     text_end: int | None = None
     drafted: bool = False  # whether the draft worker holds this sequence
+    # Seeded sampling: the position after the drafts is decided like a drafted one, so the text
+    # does not depend on draft lengths (which the batch-level policy shares across sequences).
+    tail_q: bool = False
     finish_order: int = 0  # 1 = finished first within its request
 
 
@@ -140,9 +143,10 @@ class Scheduler:
         run = RequestRun(request=request, prompt_ids=prompt_ids, submitted=self.clock(),
                          criteria=StopCriteria(frozenset(stop_ids), request.stop, request.max_new_tokens))
         seed = request.seed if request.seed is not None else secrets.randbits(64)
+        tail_q = request.seed is not None and not request.sampling.greedy
         for index in range(request.n):
             run.sequences.append(SequenceRun(
-                seq_id=next(self._seq_ids), index=index, request=run,
+                seq_id=next(self._seq_ids), index=index, request=run, tail_q=tail_q,
                 sampling=SequenceSampling(request.sampling, sequence_seed_key(seed, index))))
         return run
 
@@ -178,7 +182,8 @@ class Scheduler:
 
     def fail_all(self) -> list[RequestRun]:
         """Forget every request (after a target failure); returns them so the caller can
-        answer each with an error. Both workers are reset before new work is admitted."""
+        answer each with an error. The caller must reset both workers (a new Scheduler does)
+        before admitting new work."""
         failed = list(self.waiting) + list({id(s.request): s.request for s in self.running}.values())
         self.waiting.clear()
         self.running = []
@@ -198,13 +203,13 @@ class Scheduler:
         batch = self.running
         lengths = self._draft_lengths(batch)
         drafts: list[tuple[int, ...]] = [()] * len(batch)
-        q, q_offsets = None, [0] * len(batch)
-        if self.draft_up and (any(lengths) or self._draft_add or self._draft_release):
-            drafting = [i for i, k in enumerate(lengths) if k > 0]
+        q, q_offsets, tail = None, [0] * len(batch), [False] * len(batch)
+        if self.draft_up and (any(lengths) or any(s.tail_q for s in batch) or self._draft_add or self._draft_release):
+            drafting = [i for i, k in enumerate(lengths) if k > 0 or (batch[i].tail_q and batch[i].drafted)]
             try:
                 response = self.draft.propose(ProposeRequest(
                     items=[ProposeItem(batch[i].seq_id, lengths[i], tuple(batch[i].unsent_to_draft),
-                                       batch[i].sampling) for i in drafting],
+                                       batch[i].sampling, tail_q=batch[i].tail_q) for i in drafting],
                     add=self._draft_add, release=self._draft_release))
             except Exception as exc:  # noqa: BLE001 - speculation is optional; never fail a request for it
                 self._draft_failed(exc)
@@ -216,8 +221,10 @@ class Scheduler:
                     batch[i].unsent_to_draft.clear()
                     drafts[i] = tuple(response.tokens[n])
                     q_offsets[i] = response.q_row_offsets[n]
+                    tail[i] = batch[i].tail_q
         verdicts = self.target.verify(VerifyRequest(
-            items=[VerifyItem(s.seq_id, drafts[i], s.sampling, q_offsets[i]) for i, s in enumerate(batch)],
+            items=[VerifyItem(s.seq_id, drafts[i], s.sampling, q_offsets[i], tail_q=tail[i])
+                   for i, s in enumerate(batch)],
             q=q, add=self._target_add, release=self._target_release)).verdicts
         self._target_add, self._target_release = [], []
 

@@ -45,20 +45,22 @@ class DraftWorker:
         for it in items:
             if it.num_tokens < 0:
                 raise InvalidRequestError("num_tokens", f"must be >= 0, got {it.num_tokens}")
+            if it.tail_q and it.sampling.params.greedy:
+                raise InvalidRequestError("tail_q", "needs temperature > 0")
         for state, it in zip(states, items):
             runner.commit(state, it.committed)
 
         device = runner.device
         drafts: list[list[int]] = [[] for _ in items]
-        active = [i for i, it in enumerate(items) if it.num_tokens > 0]
+        active = [i for i, it in enumerate(items) if it.num_tokens > 0 or it.tail_q]
         greedy = all(items[i].sampling.params.greedy for i in active)
         q_steps: list[tuple[list[int], torch.Tensor, torch.Tensor]] = []
         base = torch.tensor([len(states[i].committed) for i in active], dtype=torch.int64, device=device)
         keys = seed_key_tensor([items[i].sampling.seed_key for i in active], device)
         params = RowParams.build([items[i].sampling.params for i in active], device)
-        max_k = max((items[i].num_tokens for i in active), default=0)
-        for j in range(max_k):
-            live = [n for n, i in enumerate(active) if items[i].num_tokens > j]
+        rows = [items[i].num_tokens + items[i].tail_q for i in active]
+        for j in range(max(rows, default=0)):
+            live = [n for n in range(len(active)) if rows[n] > j]
             work = [(states[active[n]], [] if j == 0 else [drafts[active[n]][-1]]) for n in live]
             logits = runner.forward(work, [1] * len(live))
             if greedy:
@@ -70,7 +72,8 @@ class DraftWorker:
                 tokens = ids.gather(-1, sample_from(probs, u)[:, None]).squeeze(-1)
                 q_steps.append((live, ids, probs))
             for n, t in zip(live, tokens.tolist()):
-                drafts[active[n]].append(t)
+                if j < items[active[n]].num_tokens:  # the tail row's token is the verifier's to draw
+                    drafts[active[n]].append(t)
 
         offsets, q = self._gather_q(items, active, q_steps) if not greedy else ([0] * len(items), None)
         return ProposeResponse(tokens=drafts, q=q, q_row_offsets=offsets)
@@ -81,7 +84,7 @@ class DraftWorker:
         offsets, row = [0] * len(items), 0
         for i, it in enumerate(items):
             offsets[i] = row
-            row += it.num_tokens
+            row += it.num_tokens + it.tail_q
         order = []  # for each step-row (in concatenation order), its destination row
         for j, (live, _, _) in enumerate(q_steps):
             order.extend(offsets[active[n]] + j for n in live)

@@ -138,6 +138,17 @@ class ModelRunner:
         batch = RaggedBatch.build(chunks, self.device)
         return self.model.forward(batch, self.cache)
 
+    def warm_up(self) -> None:
+        """One tiny forward, so the first real request does not pay for lazy initialization."""
+        with torch.inference_mode():
+            slot = self.cache.allocate()
+            try:
+                self.cache.append(slot, [0, 0])
+                batch = RaggedBatch.build([SequenceChunk(slot=slot, start=0, tokens=[0, 0], logit_rows=1)], self.device)
+                self.model.forward(batch, self.cache)
+            finally:
+                self.cache.release(slot)
+
     # -- checks ----------------------------------------------------------------------------------
     def _check_new(self, seq_id: int) -> None:
         if seq_id in self.sequences:

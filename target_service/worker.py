@@ -8,7 +8,8 @@ from typing import Sequence
 import torch
 
 from bass.engine.runner import ModelRunner
-from bass.engine.sampling import ACCEPT_TEST, TARGET_SAMPLE, RowParams, keyed_uniform, seed_key_tensor, shape_probs
+from bass.engine.sampling import (ACCEPT_TEST, DRAFT_SAMPLE, TARGET_SAMPLE, RowParams, keyed_uniform, sample_from,
+                                  seed_key_tensor, shape_probs)
 from bass.engine.verification import verify_drafts, verify_greedy
 from bass.errors import InvalidRequestError
 from bass.worker_api import DraftDistributions, Verdict, VerifyRequest, VerifyResponse, WorkerInfo
@@ -66,44 +67,59 @@ class TargetWorker:
         if all(p.greedy for p in params):
             argmax = pad_rows(logits.argmax(dim=-1), rows_per_seq, max_k + 1)
             accepted, tokens = verify_greedy(argmax, drafts, draft_lens)
-        else:
-            row_params = RowParams.build([p for p, n in zip(params, rows_per_seq) for _ in range(n)], device)
-            p = pad_rows(shape_probs(logits, row_params), rows_per_seq, max_k + 1)
-            q_ids, q_probs = self._draft_q(request.q, items, drafts, max_k)
-            keys = seed_key_tensor([it.sampling.seed_key for it in items], device)[:, None]
-            positions = torch.tensor(base, dtype=torch.int64, device=device)[:, None] + torch.arange(
-                max_k + 1, device=device)[None, :]
-            u_accept = keyed_uniform(keys, positions[:, :max_k], ACCEPT_TEST)
-            u_final = keyed_uniform(keys, positions, TARGET_SAMPLE)
-            accepted, tokens = verify_drafts(p, drafts, draft_lens, q_ids, q_probs, u_accept, u_final)
-        return self._commit(states, accepted, tokens)
+            return self._commit(states, accepted.tolist(), tokens.tolist(), counts)
 
-    def _commit(self, states, accepted: torch.Tensor, tokens: torch.Tensor) -> VerifyResponse:
+        # Sequences with a tail q row get one more, virtual, draft token at position k: drawn
+        # here from that row with the draft's own keyed uniform, so the position is decided
+        # exactly as if the draft had proposed it (no bonus token after it).
+        tails = [int(it.tail_q) for it in items]
+        ext_lens = [c + t for c, t in zip(counts, tails)]
+        width = max(ext_lens)
+        row_params = RowParams.build([p for p, n in zip(params, rows_per_seq) for _ in range(n)], device)
+        p = pad_rows(shape_probs(logits, row_params), rows_per_seq, width + 1)
+        q_ids, q_probs = self._draft_q(request.q, items, ext_lens, width, device)
+        keys = seed_key_tensor([it.sampling.seed_key for it in items], device)[:, None]
+        positions = torch.tensor(base, dtype=torch.int64, device=device)[:, None] + torch.arange(
+            width + 1, device=device)[None, :]
+        ext_drafts = torch.cat([drafts, drafts.new_zeros(len(items), width - max_k)], dim=1)
+        if any(tails):
+            rows = torch.tensor([b for b, t in enumerate(tails) if t], device=device)
+            at = torch.tensor([counts[b] for b, t in enumerate(tails) if t], device=device)
+            u = keyed_uniform(keys[rows, 0], positions[rows, at], DRAFT_SAMPLE)
+            pick = sample_from(q_probs[rows, at], u)
+            ext_drafts[rows, at] = q_ids[rows, at].gather(-1, pick[:, None]).squeeze(-1)
+        accepted, tokens = verify_drafts(
+            p, ext_drafts, torch.tensor(ext_lens, device=device), q_ids, q_probs,
+            keyed_uniform(keys, positions[:, :width], ACCEPT_TEST), keyed_uniform(keys, positions, TARGET_SAMPLE))
+        return self._commit(states, accepted.tolist(), tokens.tolist(), counts)
+
+    def _commit(self, states, accepted: list[int], tokens: list[list[int]], counts: list[int]) -> VerifyResponse:
         verdicts = []
-        for state, a, row in zip(states, accepted.tolist(), tokens.tolist()):
-            emitted = row[:a + 1]
+        for state, a, row, k in zip(states, accepted, tokens, counts):
+            # a == k + 1 only when a virtual tail draft was accepted: it is the last token.
+            emitted = row[:min(a + 1, k + 1)]
             self.runner.commit(state, emitted)
-            verdicts.append(Verdict(accepted=a, tokens=emitted))
+            verdicts.append(Verdict(accepted=min(a, k), tokens=emitted))
         return VerifyResponse(verdicts=verdicts)
 
     @staticmethod
-    def _draft_q(q: DraftDistributions | None, items, drafts: torch.Tensor,
-                 max_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-sequence compact q as [B, K, N]; one-hot on the draft token where none was sent
-        (greedy drafts)."""
-        device = drafts.device
+    def _draft_q(q: DraftDistributions | None, items, lens: list[int], width: int,
+                 device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-sequence compact q as [B, width, N] (lens[b] rows for sequence b); one-hot on the
+        draft token where none was sent (greedy drafts)."""
         if q is None:
-            return drafts[..., None], torch.ones(len(items), max_k, 1, device=device)
+            drafts = torch.tensor([list(it.draft_tokens) + [0] * (width - len(it.draft_tokens)) for it in items],
+                                  dtype=torch.int64, device=device).view(len(items), width)
+            return drafts[..., None], torch.ones(len(items), width, 1, device=device)
         num_rows = q.token_ids.shape[0]
-        for it in items:
-            if it.draft_tokens and not 0 <= it.q_row_offset <= num_rows - len(it.draft_tokens):
+        for it, n in zip(items, lens):
+            if n and not 0 <= it.q_row_offset <= num_rows - n:
                 raise InvalidRequestError(
-                    "q_row_offset", f"sequence {it.seq_id}: rows {it.q_row_offset}..{it.q_row_offset + len(it.draft_tokens)}"
+                    "q_row_offset", f"sequence {it.seq_id}: rows {it.q_row_offset}..{it.q_row_offset + n}"
                     f" outside the {num_rows} rows of q")
         offsets = torch.tensor([it.q_row_offset for it in items], dtype=torch.int64, device=device)
-        lens = torch.tensor([len(it.draft_tokens) for it in items], dtype=torch.int64, device=device)
-        j = torch.arange(max_k, device=device)[None, :]
-        valid = j < lens[:, None]
+        j = torch.arange(width, device=device)[None, :]
+        valid = j < torch.tensor(lens, dtype=torch.int64, device=device)[:, None]
         index = torch.where(valid, offsets[:, None] + j, torch.zeros_like(j))
         ids = q.token_ids.to(device)[index]
         probs = q.probs.to(device)[index] * valid[..., None]

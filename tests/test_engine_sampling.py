@@ -74,7 +74,7 @@ def test_sampled_tokens_follow_the_target_distribution(stat_models, draft_kind, 
         assert chi_square_pvalue(nexts, expected) > 1e-4, f"position {pos} after {prefix}"
 
 
-@pytest.mark.parametrize("policy", ["3", "adaptive"])
+@pytest.mark.parametrize("policy", ["3", "adaptive", "bass"])
 def test_seeded_request_is_reproducible_across_batch_compositions(llama_target, llama_draft, policy):
     params = SamplingParams(temperature=0.9, top_p=0.95)
     mine = GenerationRequest(prompt_ids=(5, 17, 33, 200), n=3, max_new_tokens=16, sampling=params, seed=1234,
@@ -97,3 +97,13 @@ def test_unseeded_requests_differ(llama_target, llama_draft):
     s = build_scheduler(llama_target, llama_draft, "3")
     a, b = s.generate([req, req])
     assert a.sequences[0].token_ids != b.sequences[0].token_ids
+
+
+def test_seeded_text_does_not_depend_on_the_draft_length(llama_target, llama_draft):
+    """Every position of a seeded sequence is decided by the same draft-accept-or-resample rule
+    (the position after the drafts included), so any draft length gives the same text."""
+    req = GenerationRequest(prompt_ids=(5, 17, 33, 200), n=2, max_new_tokens=20, seed=7, ignore_eos=True,
+                            sampling=SamplingParams(temperature=0.8, top_p=0.95))
+    texts = {policy: [s.token_ids for s in build_scheduler(llama_target, llama_draft, policy).generate([req])[0].sequences]
+             for policy in ("1", "4", "9", "bass", "adaptive")}
+    assert len({str(t) for t in texts.values()}) == 1, texts

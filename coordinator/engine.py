@@ -1,0 +1,217 @@
+"""The coordinator's engine: the scheduler on its own thread, fed by RPC handler threads.
+
+Handlers call `submit` (validation and tokenization happen on the caller's thread) and read
+events from the returned handle: token deltas for streams, then exactly one terminal event
+(Done or Failed). The loop thread owns the Scheduler; handlers talk to it only through a
+command queue, so no lock guards scheduler state.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Union
+
+from bass.config import CoordinatorConfig
+from bass.coordinator.requests import FinishReason, GenerationRequest, GenerationResult
+from bass.coordinator.scheduler import RequestRun, Scheduler
+from bass.coordinator.tokenizer import Codec
+from bass.errors import BassError, CapacityError, WorkerUnavailableError
+from bass.worker_api import DraftWorkerAPI, TargetWorkerAPI
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Delta:
+    index: int
+    token_ids: list[int]
+    text: str
+    finish_reason: FinishReason | None
+
+
+@dataclass(frozen=True)
+class Done:
+    result: GenerationResult
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: Exception
+
+
+Event = Union[Delta, Done, Failed]
+
+
+class RequestCancelled(BassError):
+    """The client cancelled the call or its deadline passed."""
+
+
+@dataclass
+class RequestHandle:
+    run: RequestRun
+    stream: bool
+    events: "queue.Queue[Event]" = field(default_factory=queue.Queue)
+    sent_chars: dict[int, int] = field(default_factory=dict)
+    closed: bool = False  # a terminal event was sent
+
+    def __iter__(self):
+        """Events until (and including) the terminal one."""
+        while True:
+            event = self.events.get()
+            yield event
+            if not isinstance(event, Delta):
+                return
+
+
+class CoordinatorEngine:
+    def __init__(self, target: TargetWorkerAPI, draft: DraftWorkerAPI | None, codec: Codec,
+                 config: CoordinatorConfig):
+        self.target, self.draft, self.codec, self.config = target, draft, codec, config
+        self.scheduler: Scheduler | None = None
+        self._commands: "queue.Queue[tuple[str, RequestHandle]]" = queue.Queue()
+        self._handles: dict[int, RequestHandle] = {}
+        self._waiting = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="bass-scheduler", daemon=True)
+
+    # -- called from RPC threads -------------------------------------------------------------------
+    def start(self) -> "CoordinatorEngine":
+        self._connect_target()
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        self._commands.put(("wake", None))
+        self._thread.join(timeout_s)
+
+    @property
+    def ready(self) -> bool:
+        return self.scheduler is not None
+
+    def submit(self, request: GenerationRequest, stream: bool = False) -> RequestHandle:
+        scheduler = self.scheduler
+        if scheduler is None:
+            raise WorkerUnavailableError(f"the target worker at {self.config.target_address} is unavailable")
+        if self._waiting + self._commands.qsize() >= self.config.max_waiting + self.config.scheduler.max_batch_size:
+            raise CapacityError(f"the queue is full ({self.config.max_waiting} requests waiting); retry later")
+        handle = RequestHandle(run=scheduler.prepare(request), stream=stream)
+        self._commands.put(("submit", handle))
+        return handle
+
+    def cancel(self, handle: RequestHandle) -> None:
+        if not handle.closed:
+            self._commands.put(("cancel", handle))
+
+    # -- the loop thread -----------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            scheduler = self.scheduler
+            if scheduler is None:
+                self._drain_commands(block=True, timeout=self.config.reconnect_interval_s)
+                self._connect_target()
+                continue
+            self._drain_commands(block=not scheduler.has_work, timeout=0.5)
+            if not scheduler.has_work:
+                self._guarded(scheduler, scheduler.flush_releases)  # free slots while idle
+                continue
+            finished = self._guarded(scheduler, scheduler.step)
+            if finished is not None:
+                self._publish(scheduler, finished)
+            self._waiting = len(scheduler.waiting)
+
+    def _guarded(self, scheduler: Scheduler, call):
+        """Run a scheduler call; on failure answer every in-flight request with an error."""
+        try:
+            return call()
+        except WorkerUnavailableError as exc:
+            log.error("target failed: %s; failing in-flight requests", exc)
+            self._fail(scheduler.fail_all(), exc)
+            self.scheduler = None
+        except Exception as exc:  # noqa: BLE001 - a bug must not kill the service
+            log.exception("step failed; failing in-flight requests")
+            self._fail(scheduler.fail_all(), BassError(f"internal error: {exc}"))
+            self.scheduler = None  # reconnecting resets both workers
+        return None
+
+    def _connect_target(self) -> None:
+        try:
+            info = self.target.info()
+            self.target.reset()
+        except WorkerUnavailableError as exc:
+            log.warning("target unavailable: %s", exc)
+            return
+        log.info("target ready: %s (%d slots)", info.model_name, info.num_slots)
+        self.scheduler = Scheduler(self.target, self.draft, self.codec, self.config.scheduler,
+                                   reconnect_interval_s=self.config.reconnect_interval_s)
+
+    def _drain_commands(self, block: bool, timeout: float) -> None:
+        try:
+            command = self._commands.get(block=block, timeout=timeout)
+        except queue.Empty:
+            return
+        while True:
+            self._apply(*command)
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _apply(self, kind: str, handle: RequestHandle | None) -> None:
+        scheduler = self.scheduler
+        if kind == "submit":
+            if scheduler is None:
+                self._close(handle, Failed(WorkerUnavailableError("the target worker is unavailable")))
+                return
+            self._handles[id(handle.run)] = handle
+            scheduler.enqueue(handle.run)
+        elif kind == "cancel" and scheduler is not None and not handle.closed:
+            scheduler.cancel(handle.run)
+            self._handles.pop(id(handle.run), None)
+            self._close(handle, Failed(RequestCancelled("cancelled by the client")))  # wakes the handler
+            log.info("request cancelled by its client; %d sequences released", len(handle.run.sequences))
+
+    def _publish(self, scheduler: Scheduler, finished: list[RequestRun]) -> None:
+        for handle in list(self._handles.values()):
+            run = handle.run
+            if handle.stream and run.deltas:
+                for index, tokens, reason in run.deltas:
+                    handle.events.put(Delta(index, tokens, self._new_text(scheduler, handle, index), reason))
+            run.deltas.clear()
+        for run in finished:
+            handle = self._handles.pop(id(run), None)
+            if handle is not None:
+                self._close(handle, Done(run.result))
+
+    def _new_text(self, scheduler: Scheduler, handle: RequestHandle, index: int) -> str:
+        """Text a sequence gained since its last delta. While it runs, hold back what a stop
+        string could still cut (and a trailing partial UTF-8 character), so the streamed
+        text always adds up to the final text."""
+        seq = handle.run.sequences[index]
+        sent = handle.sent_chars.get(index, 0)
+        if seq.finish_reason is not None:
+            text = scheduler.sequence_output(seq).text
+            end = len(text)
+        else:
+            text = self.codec.decode(seq.output)
+            hold = max((len(s) for s in handle.run.request.stop), default=1) - 1
+            end = len(text.rstrip("\ufffd")) - hold
+        if end <= sent:
+            return ""
+        handle.sent_chars[index] = end
+        return text[sent:end]
+
+    def _fail(self, runs: list[RequestRun], error: Exception) -> None:
+        for run in runs:
+            handle = self._handles.pop(id(run), None)
+            if handle is not None:
+                self._close(handle, Failed(error))
+
+    @staticmethod
+    def _close(handle: RequestHandle, event: Event) -> None:
+        if not handle.closed:
+            handle.closed = True
+            handle.events.put(event)

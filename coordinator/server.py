@@ -1,0 +1,41 @@
+"""Start the coordinator: connect to the workers, run the engine, serve bass.v1.Generation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bass.config import CoordinatorConfig
+from bass.coordinator.engine import CoordinatorEngine
+from bass.coordinator.remote import RemoteDraftWorker, RemoteTargetWorker
+from bass.coordinator.servicer import SERVICE_NAME, GenerationServicer
+from bass.coordinator.tokenizer import load_codec
+from bass.errors import InvalidRequestError
+from bass.grpc_server import RunningServer, start_server
+
+
+@dataclass
+class Coordinator:
+    server: RunningServer
+    engine: CoordinatorEngine
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        self.server.stop(grace_s)
+        self.engine.stop()
+
+
+def serve(config: CoordinatorConfig) -> Coordinator:
+    if not config.target_address:
+        raise InvalidRequestError("target_address", "is required")
+    if config.tokenizer_dir is None:
+        raise InvalidRequestError("tokenizer_dir", "is required (the models' tokenizer directory)")
+    target = RemoteTargetWorker(config.target_address)
+    draft = RemoteDraftWorker(config.draft_address) if config.draft_address else None
+    engine = CoordinatorEngine(target, draft, load_codec(config.tokenizer_dir), config).start()
+    servicer = GenerationServicer(engine)
+    server = start_server([servicer.register], [SERVICE_NAME], host=config.host, port=config.port,
+                          max_workers=config.max_concurrent_rpcs, engine=engine)
+    return Coordinator(server=server, engine=engine)

@@ -1,0 +1,17 @@
+"""Start the target service: load the model, warm it up, serve bass.v1.TargetWorker."""
+
+from __future__ import annotations
+
+from bass.config import WorkerServiceConfig
+from bass.engine.runner import ModelRunner
+from bass.grpc_server import RunningServer, start_server
+from bass.target_service.servicer import SERVICE_NAME, TargetServicer
+from bass.target_service.worker import TargetWorker
+
+
+def serve(config: WorkerServiceConfig) -> RunningServer:
+    worker = TargetWorker(ModelRunner(config.runner_config()))
+    worker.runner.warm_up()
+    servicer = TargetServicer(worker)
+    return start_server([servicer.register], [SERVICE_NAME], host=config.host, port=config.port,
+                        engine=worker)

@@ -1,0 +1,50 @@
+"""Start the real draft, target and coordinator gRPC servers on free localhost ports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from bass.config import CoordinatorConfig, DraftLengthConfig, SchedulerConfig, WorkerServiceConfig
+from bass.coordinator import server as coordinator_server
+from bass.draft_service import server as draft_server
+from bass.target_service import server as target_server
+
+
+@dataclass
+class Services:
+    target_config: WorkerServiceConfig
+    draft_config: WorkerServiceConfig
+    target: object
+    draft: object
+    coordinator: coordinator_server.Coordinator
+
+    @property
+    def address(self) -> str:
+        return self.coordinator.address
+
+    def restart_target(self):
+        self.target = target_server.serve(replace(self.target_config, port=self.target.port))
+
+    def restart_draft(self):
+        self.draft = draft_server.serve(replace(self.draft_config, port=self.draft.port))
+
+    def stop(self):
+        self.coordinator.stop(grace_s=1)
+        for s in (self.draft, self.target):
+            s.stop(grace_s=0)
+
+
+def start_services(target_dir: Path, draft_dir: Path, *, policy: str = "bass", num_slots: int = 16,
+                   max_batch_size: int = 16, max_waiting: int = 64, max_seq_len: int = 1024) -> Services:
+    common = dict(num_slots=num_slots, max_seq_len=max_seq_len)
+    target_cfg = WorkerServiceConfig(model_dir=target_dir, **common)
+    draft_cfg = WorkerServiceConfig(model_dir=draft_dir, **common)
+    target = target_server.serve(target_cfg)
+    draft = draft_server.serve(draft_cfg)
+    coordinator = coordinator_server.serve(CoordinatorConfig(
+        target_address=target.address, draft_address=draft.address, tokenizer_dir=target_dir, port=0,
+        max_waiting=max_waiting, reconnect_interval_s=0.2,
+        scheduler=SchedulerConfig(max_batch_size=max_batch_size, max_n=8, max_new_tokens=512,
+                                  draft_length=DraftLengthConfig.parse(policy))))
+    return Services(target_cfg, draft_cfg, target, draft, coordinator)

@@ -1,0 +1,114 @@
+"""Failures: the draft dies (carry on without it, reconnect), the target dies (fail fast,
+recover), the queue is full (RESOURCE_EXHAUSTED). No request is lost or answered twice."""
+
+import threading
+import time
+
+import grpc
+import pytest
+
+from bass.client import BassClient
+from bass.coordinator.requests import GenerationRequest
+from conftest import build_scheduler
+from services import start_services
+
+PROMPT = [5, 17, 33, 200, 7]
+
+
+@pytest.fixture
+def services(llama_target, llama_draft):
+    s = start_services(llama_target, llama_draft, policy="3")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def expected(llama_target):
+    (r,) = build_scheduler(llama_target, None).generate(
+        [GenerationRequest(prompt_ids=tuple(PROMPT), max_new_tokens=40, ignore_eos=True)])
+    return r.sequences[0].token_ids
+
+
+def test_draft_death_falls_back_to_regular_decoding_then_reconnects(services, expected):
+    with BassClient(services.address, timeout_s=60) as client:
+        before = client.generate(PROMPT, max_new_tokens=40, ignore_eos=True)
+        assert list(before.sequences[0].token_ids) == expected and before.stats.draft_tokens > 0
+
+        # Kill the draft while a stream is running: the stream must finish, correctly.
+        stream = client.stream_raw(PROMPT, n=2, max_new_tokens=40, ignore_eos=True)
+        first = next(stream)
+        services.draft.stop(grace_s=0)
+        rest = list(stream)
+        tokens = {}
+        for m in [first] + rest:
+            for d in m.deltas:
+                tokens.setdefault(d.index, []).extend(d.token_ids)
+        assert tokens == {0: expected, 1: expected}
+
+        during = client.generate(PROMPT, max_new_tokens=40, ignore_eos=True)
+        assert list(during.sequences[0].token_ids) == expected and during.stats.draft_tokens == 0
+
+        services.restart_draft()
+        deadline = time.monotonic() + 20
+        while True:
+            after = client.generate(PROMPT, max_new_tokens=40, ignore_eos=True)
+            assert list(after.sequences[0].token_ids) == expected
+            if after.stats.draft_tokens > 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert after.stats.draft_tokens > 0, "speculation should resume once the draft is back"
+
+
+def test_target_death_fails_fast_then_recovers(services, expected):
+    with BassClient(services.address, timeout_s=30) as client:
+        assert list(client.generate(PROMPT, max_new_tokens=40, ignore_eos=True).sequences[0].token_ids) == expected
+        services.target.stop(grace_s=0)
+        t0 = time.monotonic()
+        with pytest.raises(grpc.RpcError) as info:
+            client.generate(PROMPT, max_new_tokens=40, ignore_eos=True)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert time.monotonic() - t0 < 10
+        with pytest.raises(grpc.RpcError) as info:  # still down: refused at once
+            client.generate(PROMPT, max_new_tokens=40, ignore_eos=True)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+        services.restart_target()
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                r = client.generate(PROMPT, max_new_tokens=40, ignore_eos=True)
+                break
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline
+                time.sleep(0.2)
+        assert list(r.sequences[0].token_ids) == expected
+
+
+def test_full_queue_is_resource_exhausted_and_nothing_is_lost(llama_target, llama_draft, expected):
+    s = start_services(llama_target, llama_draft, policy="3", max_batch_size=1, num_slots=1, max_waiting=1)
+    outcomes, lock = [], threading.Lock()
+
+    def call():
+        with BassClient(s.address, timeout_s=120) as c:
+            try:
+                r = c.generate(PROMPT, max_new_tokens=40, ignore_eos=True)
+                outcome = ("ok", list(r.sequences[0].token_ids))
+            except grpc.RpcError as e:
+                outcome = (e.code(), e.details())
+        with lock:
+            outcomes.append(outcome)
+
+    try:
+        threads = [threading.Thread(target=call) for _ in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(180)
+    finally:
+        s.stop()
+    assert len(outcomes) == 12  # every call answered exactly once
+    ok = [o for o in outcomes if o[0] == "ok"]
+    refused = [o for o in outcomes if o[0] == grpc.StatusCode.RESOURCE_EXHAUSTED]
+    assert len(ok) + len(refused) == 12
+    assert ok and refused and all(o[1] == expected for o in ok)
+    assert "queue is full" in refused[0][1]
