@@ -9,6 +9,9 @@ PYTEST_ARGS ?=
 
 .PHONY: install test test-fast models demo clean
 
+PROTOS := $(wildcard protos/bass/v1/*.proto)
+GENERATED := bass/v1/GENERATED_FROM
+
 $(STAMP): pyproject.toml requirements/runtime.txt requirements/dev.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -16,7 +19,11 @@ $(STAMP): pyproject.toml requirements/runtime.txt requirements/dev.txt
 	$(PY) -m pip install -q --no-deps -e .
 	@touch $(STAMP)
 
-install: $(STAMP)
+# gRPC code is generated from protos/ at build time (never committed, never hand-edited).
+$(GENERATED): $(PROTOS) protos/generate.py $(STAMP)
+	$(PY) protos/generate.py
+
+install: $(STAMP) $(GENERATED)
 
 test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)

@@ -9,7 +9,11 @@ import time
 
 import click
 
-from bass.config import DraftLengthConfig, RunnerConfig, SamplingParams, SchedulerConfig, DTYPES, ATTENTION_BACKENDS
+from dataclasses import asdict, fields, replace
+from pathlib import Path
+
+from bass.config import (ATTENTION_BACKENDS, DTYPES, CoordinatorConfig, DraftLengthConfig, RunnerConfig,
+                         SamplingParams, SchedulerConfig, ServeConfig, WorkerServiceConfig, load_config_file)
 from bass.errors import BassError
 
 
@@ -94,8 +98,6 @@ def generate(target_dir, draft_dir, prompt, prompt_ids, n, max_new_tokens, tempe
     click.echo(f"--- stats: {json.dumps(out['stats'])}")
 
 
-if __name__ == "__main__":
-    main()
 
 
 @main.group()
@@ -141,3 +143,264 @@ def bench_acceptance(target_dir, draft_dir, problems, n, max_new_tokens, draft_l
         with open(out, "w") as f:
             f.write(text + "\n")
     click.echo(text)
+
+
+# -- services ------------------------------------------------------------------------------------------
+def resolve_device(device: str) -> str:
+    """'auto': the GPU where there is one."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    return ("bfloat16" if device.startswith("cuda") else "float32") if dtype == "auto" else dtype
+
+
+def _explicit(ctx: click.Context, names: list[str]) -> dict:
+    """The options the user actually gave (so they override a config file, defaults do not)."""
+    from click.core import ParameterSource
+
+    return {n: ctx.params[n] for n in names
+            if ctx.params.get(n) is not None and ctx.get_parameter_source(n) != ParameterSource.DEFAULT}
+
+
+def _load(config_file: str | None, config_json: str | None, cls, section: str | None):
+    """A config from --config-json (used by `bass serve` for its children) or a [section] of a
+    --config TOML file, else defaults."""
+    from pydantic import TypeAdapter
+
+    if config_json:
+        return TypeAdapter(cls).validate_json(config_json)
+    if config_file:
+        serve = load_config_file(Path(config_file))
+        value = getattr(serve, section)
+        return value if value is not None else cls()
+    return cls()
+
+
+def _fail(e: Exception):
+    raise click.UsageError(str(e)) from None
+
+
+WORKER_OPTIONS = ["model_dir", "host", "port", "device", "dtype", "num_slots", "max_seq_len", "attention"]
+
+
+def worker_options(f):
+    for opt in reversed([
+        click.option("--model", "model_dir", type=click.Path(exists=True, file_okay=False), help="Model directory."),
+        click.option("--host", help="Interface to listen on [127.0.0.1]."),
+        click.option("--port", type=int, help="Port [0 = any free port]."),
+        click.option("--device", help="cpu | cuda | cuda:N | auto [cpu]."),
+        click.option("--dtype", type=click.Choice(DTYPES + ("auto",)), help="[float32]"),
+        click.option("--num-slots", type=int, help="KV cache slots (max concurrent sequences) [64]."),
+        click.option("--max-seq-len", type=int, help="KV cache positions per sequence [2048]."),
+        click.option("--attention", type=click.Choice(ATTENTION_BACKENDS), help="Attention kernel [pad]."),
+        click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
+                     help="TOML file; this service's section is used."),
+        click.option("--config-json", hidden=True),
+    ]):
+        f = opt(f)
+    return f
+
+
+def _worker_config(ctx, section: str, extra: list[str] = ()) -> WorkerServiceConfig:
+    p = ctx.params
+    try:
+        cfg = _load(p["config_file"], p["config_json"], WorkerServiceConfig, section)
+        cfg = replace(cfg, **_explicit(ctx, WORKER_OPTIONS + list(extra)))
+        device = resolve_device(cfg.device)
+        return replace(cfg, device=device, dtype=resolve_dtype(cfg.dtype, device))
+    except BassError as e:
+        _fail(e)
+
+
+def _serve_worker(kind: str, cfg: WorkerServiceConfig) -> None:
+    from bass.launcher import ready_line
+
+    if kind == "target":
+        from bass.target_service.server import serve
+    else:
+        from bass.draft_service.server import serve
+    try:
+        server = serve(cfg)
+    except (BassError, FileNotFoundError, ValueError) as e:
+        _fail(e)
+    click.echo(ready_line(kind, f"{cfg.host}:{server.port}"))
+    server.wait_for_signal()
+
+
+@main.command("target-service")
+@worker_options
+@click.pass_context
+def target_service(ctx, **_) -> None:
+    """Serve the target model (bass.v1.TargetWorker)."""
+    _serve_worker("target", _worker_config(ctx, "target"))
+
+
+@main.command("draft-service")
+@worker_options
+@click.option("--draft-top-n", type=int, help="Size of the compact q sent per draft token [64].")
+@click.pass_context
+def draft_service(ctx, **_) -> None:
+    """Serve the draft model (bass.v1.DraftWorker)."""
+    _serve_worker("draft", _worker_config(ctx, "draft", ["draft_top_n"]))
+
+
+def scheduler_options(f):
+    for opt in reversed([
+        click.option("--draft-length", callback=lambda c, p, v: None if v is None else _parse_draft_length(c, p, v),
+                     help="bass | adaptive | fixed | K (0 = regular decoding) [bass]."),
+        click.option("--max-batch-size", type=int, help="Sequences per step [64]."),
+        click.option("--max-n", type=int, help="Largest n a request may ask for [16]."),
+        click.option("--max-new-tokens-limit", "max_new_tokens", type=int, help="Largest max_new_tokens [2048]."),
+        click.option("--max-waiting", type=int, help="Queued requests before RESOURCE_EXHAUSTED [256]."),
+    ]):
+        f = opt(f)
+    return f
+
+
+def _with_scheduler_options(ctx, cfg: CoordinatorConfig) -> CoordinatorConfig:
+    sched = _explicit(ctx, ["max_batch_size", "max_n", "max_new_tokens"])
+    if ctx.params.get("draft_length") is not None:
+        sched["draft_length"] = ctx.params["draft_length"]
+    return replace(cfg, scheduler=replace(cfg.scheduler, **sched), **_explicit(ctx, ["max_waiting"]))
+
+
+@main.command("coordinator")
+@click.option("--target-address", help="host:port of the target service.")
+@click.option("--draft-address", help="host:port of the draft service (none: regular decoding).")
+@click.option("--tokenizer", "tokenizer_dir", type=click.Path(exists=True, file_okay=False),
+              help="Directory with the models' tokenizer (usually the target's model directory).")
+@click.option("--host", help="Interface to listen on [127.0.0.1].")
+@click.option("--port", type=int, help="Port of the public Generation service [50051].")
+@scheduler_options
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--config-json", hidden=True)
+@click.pass_context
+def coordinator(ctx, **_) -> None:
+    """Serve the public Generation API over running draft and target services."""
+    from bass.coordinator.server import serve
+    from bass.launcher import ready_line
+
+    p = ctx.params
+    try:
+        cfg = _load(p["config_file"], p["config_json"], CoordinatorConfig, "coordinator")
+        cfg = _with_scheduler_options(ctx, replace(cfg, **_explicit(
+            ctx, ["target_address", "draft_address", "tokenizer_dir", "host", "port"])))
+        running = serve(cfg)
+    except BassError as e:
+        _fail(e)
+    click.echo(ready_line("coordinator", f"{cfg.host}:{running.server.port}"))
+    running.server.wait_for_signal(on_stop=running.engine.stop)
+
+
+def default_model_pair() -> tuple[Path, Path]:
+    """(draft, target) directories made by `make models`."""
+    from bass.models.fetch import default_model_dirs
+
+    return default_model_dirs()
+
+
+def _require_model(path: Path, what: str) -> Path:
+    if not (Path(path) / "config.json").is_file():
+        raise click.UsageError(f"no {what} model at {path}: run `make models` (or pass --{what} DIR)")
+    return Path(path)
+
+
+@main.command("serve")
+@click.option("--target", "target_dir", type=click.Path(file_okay=False),
+              help="Target model directory [the bundled 1.5B from `make models`].")
+@click.option("--draft", "draft_dir", type=click.Path(file_okay=False),
+              help="Draft model directory [the bundled 0.5B]; 'none' for regular decoding only.")
+@click.option("--port", type=int, help="Public port of the coordinator [50051].")
+@click.option("--device", help="cpu | cuda | auto [auto].")
+@click.option("--dtype", type=click.Choice(DTYPES + ("auto",)), help="[auto: bfloat16 on GPU, float32 on CPU]")
+@click.option("--num-slots", type=int, help="KV cache slots per model [64].")
+@click.option("--max-seq-len", type=int, help="KV cache positions per sequence [2048].")
+@scheduler_options
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
+              help="TOML with [target], [draft], [coordinator] sections (see README).")
+@click.pass_context
+def serve(ctx, target_dir, draft_dir, port, device, dtype, num_slots, max_seq_len, config_file, **_) -> None:
+    """Start target, draft and coordinator locally (three processes) and stop them together."""
+    from bass.launcher import launch, run_until_stopped
+
+    try:
+        cfg = load_config_file(Path(config_file)) if config_file else ServeConfig()
+        workers = {k: v for k, v in dict(num_slots=num_slots, max_seq_len=max_seq_len).items() if v is not None}
+        dev = resolve_device(device or (cfg.target.device if config_file else "auto"))
+        dt = resolve_dtype(dtype or (cfg.target.dtype if config_file else "auto"), dev)
+        target = replace(cfg.target, device=dev, dtype=dt, **workers,
+                         model_dir=_require_model(target_dir or cfg.target.model_dir or default_model_pair()[1], "target"))
+        draft = None
+        if draft_dir != "none":
+            base = cfg.draft or WorkerServiceConfig()
+            draft = replace(base, device=dev, dtype=dt, **workers,
+                            model_dir=_require_model(draft_dir or base.model_dir or default_model_pair()[0], "draft"))
+        coord = _with_scheduler_options(ctx, cfg.coordinator)
+        if port is not None:
+            coord = replace(coord, port=port)
+        processes = launch(ServeConfig(target=target, draft=draft, coordinator=coord), echo=click.echo)
+    except BassError as e:
+        _fail(e)
+    click.echo(f"BASS is serving on {processes[-1].address} (Ctrl-C stops all services)", err=True)
+    raise SystemExit(run_until_stopped(processes))
+
+
+@main.command("client")
+@click.option("--address", default="127.0.0.1:50051", show_default=True)
+@click.option("--prompt", help="Prompt text.")
+@click.option("--prompt-ids", callback=_parse_ids, help="Prompt as comma-separated token ids.")
+@click.option("-n", "n", default=1, show_default=True)
+@click.option("--max-new-tokens", default=128, show_default=True)
+@click.option("--temperature", default=0.0, show_default=True)
+@click.option("--top-p", default=1.0, show_default=True)
+@click.option("--top-k", default=0, show_default=True)
+@click.option("--seed", type=int)
+@click.option("--stop", multiple=True)
+@click.option("--time-budget-ms", default=0, show_default=True)
+@click.option("--no-speculation", is_flag=True, help="Regular decoding for this request.")
+@click.option("--stream", is_flag=True, help="Print tokens as they commit.")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--timeout", default=600.0, show_default=True, help="Deadline in seconds.")
+def client(address, prompt, prompt_ids, n, max_new_tokens, temperature, top_p, top_k, seed, stop, time_budget_ms,
+           no_speculation, stream, as_json, timeout) -> None:
+    """Send one request to a running coordinator."""
+    import grpc
+    from google.protobuf.json_format import MessageToDict
+
+    from bass.client import BassClient
+
+    if (prompt is None) == (prompt_ids is None):
+        raise click.UsageError("give exactly one of --prompt or --prompt-ids")
+    options = dict(n=n, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                   stop=stop, time_budget_ms=time_budget_ms, speculate=not no_speculation)
+    with BassClient(address, timeout_s=timeout) as c:
+        try:
+            if stream:
+                for message in c.stream_raw(prompt if prompt is not None else list(prompt_ids), **options):
+                    if as_json:
+                        click.echo(json.dumps(MessageToDict(message)))
+                    else:
+                        for d in message.deltas:
+                            click.echo(f"[{d.index}] {d.text}", nl=False) if n > 1 else click.echo(d.text, nl=False)
+                if not as_json:
+                    click.echo()
+                return
+            response = c.generate(prompt if prompt is not None else list(prompt_ids), **options)
+        except grpc.RpcError as e:
+            raise click.ClickException(f"{e.code().name}: {e.details()}") from None
+    if as_json:
+        click.echo(json.dumps(MessageToDict(response, always_print_fields_with_no_presence=True)))
+        return
+    for s in response.sequences:
+        click.echo(f"--- sequence {s.index} ({len(s.token_ids)} tokens)")
+        click.echo(s.text)
+    click.echo(f"--- stats: {json.dumps(MessageToDict(response.stats))}")
+
+
+if __name__ == "__main__":
+    main()

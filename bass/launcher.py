@@ -1,0 +1,125 @@
+"""`bass serve`: the target, draft and coordinator services as three local processes.
+
+Each child prints one JSON line `{"service": ..., "address": ...}` on stdout once it serves;
+the launcher starts the workers, then the coordinator pointed at them, prints all three
+addresses, and stops them together (SIGINT/SIGTERM, or any child exiting).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import IO, Callable
+
+from bass.config import ServeConfig
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT_S = 600  # loading a model from disk can take minutes on a small CPU
+
+
+def ready_line(service: str, address: str) -> str:
+    return json.dumps({"service": service, "address": address})
+
+
+def _jsonable(config) -> str:
+    return json.dumps(asdict(config), default=str)
+
+
+class ServiceProcess:
+    def __init__(self, name: str, args: list[str]):
+        self.name = name
+        self.proc = subprocess.Popen([sys.executable, "-m", "bass.cli", *args], stdout=subprocess.PIPE,
+                                     text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.address: str | None = None
+
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> str:
+        """Read the child's stdout until its ready line; echo other lines."""
+        result: dict = {}
+
+        def read(out: IO[str]) -> None:
+            for line in out:
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    msg = None
+                if isinstance(msg, dict) and msg.get("service") == self.name and "address" in msg:
+                    result["address"] = msg["address"]
+                    break
+                sys.stderr.write(line)
+
+        reader = threading.Thread(target=read, args=(self.proc.stdout,), daemon=True)
+        reader.start()
+        reader.join(timeout_s)
+        if "address" not in result:
+            code = self.proc.poll()
+            raise RuntimeError(f"{self.name} service did not become ready"
+                               + (f" (exited with {code})" if code is not None else f" in {timeout_s:.0f} s"))
+        self.address = result["address"]
+        return self.address
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def launch(config: ServeConfig, echo: Callable[[str], None] = print) -> list[ServiceProcess]:
+    """Start all services; returns them once the coordinator serves (stops all on failure)."""
+    started: list[ServiceProcess] = []
+    try:
+        target = ServiceProcess("target", ["target-service", "--config-json", _jsonable(config.target)])
+        started.append(target)
+        draft = None
+        if config.draft is not None and config.draft.model_dir is not None:
+            draft = ServiceProcess("draft", ["draft-service", "--config-json", _jsonable(config.draft)])
+            started.append(draft)
+        target_address = target.wait_ready()
+        echo(ready_line("target", target_address))
+        draft_address = ""
+        if draft is not None:
+            draft_address = draft.wait_ready()
+            echo(ready_line("draft", draft_address))
+        coord_cfg = replace(config.coordinator, target_address=target_address, draft_address=draft_address,
+                            tokenizer_dir=config.coordinator.tokenizer_dir or config.target.model_dir)
+        coordinator = ServiceProcess("coordinator", ["coordinator", "--config-json", _jsonable(coord_cfg)])
+        started.append(coordinator)
+        echo(ready_line("coordinator", coordinator.wait_ready()))
+        return started
+    except BaseException:
+        stop_all(started)
+        raise
+
+
+def stop_all(processes: list[ServiceProcess]) -> None:
+    for p in reversed(processes):  # coordinator first, so no request reaches a stopped worker
+        p.stop()
+
+
+def run_until_stopped(processes: list[ServiceProcess]) -> int:
+    """Block until a signal or until any service exits; then stop them all."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    code = 0
+    while not stop.is_set():
+        for p in processes:
+            if p.proc.poll() is not None:
+                log.error("%s service exited with %s; stopping the others", p.name, p.proc.returncode)
+                code = 1
+                stop.set()
+        stop.wait(0.5)
+    stop_all(processes)
+    return code

@@ -1,0 +1,73 @@
+"""`bass serve` and `bass client` as a user runs them: real processes, real ports, signals."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from bass.coordinator.requests import GenerationRequest
+from conftest import build_scheduler
+
+
+def bass_cmd(*args):
+    return [sys.executable, "-m", "bass.cli", *map(str, args)]
+
+
+def read_addresses(proc, timeout_s=180):
+    addresses, deadline = {}, time.monotonic() + timeout_s
+    while "coordinator" not in addresses:
+        assert time.monotonic() < deadline, "services did not start"
+        line = proc.stdout.readline()
+        assert line, f"bass serve exited early with {proc.poll()}"
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            continue
+        addresses[msg["service"]] = msg["address"]
+    return addresses
+
+
+def children_of(pid):
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def test_serve_then_client_then_stop_together(llama_target, llama_draft, tmp_path):
+    config = tmp_path / "bass.toml"
+    config.write_text('[coordinator]\nport = 0\nmax_waiting = 8\n[coordinator.scheduler.draft_length]\npolicy = "fixed"\n'
+                      'fixed = 3\n[target]\nnum_slots = 8\nmax_seq_len = 256\n[draft]\nnum_slots = 8\nmax_seq_len = 256\n')
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(bass_cmd("serve", "--target", llama_target, "--draft", llama_draft, "--device", "cpu",
+                                     "--config", config), stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        addresses = read_addresses(proc)
+        assert set(addresses) == {"target", "draft", "coordinator"}
+        children = children_of(proc.pid)
+        assert len(children) == 3
+
+        out = subprocess.run(bass_cmd("client", "--address", addresses["coordinator"], "--prompt-ids", "5,17,33",
+                                      "-n", "2", "--max-new-tokens", "12", "--json"),
+                             capture_output=True, text=True, env=env, timeout=120)
+        assert out.returncode == 0, out.stderr
+        response = json.loads(out.stdout)
+        (expected,) = build_scheduler(llama_target, None).generate(
+            [GenerationRequest(prompt_ids=(5, 17, 33), max_new_tokens=12)])
+        assert [s["tokenIds"] for s in response["sequences"]] == [expected.sequences[0].token_ids] * 2
+        assert int(response["stats"]["draftTokens"]) > 0
+
+        bad = subprocess.run(bass_cmd("client", "--address", addresses["coordinator"], "--prompt-ids", "5",
+                                      "--temperature", "-2"), capture_output=True, text=True, env=env, timeout=60)
+        assert bad.returncode != 0 and "INVALID_ARGUMENT: temperature" in bad.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    time.sleep(0.5)
+    assert all(not os.path.exists(f"/proc/{pid}") for pid in children), "a service outlived bass serve"
+
+
+def test_serve_reports_a_missing_model(tmp_path):
+    out = subprocess.run(bass_cmd("serve", "--target", tmp_path, "--draft", "none", "--device", "cpu"),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "no target model" in out.stderr
