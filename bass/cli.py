@@ -145,6 +145,16 @@ def bench_acceptance(target_dir, draft_dir, problems, n, max_new_tokens, draft_l
     click.echo(text)
 
 
+def _register_model_commands() -> None:
+    from bass.models.commands import convert_gguf_command, fetch_models_command
+
+    main.add_command(convert_gguf_command)
+    main.add_command(fetch_models_command)
+
+
+_register_model_commands()
+
+
 # -- services ------------------------------------------------------------------------------------------
 def resolve_device(device: str) -> str:
     """'auto': the GPU where there is one."""
