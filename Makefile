@@ -30,6 +30,9 @@ install: $(STAMP) $(GENERATED)
 models: install
 	$(PY) -m bass.models.fetch
 
+demo: models
+	$(PY) -m bass.cli demo
+
 test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 

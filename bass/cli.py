@@ -360,6 +360,24 @@ def serve(ctx, target_dir, draft_dir, port, device, dtype, num_slots, max_seq_le
     raise SystemExit(run_until_stopped(processes))
 
 
+@main.command("demo")
+@click.option("--target", "target_dir", type=click.Path(file_okay=False), help="[the bundled 1.5B]")
+@click.option("--draft", "draft_dir", type=click.Path(file_okay=False), help="[the bundled 0.5B]")
+@click.option("--device", default="auto", show_default=True)
+@click.option("--dtype", type=click.Choice(DTYPES + ("auto",)), default="auto", show_default=True)
+@click.option("-n", "n", default=8, show_default=True)
+@click.option("--max-new-tokens", type=int, help="[32 on CPU, 128 on GPU]")
+def demo(target_dir, draft_dir, device, dtype, n, max_new_tokens) -> None:
+    """Serve the bundled pair and run one real multi-sequence request (what `make demo` runs)."""
+    from bass.demo import run_demo
+
+    device = resolve_device(device)
+    target = _require_model(target_dir or default_model_pair()[1], "target")
+    draft = _require_model(draft_dir or default_model_pair()[0], "draft")
+    run_demo(target, draft, device, resolve_dtype(dtype, device), n,
+             max_new_tokens or (128 if device.startswith("cuda") else 32))
+
+
 @main.command("client")
 @click.option("--address", default="127.0.0.1:50051", show_default=True)
 @click.option("--prompt", help="Prompt text.")

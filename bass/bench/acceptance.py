@@ -59,7 +59,9 @@ def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, n:
             row = {"mode": mode, "draft_length": length, "prompts": len(prompts), "n": n,
                    "max_new_tokens": max_new_tokens, **{k: v for k, v in t.to_dict().items() if k != "wall_time_s"},
                    "tokens_per_sequence_step": round(t.generated_tokens / t.sequence_steps, 3),
-                   "wall_time_s": round(wall, 2), "tokens_per_s": round(t.generated_tokens / wall, 1)}
+                   "wall_time_s": round(wall, 2), "tokens_per_s": round(t.generated_tokens / wall, 1),
+                   # rough: batch-wide throughput turned into per-sequence latency
+                   "ms_per_token_per_sequence": round(1000 * batch_prompts * n * wall / t.generated_tokens, 3)}
             log.info("%s", row)
             rows.append(row)
     return rows

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 import sys
@@ -10,6 +11,9 @@ from pathlib import Path
 
 
 def git_commit() -> str:
+    """The checkout's commit; BASS_COMMIT overrides it (on machines that get a copy without .git)."""
+    if os.environ.get("BASS_COMMIT"):
+        return os.environ["BASS_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
                              cwd=Path(__file__).resolve().parent, timeout=10)

@@ -1,0 +1,90 @@
+"""`make demo`: the services on the bundled model pair, one real multi-sequence request.
+
+Starts target, draft and coordinator as local processes (GPU if there is one), streams a
+HumanEval prompt with n = 8 sampled sequences through the public gRPC API, prints the
+completions, then sends the same request with speculation off and compares speed.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+
+import click
+
+from bass.bench.humaneval import load_problems
+from bass.client import FINISH_REASON_NAMES, BassClient
+from bass.config import CoordinatorConfig, SchedulerConfig, ServeConfig, WorkerServiceConfig
+from bass.launcher import launch, stop_all
+
+PROBLEM = "HumanEval/2"  # truncate_number: short prompt, short answer
+
+
+@dataclass
+class RunSummary:
+    texts: dict[int, str]
+    reasons: dict[int, str]
+    tokens: int
+    seconds: float
+    acceptance: float
+    steps: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+def stream_request(client: BassClient, prompt: str, *, n: int, max_new_tokens: int, speculate: bool,
+                   label: str) -> RunSummary:
+    texts: dict[int, str] = {i: "" for i in range(n)}
+    reasons: dict[int, str] = {}
+    tokens, t0, stats = 0, time.perf_counter(), None
+    for message in client.stream_raw(prompt, n=n, max_new_tokens=max_new_tokens, temperature=0.8, top_p=0.95,
+                                     seed=2024, speculate=speculate):
+        for d in message.deltas:
+            texts[d.index] += d.text
+            tokens += len(d.token_ids)
+            if d.finish_reason:
+                reasons[d.index] = FINISH_REASON_NAMES[d.finish_reason]
+        if message.HasField("stats"):
+            stats = message.stats
+        done = len(reasons)
+        click.echo(f"\r  {label}: {tokens:4d} tokens, {done}/{n} sequences done, "
+                   f"{time.perf_counter() - t0:5.1f} s", nl=False, err=True)
+    click.echo("", err=True)
+    return RunSummary(texts, reasons, tokens, time.perf_counter() - t0, stats.acceptance_rate, stats.steps)
+
+
+def run_demo(target_dir, draft_dir, device: str, dtype: str, n: int, max_new_tokens: int) -> None:
+    problem = next(p for p in load_problems() if p["task_id"] == PROBLEM)
+    worker = dict(device=device, dtype=dtype, num_slots=max(n, 8), max_seq_len=1024)
+    config = ServeConfig(target=WorkerServiceConfig(model_dir=target_dir, **worker),
+                         draft=WorkerServiceConfig(model_dir=draft_dir, **worker),
+                         coordinator=CoordinatorConfig(port=0, scheduler=SchedulerConfig(max_batch_size=max(n, 8))))
+    click.echo(f"Starting the services on {device} ({dtype}); loading the models takes a moment...", err=True)
+    t0 = time.perf_counter()
+    processes = launch(config, echo=lambda line: click.echo(f"  ready: {line}", err=True))
+    click.echo(f"Services up in {time.perf_counter() - t0:.0f} s.\n", err=True)
+    try:
+        with BassClient(processes[-1].address, timeout_s=3600) as client:
+            click.echo(f"Prompt ({PROBLEM}):\n{problem['prompt']}", err=True)
+            click.echo(f"Asking for {n} sampled completions (T=0.8, top-p 0.95, {max_new_tokens} new tokens)...",
+                       err=True)
+            spec = stream_request(client, problem["prompt"], n=n, max_new_tokens=max_new_tokens, speculate=True,
+                                  label="speculative")
+            for i in range(n):
+                click.echo(f"\n--- completion {i} ({spec.reasons.get(i)}) ---")
+                click.echo(spec.texts[i].rstrip())
+            click.echo("\nThe same request with speculation off, for comparison...", err=True)
+            regular = stream_request(client, problem["prompt"], n=n, max_new_tokens=max_new_tokens, speculate=False,
+                                     label="regular")
+    finally:
+        stop_all(processes)
+    click.echo("\n=== speed ===")
+    click.echo(f"speculative (BASS): {spec.tokens} tokens in {spec.seconds:.1f} s = {spec.tokens_per_s:.1f} tokens/s, "
+               f"{spec.steps} steps, acceptance rate {spec.acceptance:.0%}")
+    click.echo(f"regular decoding:   {regular.tokens} tokens in {regular.seconds:.1f} s = "
+               f"{regular.tokens_per_s:.1f} tokens/s, {regular.steps} steps")
+    click.echo(f"speedup: {spec.tokens_per_s / regular.tokens_per_s:.2f}x")
+    sys.stdout.flush()

