@@ -40,6 +40,8 @@ def stream_request(client: BassClient, prompt: str, *, n: int, max_new_tokens: i
     texts: dict[int, str] = {i: "" for i in range(n)}
     reasons: dict[int, str] = {}
     tokens, t0, stats = 0, time.perf_counter(), None
+    live = sys.stderr.isatty()  # redraw one line on a terminal; a line every few seconds in a log
+    last_line = 0.0
     for message in client.stream_raw(prompt, n=n, max_new_tokens=max_new_tokens, temperature=0.8, top_p=0.95,
                                      seed=2024, speculate=speculate):
         for d in message.deltas:
@@ -49,10 +51,13 @@ def stream_request(client: BassClient, prompt: str, *, n: int, max_new_tokens: i
                 reasons[d.index] = FINISH_REASON_NAMES[d.finish_reason]
         if message.HasField("stats"):
             stats = message.stats
-        done = len(reasons)
-        click.echo(f"\r  {label}: {tokens:4d} tokens, {done}/{n} sequences done, "
-                   f"{time.perf_counter() - t0:5.1f} s", nl=False, err=True)
-    click.echo("", err=True)
+        now = time.perf_counter()
+        if live or now - last_line > 5 or stats is not None:
+            last_line = now
+            click.echo(f"{chr(13) if live else ''}  {label}: {tokens:4d} tokens, {len(reasons)}/{n} sequences done, "
+                       f"{now - t0:5.1f} s", nl=not live, err=True)
+    if live:
+        click.echo("", err=True)
     return RunSummary(texts, reasons, tokens, time.perf_counter() - t0, stats.acceptance_rate, stats.steps)
 
 
@@ -86,5 +91,10 @@ def run_demo(target_dir, draft_dir, device: str, dtype: str, n: int, max_new_tok
                f"{spec.steps} steps, acceptance rate {spec.acceptance:.0%}")
     click.echo(f"regular decoding:   {regular.tokens} tokens in {regular.seconds:.1f} s = "
                f"{regular.tokens_per_s:.1f} tokens/s, {regular.steps} steps")
-    click.echo(f"speedup: {spec.tokens_per_s / regular.tokens_per_s:.2f}x")
+    speedup = spec.tokens_per_s / regular.tokens_per_s
+    click.echo(f"speedup: {speedup:.2f}x")
+    if speedup < 1 and not device.startswith("cuda"):
+        click.echo("(On a small CPU, verifying n x (k+1) tokens costs almost k+1 times one token, so speculation "
+                   "does not pay at this batch size; on a GPU the target's cost hardly depends on k: see "
+                   "bench/results/README.md.)")
     sys.stdout.flush()
