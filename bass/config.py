@@ -14,7 +14,7 @@ from pathlib import Path
 from bass.errors import InvalidRequestError
 
 DTYPES = ("float32", "bfloat16", "float16")
-ATTENTION_BACKENDS = ("pad", "split")
+ATTENTION_BACKENDS = ("pad", "split", "triton")
 DRAFT_LENGTH_POLICIES = ("bass", "fixed", "adaptive")
 
 
@@ -65,6 +65,8 @@ class RunnerConfig:
     num_slots: int = 64
     max_seq_len: int = 2048
     attention: str = "pad"
+    # Replay uniform decode steps as CUDA graphs (CUDA with the triton kernel only).
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_dir", Path(self.model_dir))

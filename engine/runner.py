@@ -33,18 +33,28 @@ class SequenceState:
 
 
 class ModelRunner:
-    def __init__(self, config: RunnerConfig):
+    def __init__(self, config: RunnerConfig, model: Transformer | None = None):
+        """Load the model from config.model_dir, or run `model` (benchmarks with random weights)."""
         self.config = config
-        self.model_config = load_config(config.model_dir)
-        log.info("loading %s (%s, %s) on %s", config.model_dir, self.model_config.architecture,
-                 config.dtype, config.device)
-        weights = load_weights(config.model_dir, self.model_config, dtype=config.dtype, device=config.device)
-        self.model = Transformer(self.model_config, weights, max_seq_len=config.max_seq_len,
-                                 attention=config.attention)
+        if model is None:
+            self.model_config = load_config(config.model_dir)
+            log.info("loading %s (%s, %s) on %s", config.model_dir, self.model_config.architecture,
+                     config.dtype, config.device)
+            weights = load_weights(config.model_dir, self.model_config, dtype=config.dtype, device=config.device)
+            model = Transformer(self.model_config, weights, max_seq_len=config.max_seq_len,
+                                attention=config.attention)
+        self.model_config = model.config
+        self.model = model
         mc = self.model_config
-        self.cache = KVCache(num_layers=mc.num_layers, num_slots=config.num_slots,
+        use_graphs = config.cuda_graphs and config.device.startswith("cuda") and config.attention == "triton"
+        self.cache = KVCache(num_layers=mc.num_layers, num_slots=config.num_slots + use_graphs,
                              max_seq_len=config.max_seq_len, num_kv_heads=mc.num_kv_heads,
                              head_dim=mc.head_dim, dtype=TORCH_DTYPES[config.dtype], device=config.device)
+        self.graphs = None
+        if use_graphs:
+            from bass.engine.graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(self.model, self.cache, scratch_slot=self.cache.allocate())
         self.eos_token_ids = eos_token_ids(config.model_dir)
         self.sequences: dict[int, SequenceState] = {}
 
@@ -120,6 +130,19 @@ class ModelRunner:
         if keep < len(cached):
             self.cache.truncate(state.slot, keep)
 
+    def pending(self, state: SequenceState) -> int:
+        """Committed tokens this model has not run yet."""
+        return len(state.committed) - self.cache.length(state.slot)
+
+    def rewind(self, state: SequenceState, pending: int) -> None:
+        """Make at least `pending` tokens pending by forgetting cached ones (they are recomputed,
+        with the same values). Lets a step give every sequence the same number of tokens, which
+        is what a CUDA graph needs."""
+        cached = self.cache.length(state.slot)
+        missing = pending - (len(state.committed) - cached)
+        if missing > 0 and cached >= missing:
+            self.cache.truncate(state.slot, cached - missing)
+
     # -- forward -------------------------------------------------------------------------------
     def forward(self, work: list[tuple[SequenceState, list[int]]], logits_per_seq: list[int],
                 run_all_but_last: bool = False) -> torch.Tensor:
@@ -135,8 +158,9 @@ class ModelRunner:
             tokens = state.committed[start:end] + list(extra)
             self.cache.append(state.slot, tokens)
             chunks.append(SequenceChunk(slot=state.slot, start=start, tokens=tokens, logit_rows=n_logits))
-        batch = RaggedBatch.build(chunks, self.device)
-        return self.model.forward(batch, self.cache)
+        if self.graphs is not None and self.graphs.eligible(chunks):
+            return self.graphs.run(chunks)
+        return self.model.forward(RaggedBatch.build(chunks, self.device), self.cache)
 
     def warm_up(self) -> None:
         """One tiny forward, so the first real request does not pay for lazy initialization."""

@@ -60,7 +60,11 @@ ATTENTION_KERNELS: dict[str, AttentionKernel] = {"pad": attend_pad, "split": att
 
 
 def attention_kernel(name: str) -> AttentionKernel:
+    if name == "triton":  # imported only when asked for: CPU-only installs may lack Triton
+        from bass.kernels.triton_attention import attend_triton
+
+        return attend_triton
     try:
         return ATTENTION_KERNELS[name]
     except KeyError:
-        raise ValueError(f"unknown attention kernel {name!r}; known: {sorted(ATTENTION_KERNELS)}") from None
+        raise ValueError(f"unknown attention kernel {name!r}; known: {sorted(ATTENTION_KERNELS) + ['triton']}") from None

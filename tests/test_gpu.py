@@ -19,7 +19,7 @@ def test_keyed_uniforms_are_bitwise_equal_on_cpu_and_gpu():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("attention", ["pad", "split"])
+@pytest.mark.parametrize("attention", ["pad", "split", "triton"])
 def test_speculative_greedy_equals_regular_on_gpu(llama_target, llama_draft, dtype, attention):
     from bass.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
     from bass.local import build_local_scheduler
@@ -55,3 +55,24 @@ def test_seeded_sampling_is_reproducible_on_gpu(llama_target, llama_draft):
                                   scheduler=SchedulerConfig(draft_length=DraftLengthConfig.parse(policy)))
         outs.append([x.token_ids for x in s.generate([req])[0].sequences])
     assert outs[0] == outs[1]
+
+
+def test_cuda_graphs_with_triton_attention_match_eager_pad(llama_target, llama_draft):
+    """Graph replays (uniform steps) and eager steps give the same greedy text (fp32)."""
+    from bass.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
+    from bass.local import build_local_scheduler
+
+    def run(attention, graphs, policy):
+        cfg = dict(device="cuda", dtype="float32", num_slots=16, max_seq_len=256, attention=attention,
+                   cuda_graphs=graphs)
+        s = build_local_scheduler(RunnerConfig(model_dir=llama_target, **cfg), RunnerConfig(model_dir=llama_draft, **cfg),
+                                  scheduler=SchedulerConfig(draft_length=DraftLengthConfig.parse(policy)))
+        out = s.generate([GenerationRequest(prompt_ids=p, n=3, max_new_tokens=30, ignore_eos=True)
+                          for p in [(5, 17, 33), (42,), tuple(range(3, 30))]])
+        return [[x.token_ids for x in r.sequences] for r in out], s
+
+    reference, _ = run("pad", False, "0")
+    for policy in ("0", "4", "bass"):
+        got, s = run("triton", True, policy)
+        assert got == reference, policy
+        assert s.target.runner.graphs.graphs, "uniform steps should have replayed CUDA graphs"

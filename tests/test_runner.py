@@ -73,3 +73,17 @@ def test_bad_input_is_refused_clearly(runner):
     with pytest.raises(UnknownSequenceError):
         runner.add([AddSequence(2, parent_id=9)])
     assert set(runner.sequences) == {1}
+
+
+def test_rewind_recomputes_a_cached_token_with_the_same_result(runner):
+    runner.add([AddSequence(1, (5, 6, 7))])
+    s = runner.get(1)
+    direct = runner.forward([(s, [])], [1])
+    runner.commit(s, [9])
+    assert runner.pending(s) == 1
+    runner.rewind(s, 2)
+    assert runner.pending(s) == 2 and runner.cache.tokens(s.slot) == [5, 6]
+    again = runner.forward([(s, [])], [2])
+    torch.testing.assert_close(again[:1], direct, atol=1e-5, rtol=1e-5)
+    runner.rewind(s, 99)  # more than is cached: left as it is
+    assert runner.cache.tokens(s.slot) == [5, 6, 7, 9] and runner.pending(s) == 0

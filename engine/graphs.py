@@ -1,0 +1,124 @@
+"""CUDA graphs for uniform decode steps: every sequence runs the same number of tokens.
+
+A decode step of a small model is bound by launching ~1,500 kernels from Python, not by the
+GPU. A step in which every sequence runs q tokens (q = 1 for draft steps, q = k + 1 for
+verification under a batch-level draft length) has fixed shapes once the batch is padded to a
+size bucket, so it can be captured once and replayed with new inputs copied into static
+buffers. Padding sequences compute into a scratch KV slot and their rows are dropped.
+
+Attention must be shape-stable for this: the Triton kernel reads each sequence's context
+length from device memory, so one capture serves every context length (it is launched with a
+single key split sized for the whole cache).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from bass.engine.batch import RaggedBatch, SequenceChunk
+from bass.engine.kv_cache import KVCache
+
+log = logging.getLogger(__name__)
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
+MAX_GRAPH_Q = 33  # up to 32 draft tokens + 1
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    batch: RaggedBatch  # static buffers the graph reads
+    host: torch.Tensor  # pinned staging for one H2D copy of all inputs
+    logits: torch.Tensor  # static output
+
+
+class DecodeGraphs:
+    def __init__(self, model, cache: KVCache, scratch_slot: int):
+        self.model, self.cache, self.scratch_slot = model, cache, scratch_slot
+        self.device = model.device
+        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[tuple[int, int, int], _Graph] = {}
+
+    @staticmethod
+    def bucket(num_seqs: int) -> int | None:
+        return next((b for b in BATCH_BUCKETS if b >= num_seqs), None)
+
+    def eligible(self, chunks: list[SequenceChunk]) -> bool:
+        q = len(chunks[0].tokens)
+        rows = chunks[0].logit_rows
+        return (q <= MAX_GRAPH_Q and self.bucket(len(chunks)) is not None
+                and all(len(c.tokens) == q and c.logit_rows == rows for c in chunks))
+
+    def run(self, chunks: list[SequenceChunk]) -> torch.Tensor:
+        """Logits for a uniform batch ([len(chunks) * logit_rows, vocab], a view into a static
+        buffer: use it before the next run)."""
+        num, q, rows = len(chunks), len(chunks[0].tokens), chunks[0].logit_rows
+        key = (self.bucket(num), q, rows)
+        graph = self.graphs.get(key)
+        first = graph is None
+        if first:
+            graph = self._allocate(*key)
+        self._fill(graph, chunks, *key)
+        if first:
+            self._capture(graph)
+            self.graphs[key] = graph
+            log.info("captured a CUDA graph for %d sequences x %d tokens (%d graphs)", key[0], q, len(self.graphs))
+        graph.graph.replay()
+        return graph.logits[:num * rows]
+
+    # -- internals -----------------------------------------------------------------------------
+    def _allocate(self, bucket: int, q: int, rows: int) -> _Graph:
+        max_len = self.cache.max_seq_len
+        chunks = [SequenceChunk(slot=self.scratch_slot, start=0, tokens=[0] * q, logit_rows=rows)] * bucket
+        batch = RaggedBatch.build(chunks, self.device)
+        # One capture serves all context lengths: size the attention plan for the whole cache.
+        batch = _replace(batch, max_ctx=max_len, ctx_lens_list=[max_len] * bucket)
+        host = torch.zeros(self._host_size(bucket, q), dtype=torch.int64).pin_memory()
+        return _Graph(graph=torch.cuda.CUDAGraph(), batch=batch, host=host, logits=None)
+
+    @staticmethod
+    def _host_size(bucket: int, q: int) -> int:
+        return 3 * bucket * q + 2 * bucket  # input_ids, positions, token_slots, slots, ctx_lens
+
+    def _fill(self, g: _Graph, chunks: list[SequenceChunk], bucket: int, q: int, rows: int) -> None:
+        """Copy this step's inputs into the graph's static buffers (one host-to-device copy)."""
+        ids, pos, tslots, slots, ctx = [], [], [], [], []
+        for c in chunks:
+            ids += c.tokens
+            pos += range(c.start, c.start + q)
+            tslots += [c.slot] * q
+            slots.append(c.slot)
+            ctx.append(c.start + q)
+        pad = bucket - len(chunks)  # padding sequences compute into the scratch slot
+        ids += [0] * (pad * q)
+        pos += list(range(q)) * pad
+        tslots += [self.scratch_slot] * (pad * q)
+        slots += [self.scratch_slot] * pad
+        ctx += [q] * pad
+        g.host.copy_(torch.tensor(ids + pos + tslots + slots + ctx, dtype=torch.int64))
+        dev = g.host.to(self.device, non_blocking=True)
+        tokens, bt = bucket * q, g.batch
+        bt.input_ids.copy_(dev[:tokens])
+        bt.positions.copy_(dev[tokens:2 * tokens])
+        bt.token_slots.copy_(dev[2 * tokens:3 * tokens])
+        bt.slots.copy_(dev[3 * tokens:3 * tokens + bucket])
+        bt.ctx_lens.copy_(dev[3 * tokens + bucket:])
+
+    def _capture(self, g: _Graph) -> None:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up (Triton compilation, allocator); same inputs, same writes
+                self.model.forward(g.batch, self.cache)
+        torch.cuda.current_stream().wait_stream(stream)
+        with torch.cuda.graph(g.graph, pool=self.pool):
+            g.logits = self.model.forward(g.batch, self.cache)
+
+
+def _replace(batch: RaggedBatch, **changes) -> RaggedBatch:
+    from dataclasses import replace
+
+    return replace(batch, **changes)
