@@ -15,7 +15,7 @@ from bass.errors import InvalidRequestError
 
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("pad", "split", "triton")
-DRAFT_LENGTH_POLICIES = ("bass", "fixed", "adaptive")
+DRAFT_LENGTH_POLICIES = ("auto", "bass", "fixed", "adaptive")
 
 
 def _require(ok: bool, field_name: str, message: str) -> None:
@@ -83,15 +83,17 @@ class RunnerConfig:
 class DraftLengthConfig:
     """How many tokens the draft proposes per step.
 
-    policy "bass": the paper's batch-level rule (start at `initial`, grow by 2 up to `max_length`
-    when any sequence accepts all, shrink otherwise). "fixed": always `fixed`. "adaptive": each
-    sequence picks its own length from its acceptance history and `cost_ratio` (draft step cost /
-    target step cost). fixed = 0 means regular decoding.
+    policy "auto" (default): one length for the batch, the one that maximizes throughput given
+    the measured step costs and acceptance, 0 (regular decoding) where speculation does not
+    pay. "bass": the paper's batch-level rule (start at `initial`, grow by 2 up to
+    `max_length` when any sequence accepts all, shrink otherwise). "fixed": always `fixed`
+    (0 = regular decoding). "adaptive": each sequence picks its own length from its acceptance
+    history and a configured `cost_ratio` (draft step cost / target step cost).
     """
 
     __pydantic_config__ = {"extra": "forbid"}  # config files: unknown keys are errors
 
-    policy: str = "bass"
+    policy: str = "auto"
     fixed: int = 4
     initial: int = 7
     max_length: int = 32
@@ -110,7 +112,7 @@ class DraftLengthConfig:
 
     @classmethod
     def parse(cls, text: str) -> "DraftLengthConfig":
-        """'bass', 'adaptive', 'fixed' or an integer k (a fixed length; 0 = regular decoding)."""
+        """'auto', 'bass', 'adaptive', 'fixed' or an integer k (a fixed length; 0 = regular decoding)."""
         text = text.strip().lower()
         if text.isdigit():
             return cls(policy="fixed", fixed=int(text))

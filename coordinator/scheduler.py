@@ -204,8 +204,11 @@ class Scheduler:
         lengths = self._draft_lengths(batch)
         drafts: list[tuple[int, ...]] = [()] * len(batch)
         q, q_offsets, tail = None, [0] * len(batch), [False] * len(batch)
+        draft_forwards, draft_s = 0, 0.0
         if self.draft_up and (any(lengths) or any(s.tail_q for s in batch) or self._draft_add or self._draft_release):
             drafting = [i for i, k in enumerate(lengths) if k > 0 or (batch[i].tail_q and batch[i].drafted)]
+            draft_forwards = max((lengths[i] + batch[i].tail_q for i in drafting), default=0)
+            started = self.clock()
             try:
                 response = self.draft.propose(ProposeRequest(
                     items=[ProposeItem(batch[i].seq_id, lengths[i], tuple(batch[i].unsent_to_draft),
@@ -213,8 +216,9 @@ class Scheduler:
                     add=self._draft_add, release=self._draft_release))
             except Exception as exc:  # noqa: BLE001 - speculation is optional; never fail a request for it
                 self._draft_failed(exc)
-                lengths = [0] * len(batch)
+                lengths, draft_forwards = [0] * len(batch), 0
             else:
+                draft_s = self.clock() - started
                 self._draft_add, self._draft_release = [], []
                 q = response.q
                 for n, i in enumerate(drafting):
@@ -222,12 +226,13 @@ class Scheduler:
                     drafts[i] = tuple(response.tokens[n])
                     q_offsets[i] = response.q_row_offsets[n]
                     tail[i] = batch[i].tail_q
+        started = self.clock()
         verdicts = self.target.verify(VerifyRequest(
             items=[VerifyItem(s.seq_id, drafts[i], s.sampling, q_offsets[i], tail_q=tail[i])
                    for i, s in enumerate(batch)],
             q=q, add=self._target_add, release=self._target_release)).verdicts
         self._target_add, self._target_release = [], []
-
+        self.policy.observe_costs(len(batch), draft_forwards, draft_s, max(lengths, default=0), self.clock() - started)
         self.policy.observe([s.seq_id for s in batch], [len(d) for d in drafts], [v.accepted for v in verdicts])
         touched: dict[int, RequestRun] = {}
         for seq, draft, verdict in zip(batch, drafts, verdicts):

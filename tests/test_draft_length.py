@@ -60,3 +60,49 @@ def test_token_acceptance_counts_only_tested_tokens():
     # 2 steps of k = 4: accepted 4 (no rejection), then 1 then rejected: alpha = 5 / 6
     stats = RequestStats(steps=2, draft_tokens=8, accepted_tokens=5, rejections=1)
     assert stats.acceptance_rate == 5 / 8 and stats.token_acceptance == 5 / 6
+
+
+def feed(policy, batch, k, draft_ms, verify_ms, alpha, steps=40):
+    """Simulate steps at draft length k with the given per-forward costs and per-token acceptance."""
+    import random
+
+    rng = random.Random(0)
+    for _ in range(steps):
+        accepted = []
+        for _ in range(batch):
+            m = 0
+            while m < k and rng.random() < alpha:
+                m += 1
+            accepted.append(m)
+        policy.observe(list(range(batch)), [k] * batch, accepted)
+        policy.observe_costs(batch, k, k * draft_ms / 1000, k, verify_ms(k) / 1000)
+
+
+def test_measured_cost_picks_the_throughput_optimal_length():
+    from bass.coordinator.draft_length import MeasuredCost
+
+    gpu = MeasuredCost()  # H100 with CUDA graphs: draft 2.5 ms, verify ~4 ms almost flat in k
+    for k in (4, 5, 3):
+        feed(gpu, 8, k, 2.5, lambda k: 4.0 + 0.05 * k, alpha=0.94)
+    assert 3 <= gpu.best_length(8) <= 6
+
+    cpu = MeasuredCost()  # a small CPU: verification cost grows with every token
+    for k in (4, 2):
+        feed(cpu, 8, k, 80, lambda k: 250 + 250 * k, alpha=0.92)
+    assert cpu.best_length(8) == 0
+
+    cheap = MeasuredCost(max_length=16)  # tiny draft, high acceptance: long drafts pay
+    for k in (8, 9):
+        feed(cheap, 1, k, 0.05, lambda k: 4.0, alpha=0.97)
+    assert cheap.best_length(1) >= 12
+
+
+def test_measured_cost_regular_decoding_still_probes():
+    from bass.coordinator.draft_length import MeasuredCost
+
+    pol = MeasuredCost(probe_every=4)
+    for k in (4, 2):
+        feed(pol, 4, k, 30, lambda k: 10 + 10 * k, alpha=0.3)
+    chosen = [pol.lengths([1, 2, 3, 4])[0] for _ in range(8)]
+    assert chosen.count(0) == 6 and chosen.count(1) == 2  # k = 0, with a probe every 4 steps
+    assert pol.best_length(64) == pol.initial  # an unmeasured batch size starts from the initial length

@@ -31,7 +31,7 @@ def requests(n=2, **kw):
     return [GenerationRequest(prompt_ids=p, n=n, max_new_tokens=NEW_TOKENS, **kw) for p in PROMPTS]
 
 
-@pytest.mark.parametrize("policy,attention", [("bass", "pad"), ("3", "pad"), ("adaptive", "pad"), ("5", "split"),
+@pytest.mark.parametrize("policy,attention", [("bass", "pad"), ("auto", "pad"), ("3", "pad"), ("adaptive", "pad"), ("5", "split"),
                                               ("1", "pad")])
 def test_speculative_greedy_equals_transformers(pair, policy, attention):
     target, draft, expected = pair
