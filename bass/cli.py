@@ -55,8 +55,8 @@ def _parse_draft_length(_ctx, _param, value: str) -> DraftLengthConfig:
 @click.option("--top-k", default=0, show_default=True, help="0 = off.")
 @click.option("--seed", type=int, help="Makes sampled output reproducible.")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
-@click.option("--draft-length", default="bass", show_default=True, callback=_parse_draft_length,
-              help="bass | adaptive | fixed | an integer k (0 = regular decoding).")
+@click.option("--draft-length", default="auto", show_default=True, callback=_parse_draft_length,
+              help="auto | bass | adaptive | fixed | an integer k (0 = regular decoding).")
 @click.option("--draft-top-n", default=64, show_default=True, help="Size of the draft's compact q.")
 @click.option("--device", default="cpu", show_default=True, help="cpu | cuda | cuda:N")
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
@@ -304,7 +304,7 @@ def draft_service(ctx, **_) -> None:
 def scheduler_options(f):
     for opt in reversed([
         click.option("--draft-length", callback=lambda c, p, v: None if v is None else _parse_draft_length(c, p, v),
-                     help="bass | adaptive | fixed | K (0 = regular decoding) [bass]."),
+                     help="auto | bass | adaptive | fixed | K (0 = regular decoding) [auto]."),
         click.option("--max-batch-size", type=int, help="Sequences per step [64]."),
         click.option("--max-n", type=int, help="Largest n a request may ask for [16]."),
         click.option("--max-new-tokens-limit", "max_new_tokens", type=int, help="Largest max_new_tokens [2048]."),
