@@ -112,3 +112,44 @@ def test_full_queue_is_resource_exhausted_and_nothing_is_lost(llama_target, llam
     assert len(ok) + len(refused) == 12
     assert ok and refused and all(o[1] == expected for o in ok)
     assert "queue is full" in refused[0][1]
+
+
+def test_health_answers_while_a_step_runs(services):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    worker = services.target.engine
+    original = worker.verify
+
+    def slow_verify(request):
+        time.sleep(0.5)
+        return original(request)
+
+    worker.verify = slow_verify
+    try:
+        with BassClient(services.address, timeout_s=60) as client:
+            call = threading.Thread(target=client.generate, args=(PROMPT,), kwargs=dict(max_new_tokens=4))
+            call.start()
+            time.sleep(0.2)
+            stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(services.target.address))
+            t0 = time.monotonic()
+            reply = stub.Check(health_pb2.HealthCheckRequest(service="bass.v1.TargetWorker"), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+            assert time.monotonic() - t0 < 0.3, "health must not wait for the model"
+            call.join(30)
+    finally:
+        worker.verify = original
+
+
+def test_graceful_shutdown_finishes_in_flight_calls(services, expected):
+    with BassClient(services.address, timeout_s=60) as client:
+        stream = client.stream_raw(PROMPT, max_new_tokens=40, ignore_eos=True)
+        first = next(stream)
+        stopper = threading.Thread(target=services.coordinator.server.stop, args=(20,))
+        stopper.start()
+        rest = list(stream)  # the call in flight completes normally
+        tokens = [t for m in [first] + rest for d in m.deltas for t in d.token_ids]
+        assert tokens == expected and rest[-1].HasField("stats")
+        stopper.join(30)
+        with pytest.raises(grpc.RpcError) as info:  # new calls are refused once stopped
+            client.generate(PROMPT, max_new_tokens=4)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
