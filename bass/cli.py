@@ -155,6 +155,75 @@ def _register_model_commands() -> None:
 _register_model_commands()
 
 
+@bench.command("speed")
+@click.option("--target", "target_dir", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--draft", "draft_dir", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--problems", default="0:16", show_default=True, help="HumanEval problems used as prompts.")
+@click.option("--batches", default="1,8", show_default=True, help="Sequences per batch (one per prompt).")
+@click.option("--policies", default="0,auto,bass,4", show_default=True, help="Draft-length policies; 0 = regular.")
+@click.option("--mode", type=click.Choice(["greedy", "t0.8-p0.95"]), default="greedy", show_default=True)
+@click.option("--max-new-tokens", default=128, show_default=True)
+@click.option("--services", is_flag=True, help="Through the real draft/target gRPC services (RPC cost included).")
+@click.option("--device", default="auto", show_default=True)
+@click.option("--dtype", type=click.Choice(DTYPES + ("auto",)), default="auto", show_default=True)
+@click.option("--attention", type=click.Choice(ATTENTION_BACKENDS), default=None,
+              help="[triton on CUDA, pad on CPU]")
+@click.option("--max-seq-len", default=1024, show_default=True)
+@click.option("--peak-tflops", type=float, help="Peak dense bf16 TFLOP/s for GPU utilization (H100 SXM: 989).")
+@click.option("--out", type=click.Path(dir_okay=False))
+def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_new_tokens, services, device, dtype,
+                attention, max_seq_len, peak_tflops, out) -> None:
+    """End-to-end decoding speed: regular vs speculative, in-process or through the services."""
+    from bass.bench.environment import describe
+    from bass.bench.humaneval import load_problems, select
+    from bass.bench.speed import measure
+
+    device = resolve_device(device)
+    dtype = resolve_dtype(dtype, device)
+    attention = attention or ("triton" if device.startswith("cuda") else "pad")
+    batch_list = [int(b) for b in batches.split(",")]
+    runner = dict(device=device, dtype=dtype, num_slots=max(batch_list), max_seq_len=max_seq_len, attention=attention)
+    prompts = [p["prompt"] for p in select(load_problems(), problems)]
+    rows = measure(RunnerConfig(model_dir=target_dir, **runner), RunnerConfig(model_dir=draft_dir, **runner), prompts,
+                   batches=batch_list, policies=[p for p in policies.split(",") if p], mode=mode,
+                   max_new_tokens=max_new_tokens, services=services, peak_tflops=peak_tflops,
+                   progress=lambda m: click.echo(m, err=True))
+    result = {"benchmark": "speed", "environment": describe(device), "target": str(target_dir), "draft": str(draft_dir),
+              "dtype": dtype, "attention": attention, "problems": problems, "results": rows}
+    text = json.dumps(result, indent=2)
+    if out:
+        Path(out).write_text(text + "\n")
+    click.echo(text)
+
+
+@bench.command("hf")
+@click.option("--model", "model_dir", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--problems", default="0:16", show_default=True)
+@click.option("--batches", default="1,8", show_default=True)
+@click.option("--max-new-tokens", default=128, show_default=True)
+@click.option("--static-compile", is_flag=True, help="Static cache + torch.compile (transformers' fast path).")
+@click.option("--device", default="auto", show_default=True)
+@click.option("--dtype", type=click.Choice(DTYPES + ("auto",)), default="auto", show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False))
+def bench_hf(model_dir, problems, batches, max_new_tokens, static_compile, device, dtype, out) -> None:
+    """Baseline: transformers' greedy generate on the same prompts (ms per token per sequence)."""
+    from bass.bench.environment import describe
+    from bass.bench.hf_baseline import measure
+    from bass.bench.humaneval import load_problems, select
+
+    device = resolve_device(device)
+    dtype = resolve_dtype(dtype, device)
+    prompts = [p["prompt"] for p in select(load_problems(), problems)]
+    rows = [measure(Path(model_dir), prompts, batch=int(b), max_new_tokens=max_new_tokens, device=device, dtype=dtype,
+                    static_compile=static_compile) for b in batches.split(",")]
+    result = {"benchmark": "hf", "environment": describe(device), "model": str(model_dir), "dtype": dtype,
+              "problems": problems, "results": rows}
+    text = json.dumps(result, indent=2)
+    if out:
+        Path(out).write_text(text + "\n")
+    click.echo(text)
+
+
 @bench.command("steps")
 @click.option("--target", default="qwen2.5-coder-1.5b", show_default=True, help="Shape preset of the target.")
 @click.option("--draft", default="qwen2.5-coder-0.5b", show_default=True, help="Shape preset of the draft.")

@@ -93,7 +93,7 @@ def propose_request_from_proto(m: pb.ProposeRequest) -> ProposeRequest:
 
 def propose_response_to_proto(r: ProposeResponse) -> pb.ProposeResponse:
     m = pb.ProposeResponse(proposals=[pb.Proposal(tokens=t, q_row_offset=o)
-                                      for t, o in zip(r.tokens, r.q_row_offsets)])
+                                      for t, o in zip(r.tokens, r.q_row_offsets)], compute_s=r.compute_s)
     if r.q is not None:
         m.q.CopyFrom(q_to_proto(r.q))
     return m
@@ -102,7 +102,7 @@ def propose_response_to_proto(r: ProposeResponse) -> pb.ProposeResponse:
 def propose_response_from_proto(m: pb.ProposeResponse) -> ProposeResponse:
     return ProposeResponse(tokens=[list(p.tokens) for p in m.proposals],
                            q=q_from_proto(m.q) if m.HasField("q") else None,
-                           q_row_offsets=[p.q_row_offset for p in m.proposals])
+                           q_row_offsets=[p.q_row_offset for p in m.proposals], compute_s=m.compute_s)
 
 
 # -- verify ----------------------------------------------------------------------------------------
@@ -125,8 +125,10 @@ def verify_request_from_proto(m: pb.VerifyRequest) -> VerifyRequest:
 
 
 def verify_response_to_proto(r: VerifyResponse) -> pb.VerifyResponse:
-    return pb.VerifyResponse(verdicts=[pb.Verdict(accepted=v.accepted, tokens=v.tokens) for v in r.verdicts])
+    return pb.VerifyResponse(verdicts=[pb.Verdict(accepted=v.accepted, tokens=v.tokens) for v in r.verdicts],
+                             compute_s=r.compute_s)
 
 
 def verify_response_from_proto(m: pb.VerifyResponse) -> VerifyResponse:
-    return VerifyResponse(verdicts=[Verdict(accepted=v.accepted, tokens=list(v.tokens)) for v in m.verdicts])
+    return VerifyResponse(verdicts=[Verdict(accepted=v.accepted, tokens=list(v.tokens)) for v in m.verdicts],
+                          compute_s=m.compute_s)

@@ -76,6 +76,7 @@ class ProposeResponse:
     tokens: list[list[int]]  # per item, in request order
     q: DraftDistributions | None
     q_row_offsets: list[int]  # per item: first row of its q in `q`
+    compute_s: float = 0.0  # time spent inside the worker (the rest of a call is transport)
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,7 @@ class Verdict:
 @dataclass(frozen=True)
 class VerifyResponse:
     verdicts: list[Verdict]  # per item, in request order
+    compute_s: float = 0.0  # time spent inside the worker
 
 
 @dataclass(frozen=True)

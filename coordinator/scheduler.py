@@ -27,6 +27,7 @@ from bass.config import SchedulerConfig
 from bass.coordinator.draft_length import make_policy
 from bass.coordinator.requests import (FinishReason, GenerationRequest, GenerationResult, RequestStats,
                                        SequenceOutput)
+from bass.coordinator.step_stats import StepStats
 from bass.coordinator.stopping import StopCriteria, check_stop
 from bass.coordinator.tokenizer import Codec
 from bass.errors import InvalidRequestError, WorkerUnavailableError
@@ -114,6 +115,7 @@ class Scheduler:
         self._draft_add: list[AddSequence] = []
         self._target_release: list[int] = []
         self._draft_release: list[int] = []
+        self.step_stats = StepStats()
 
     # -- requests ---------------------------------------------------------------------------------
     def prepare(self, request: GenerationRequest) -> RequestRun:
@@ -200,6 +202,7 @@ class Scheduler:
         self._admit()
         if not self.running:
             return finished
+        step_started = self.clock()
         batch = self.running
         lengths = self._draft_lengths(batch)
         drafts: list[tuple[int, ...]] = [()] * len(batch)
@@ -219,6 +222,7 @@ class Scheduler:
                 lengths, draft_forwards = [0] * len(batch), 0
             else:
                 draft_s = self.clock() - started
+                self.step_stats.draft_compute_s += response.compute_s
                 self._draft_add, self._draft_release = [], []
                 q = response.q
                 for n, i in enumerate(drafting):
@@ -227,12 +231,14 @@ class Scheduler:
                     q_offsets[i] = response.q_row_offsets[n]
                     tail[i] = batch[i].tail_q
         started = self.clock()
-        verdicts = self.target.verify(VerifyRequest(
+        verified = self.target.verify(VerifyRequest(
             items=[VerifyItem(s.seq_id, drafts[i], s.sampling, q_offsets[i], tail_q=tail[i])
                    for i, s in enumerate(batch)],
-            q=q, add=self._target_add, release=self._target_release)).verdicts
+            q=q, add=self._target_add, release=self._target_release))
+        verify_s = self.clock() - started
+        verdicts = verified.verdicts
         self._target_add, self._target_release = [], []
-        self.policy.observe_costs(len(batch), draft_forwards, draft_s, max(lengths, default=0), self.clock() - started)
+        self.policy.observe_costs(len(batch), draft_forwards, draft_s, max(lengths, default=0), verify_s)
         self.policy.observe([s.seq_id for s in batch], [len(d) for d in drafts], [v.accepted for v in verdicts])
         touched: dict[int, RequestRun] = {}
         for seq, draft, verdict in zip(batch, drafts, verdicts):
@@ -245,11 +251,22 @@ class Scheduler:
             self._extend(seq, verdict.tokens)
         for req in touched.values():
             req.stats.steps += 1
+        st = self.step_stats
+        st.steps += 1
+        st.sequence_steps += len(batch)
+        st.committed_tokens += sum(len(v.tokens) for v in verdicts)
+        st.draft_tokens += sum(len(d) for d in drafts)
+        st.draft_forwards += draft_forwards
+        st.verify_tokens += sum(len(d) for d in drafts) + len(batch)
+        st.draft_s += draft_s
+        st.verify_s += verify_s
+        st.verify_compute_s += verified.compute_s
         self.running = [s for s in batch if s.finish_reason is None]
         for req in touched.values():
             if req.done:
                 self._finish(req)
                 finished.append(req)
+        st.step_s += self.clock() - step_started
         return finished
 
     def flush_releases(self) -> None:

@@ -7,6 +7,8 @@ compact q (top-N of the shaped draft distribution), which is returned for the ve
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
 from typing import Sequence
 
 import torch
@@ -35,8 +37,13 @@ class DraftWorker:
         """Drop every sequence (the coordinator restarted or lost track of this worker)."""
         self.runner.release(list(self.runner.sequences))
 
-    @torch.inference_mode()
     def propose(self, request: ProposeRequest) -> ProposeResponse:
+        started = time.perf_counter()
+        response = self._propose(request)
+        return replace(response, compute_s=time.perf_counter() - started)
+
+    @torch.inference_mode()
+    def _propose(self, request: ProposeRequest) -> ProposeResponse:
         runner = self.runner
         runner.release(request.release)
         runner.add(request.add)
@@ -49,6 +56,13 @@ class DraftWorker:
                 raise InvalidRequestError("tail_q", "needs temperature > 0")
         for state, it in zip(states, items):
             runner.commit(state, it.committed)
+        if runner.graphs is not None:
+            # The first draft forward runs each sequence's pending tokens: one after a rejection,
+            # two after full acceptance. Re-running one cached token where only one is pending
+            # makes the step uniform, so it replays a CUDA graph instead of running eagerly.
+            for state, it in zip(states, items):
+                if (it.num_tokens or it.tail_q) and runner.pending(state) == 1:
+                    runner.rewind(state, 2)
 
         device = runner.device
         drafts: list[list[int]] = [[] for _ in items]

@@ -3,6 +3,8 @@ per-sequence verification; the cache keeps exactly the committed prefix afterwar
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
 from typing import Sequence
 
 import torch
@@ -41,8 +43,13 @@ class TargetWorker:
         """Drop every sequence (the coordinator restarted or lost track of this worker)."""
         self.runner.release(list(self.runner.sequences))
 
-    @torch.inference_mode()
     def verify(self, request: VerifyRequest) -> VerifyResponse:
+        started = time.perf_counter()
+        response = self._verify(request)
+        return replace(response, compute_s=time.perf_counter() - started)
+
+    @torch.inference_mode()
+    def _verify(self, request: VerifyRequest) -> VerifyResponse:
         runner = self.runner
         runner.release(request.release)
         runner.add(request.add)

@@ -1,0 +1,113 @@
+"""End-to-end decoding speed: `bass bench speed`.
+
+Runs batches of HumanEval prompts (one sequence per prompt, every sequence generating exactly
+max_new_tokens) through the coordinator's scheduler, either over in-process workers or over
+the real draft and target gRPC services (separate processes), for each draft-length policy
+("0" is regular decoding), and reports ms per token per sequence, throughput, acceptance, a
+per-step breakdown (draft, verify, RPC, coordinator), GPU utilization as BASS defines it
+(achieved FLOP/s over peak) and peak GPU memory.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Iterator
+
+from bass.config import DraftLengthConfig, RunnerConfig, SamplingParams, SchedulerConfig, WorkerServiceConfig
+from bass.coordinator.requests import GenerationRequest
+from bass.coordinator.scheduler import Scheduler
+from bass.coordinator.tokenizer import load_codec
+from bass.engine.weights import load_config
+
+MODES = {"greedy": SamplingParams(), "t0.8-p0.95": SamplingParams(temperature=0.8, top_p=0.95)}
+
+
+def params_count(model_dir: Path) -> int:
+    c = load_config(model_dir)
+    per_layer = ((c.num_heads + 2 * c.num_kv_heads) * c.head_dim * c.hidden_size + c.hidden_size * c.num_heads * c.head_dim
+                 + 3 * c.hidden_size * c.intermediate_size)
+    return c.num_layers * per_layer + c.vocab_size * c.hidden_size  # the LM head; embedding lookups are free
+
+
+@contextmanager
+def workers(target: RunnerConfig, draft: RunnerConfig, *, services: bool, draft_top_n: int) -> Iterator[tuple]:
+    """(target worker, draft worker): in-process objects, or gRPC clients of service processes."""
+    if not services:
+        from bass.draft_service.worker import DraftWorker
+        from bass.engine.runner import ModelRunner
+        from bass.target_service.worker import TargetWorker
+
+        yield TargetWorker(ModelRunner(target)), DraftWorker(ModelRunner(draft), top_n=draft_top_n)
+        return
+    from bass.coordinator.remote import RemoteDraftWorker, RemoteTargetWorker
+    from bass.launcher import ServiceProcess, _jsonable, stop_all
+
+    def as_service(r: RunnerConfig, **extra) -> WorkerServiceConfig:
+        return WorkerServiceConfig(model_dir=r.model_dir, device=r.device, dtype=r.dtype, num_slots=r.num_slots,
+                                   max_seq_len=r.max_seq_len, attention=r.attention, **extra)
+
+    procs = [ServiceProcess("target", ["target-service", "--config-json", _jsonable(as_service(target))]),
+             ServiceProcess("draft", ["draft-service", "--config-json",
+                                      _jsonable(as_service(draft, draft_top_n=draft_top_n))])]
+    try:
+        t, d = RemoteTargetWorker(procs[0].wait_ready()), RemoteDraftWorker(procs[1].wait_ready())
+        yield t, d
+    finally:
+        stop_all(procs)
+
+
+def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, batches: list[int], policies: list[str],
+            mode: str, max_new_tokens: int, services: bool, draft_top_n: int = 64, peak_tflops: float | None = None,
+            progress=None) -> list[dict]:
+    import torch
+
+    codec = load_codec(target.model_dir)
+    flops_per_token = {"target": 2 * params_count(target.model_dir), "draft": 2 * params_count(draft.model_dir)}
+    rows = []
+    with workers(target, draft, services=services, draft_top_n=draft_top_n) as (tw, dw):
+        for batch in batches:
+            chosen = [prompts[i % len(prompts)] for i in range(batch)]
+            for policy in policies:
+                length = DraftLengthConfig.parse(policy)
+                scheduler = Scheduler(tw, dw if length.speculates else None, codec,
+                                      SchedulerConfig(max_batch_size=batch, max_n=1, max_new_tokens=max_new_tokens,
+                                                      draft_length=length))
+
+                def run(tokens: int):
+                    return scheduler.generate([GenerationRequest(prompt=p, max_new_tokens=tokens, ignore_eos=True,
+                                                                 sampling=MODES[mode])
+                                               for p in chosen])
+
+                run(min(16, max_new_tokens))  # warm-up: CUDA graphs, allocator, first cost measurements
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                scheduler.step_stats = replace(scheduler.step_stats.__class__())
+                t0 = time.perf_counter()
+                results = run(max_new_tokens)
+                wall = time.perf_counter() - t0
+                st = scheduler.step_stats
+                generated = sum(len(s.token_ids) for r in results for s in r.sequences)
+                flops = (flops_per_token["target"] * st.verify_tokens
+                         + flops_per_token["draft"] * (st.draft_tokens + st.sequence_steps * bool(st.draft_forwards)))
+                row = {"batch": batch, "policy": policy, "mode": mode, "services": services,
+                       "max_new_tokens": max_new_tokens, "generated_tokens": generated, "wall_s": round(wall, 3),
+                       "ms_per_token_per_sequence": round(1000 * wall / max_new_tokens, 4),
+                       "tokens_per_s": round(generated / wall, 1),
+                       "acceptance_rate": round(st.draft_tokens and (st.committed_tokens - st.sequence_steps)
+                                                / st.draft_tokens, 4) if st.draft_tokens else None,
+                       "tokens_per_sequence_step": round(st.committed_tokens / max(st.sequence_steps, 1), 3),
+                       "steps": st.steps, "step_stats": st.to_dict(),
+                       "achieved_tflops": round(flops / wall / 1e12, 3)}
+                if peak_tflops:
+                    row["gpu_utilization"] = round(flops / wall / 1e12 / peak_tflops, 4)
+                if torch.cuda.is_available() and not services:
+                    row["peak_memory_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+                rows.append(row)
+                if progress:
+                    progress(f"batch {batch} policy {policy}: {row['ms_per_token_per_sequence']} ms/token/seq, "
+                             f"{row['tokens_per_sequence_step']} tokens/step")
+    return rows

@@ -1,0 +1,32 @@
+"""Where a step's time goes, accumulated over steps (for benchmarks and logs)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class StepStats:
+    steps: int = 0
+    sequence_steps: int = 0
+    committed_tokens: int = 0
+    draft_tokens: int = 0  # proposed by the draft
+    draft_forwards: int = 0  # sequential draft forwards (the longest draft of each step, + tail)
+    verify_tokens: int = 0  # tokens the target ran, counting one pending token per sequence
+    step_s: float = 0.0  # whole steps, as the coordinator sees them
+    draft_s: float = 0.0  # Propose calls, transport included
+    draft_compute_s: float = 0.0  # inside the draft worker
+    verify_s: float = 0.0  # Verify calls, transport included
+    verify_compute_s: float = 0.0  # inside the target worker
+
+    def breakdown(self) -> dict:
+        """Mean milliseconds per step: draft and verify compute, transport (RPC), and the
+        coordinator's own work (scheduling, stop checks, bookkeeping)."""
+        n = max(self.steps, 1)
+        transport = (self.draft_s - self.draft_compute_s) + (self.verify_s - self.verify_compute_s)
+        return {"step_ms": 1000 * self.step_s / n, "draft_ms": 1000 * self.draft_compute_s / n,
+                "verify_ms": 1000 * self.verify_compute_s / n, "rpc_ms": 1000 * transport / n,
+                "coordinator_ms": 1000 * (self.step_s - self.draft_s - self.verify_s) / n}
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "breakdown_ms_per_step": {k: round(v, 4) for k, v in self.breakdown().items()}}

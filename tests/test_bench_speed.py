@@ -1,0 +1,38 @@
+"""`bass bench speed` on tiny models, in-process and through the real services."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from bass.cli import main
+
+
+@pytest.mark.parametrize("services", [False, True])
+def test_speed_bench_accounts_for_every_token_and_millisecond(llama_target, tmp_path, services):
+    out = tmp_path / "speed.json"
+    args = ["bench", "speed", "--target", str(llama_target), "--draft", str(llama_target), "--problems", "0:2",
+            "--batches", "2", "--policies", "0,3", "--max-new-tokens", "10", "--device", "cpu", "--out", str(out)]
+    result = CliRunner().invoke(main, args + (["--services"] if services else []))
+    assert result.exit_code == 0, result.output
+    regular, spec = json.loads(out.read_text())["results"]
+    for row in (regular, spec):
+        assert row["generated_tokens"] == 2 * 10 and row["services"] == services
+        b = row["step_stats"]["breakdown_ms_per_step"]
+        parts = b["draft_ms"] + b["verify_ms"] + b["rpc_ms"] + b["coordinator_ms"]
+        assert abs(parts - b["step_ms"]) < 1e-6 * max(1, b["step_ms"]) + 1e-3
+        assert min(b.values()) >= -1e-3
+    assert regular["tokens_per_sequence_step"] == 1.0 and regular["step_stats"]["draft_tokens"] == 0
+    # draft == target: every proposal accepted, so each step commits k + 1 = 4 tokens per sequence
+    assert spec["acceptance_rate"] == 1.0 and spec["tokens_per_sequence_step"] > 3
+    if services:
+        assert spec["step_stats"]["breakdown_ms_per_step"]["rpc_ms"] > 0
+
+
+def test_hf_baseline_generates_every_token(llama_target, tmp_path):
+    out = tmp_path / "hf.json"
+    result = CliRunner().invoke(main, ["bench", "hf", "--model", str(llama_target), "--problems", "0:3", "--batches",
+                                       "3", "--max-new-tokens", "6", "--device", "cpu", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["generated_tokens"] == 3 * 6 and row["ms_per_token_per_sequence"] > 0
