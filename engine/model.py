@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from bass.engine.batch import RaggedBatch
 from bass.engine.kv_cache import KVCache
 from bass.kernels import attention_kernel
+from bass.kernels.elementwise import add_rms_norm_reference, rope_reference, silu_mul_reference
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 
@@ -108,25 +109,20 @@ def rope_inv_freq(config: TransformerConfig) -> torch.Tensor:
     return torch.where(medium, blended, scaled)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, heads, D]; cos/sin: [T, D]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None] + rotated * sin[:, None]
-
-
 class Transformer:
     def __init__(self, config: TransformerConfig, weights: TransformerWeights, *, max_seq_len: int,
                  attention: str = "pad"):
         self.config = config
         self.weights = weights
         self.attend = attention_kernel(attention)
+        # With the Triton attention kernel (so Triton is there), the elementwise groups run as
+        # fused Triton kernels too; the references compute the same values in PyTorch.
+        if attention == "triton":
+            from bass.kernels.triton_elementwise import add_rms_norm, rope, silu_mul
+
+            self.add_norm, self.rope, self.silu_mul = add_rms_norm, rope, silu_mul
+        else:
+            self.add_norm, self.rope, self.silu_mul = add_rms_norm_reference, rope_reference, silu_mul_reference
         self.scale = config.head_dim ** -0.5
         device, dtype = weights.embed.device, weights.embed.dtype
         positions = torch.arange(max_seq_len, dtype=torch.float32, device=device)
@@ -145,25 +141,29 @@ class Transformer:
     @torch.inference_mode()
     def forward(self, batch: RaggedBatch, cache: KVCache) -> torch.Tensor:
         """Run the batch, write its keys/values into `cache`, return fp32 logits for
-        `batch.logit_rows` ([R, vocab])."""
-        c = self.config
+        `batch.logit_rows` ([R, vocab]).
+
+        The residual stream x and the normed input h of the next block travel together, so each
+        residual add is fused with the norm that follows it."""
+        c, layers, eps = self.config, self.weights.layers, self.config.rms_norm_eps
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         cos, sin = self.cos[batch.positions], self.sin[batch.positions]
         x = self.weights.embed[batch.input_ids]
-        for i, layer in enumerate(self.weights.layers):
-            h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
-            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
-            q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
-            q = apply_rope(q.view(-1, c.num_heads, c.head_dim), cos, sin)
-            k = apply_rope(k.view(-1, c.num_kv_heads, c.head_dim), cos, sin)
+        h, x = self.add_norm(x, None, layers[0].input_norm, eps)
+        for i, layer in enumerate(layers):
+            q, k, v = F.linear(h, layer.qkv, layer.qkv_bias).split((q_size, kv_size, kv_size), dim=-1)
+            q = self.rope(q.view(-1, c.num_heads, c.head_dim), cos, sin)
+            k = self.rope(k.view(-1, c.num_kv_heads, c.head_dim), cos, sin)
             cache.k[i][batch.token_slots, batch.positions] = k
             cache.v[i][batch.token_slots, batch.positions] = v.view(-1, c.num_kv_heads, c.head_dim)
             attn = self.attend(q, cache.k[i], cache.v[i], batch, self.scale)
-            x = x + F.linear(attn.reshape(-1, q_size), layer.o, layer.o_bias)
-            h = rms_norm(x, layer.post_norm, c.rms_norm_eps)
-            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down)
+            h, x = self.add_norm(F.linear(attn.reshape(-1, q_size), layer.o, layer.o_bias), x, layer.post_norm, eps)
+            mlp = F.linear(self.silu_mul(F.linear(h, layer.gate_up)), layer.down)
+            if i + 1 < len(layers):
+                h, x = self.add_norm(mlp, x, layers[i + 1].input_norm, eps)
+            else:
+                x = x + mlp
         if batch.logit_rows.numel() == 0:
             return x.new_empty(0, c.vocab_size, dtype=torch.float32)
-        h = rms_norm(x[batch.logit_rows], self.weights.final_norm, c.rms_norm_eps)
+        h, _ = add_rms_norm_reference(x[batch.logit_rows], None, self.weights.final_norm, eps)
         return F.linear(h, self.weights.lm_head).float()

@@ -1,0 +1,78 @@
+"""Fused elementwise Triton kernels against their PyTorch references (interpreter on the CPU),
+and the whole model on the fused path against transformers."""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # Triton picks its interpreter when first imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from bass.kernels.elementwise import add_rms_norm_reference, rope_reference, silu_mul_reference  # noqa: E402
+from bass.kernels.triton_elementwise import add_rms_norm, rope, silu_mul  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32] + ([torch.bfloat16, torch.float16] if DEVICE == "cuda" else [])
+
+
+def close(a, b, dtype):
+    if dtype == torch.float32:
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    else:  # same rounding steps: at most one unit in the last place apart
+        torch.testing.assert_close(a.float(), b.float(), atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_add_rms_norm(dtype, with_residual):
+    torch.manual_seed(0)
+    x = torch.randn(7, 96, device=DEVICE).to(dtype)
+    res = torch.randn(7, 96, device=DEVICE).to(dtype) if with_residual else None
+    w = (1 + 0.1 * torch.randn(96, device=DEVICE)).to(dtype)
+    out, summed = add_rms_norm(x, res, w, 1e-6)
+    ref_out, ref_sum = add_rms_norm_reference(x, res, w, 1e-6)
+    close(out, ref_out, dtype)
+    assert torch.equal(summed, ref_sum)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul(dtype):
+    torch.manual_seed(1)
+    gate_up = (3 * torch.randn(5, 2 * 1500, device=DEVICE)).to(dtype)  # not a multiple of the block
+    close(silu_mul(gate_up), silu_mul_reference(gate_up), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_on_a_strided_slice_of_qkv(dtype):
+    torch.manual_seed(2)
+    tokens, heads, kv_heads, dim = 6, 4, 2, 16
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, device=DEVICE).to(dtype)
+    q, k, _ = qkv.split((heads * dim, kv_heads * dim, kv_heads * dim), dim=-1)
+    angles = torch.randn(tokens, dim // 2, device=DEVICE)
+    cos = torch.cat([angles.cos()] * 2, -1).to(dtype)
+    sin = torch.cat([angles.sin()] * 2, -1).to(dtype)
+    for x, h in ((q, heads), (k, kv_heads)):
+        view = x.view(-1, h, dim)
+        close(rope(view, cos, sin), rope_reference(view, cos, sin), dtype)
+
+
+def test_model_on_the_fused_path_matches_transformers(llama_target, qwen_target):
+    from transformers import AutoModelForCausalLM
+
+    from bass.config import RunnerConfig
+    from bass.engine.runner import ModelRunner
+    from bass.worker_api import AddSequence
+
+    ids = [5, 17, 33, 200, 7, 9, 11]
+    for model_dir in (llama_target, qwen_target):
+        runner = ModelRunner(RunnerConfig(model_dir=model_dir, num_slots=2, max_seq_len=64, attention="triton",
+                                          device=DEVICE, cuda_graphs=False))
+        runner.add([AddSequence(1, tuple(ids[:1]))])
+        state = runner.get(1)
+        runner.commit(state, ids[1:])
+        ours = runner.forward([(state, [])], [len(ids)]).cpu()
+        with torch.no_grad():
+            ref = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()(torch.tensor([ids])).logits[0]
+        torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
