@@ -7,9 +7,12 @@ One layer's attention for Qwen2.5 shapes (default 1.5B: 12 query heads, 2 kv hea
   query lengths      1 (decode), 5, 9, 33 (verify k+1 for k = 4, 8, 32)
   context spreads    equal (every context 512) and mixed (uniform 64..2048, seeded)
 Each (config, kernel) is checked against `split` once, warmed up, then timed --repeats times
-(>= 20) with CUDA events; the median (and p10 / p90) is reported. Two timings per kernel:
+(>= 20) with CUDA events; the median (and p10 / p90) is reported. Per kernel:
   graph_ms  one call captured in a CUDA graph and replayed: the GPU time alone
   eager_ms  one plain call between events: GPU time or the host's launch cost, whichever is longer
+  host_us   host time per call, 100 calls issued back to back (the Python + launch overhead)
+--host-profile splits attend_triton's host time (bare Triton launch, planning, allocation);
+--triton-variant times attend_triton with forced launch parameters next to the heuristics' pick.
 By default the L2 cache is flushed before every timed repeat (in a serving step the other
 layers evict this layer's KV); --no-flush keeps it warm.
 
@@ -222,18 +225,17 @@ def main(argv: list[str] | None = None) -> int:
 
     kernels = {"pad": attend_pad, "split": attend_split}
     triton_version = None
-    if "triton" in args.kernels:
+    if "triton" in args.kernels or args.triton_variant:
         import triton
 
         from bass.kernels.triton_attention import attend_triton, plan_launch
         kernels["triton"] = attend_triton
         triton_version = triton.__version__
-    for spec in args.triton_variant:
-        from bass.kernels.triton_attention import attend_triton
-        name, _, opts = spec.partition("=")
-        overrides = {k: int(v) for k, v in (kv.split(":") for kv in opts.split(",") if kv)}
-        kernels[f"triton:{name}"] = (lambda o: lambda *a: attend_triton(*a, **o))(overrides)
-        args.kernels.append(f"triton:{name}")
+        for spec in args.triton_variant:
+            name, _, opts = spec.partition("=")
+            overrides = {k: int(v) for k, v in (kv.split(":") for kv in opts.split(",") if kv)}
+            kernels[f"triton:{name}"] = (lambda o: lambda *a: attend_triton(*a, **o))(overrides)
+            args.kernels.append(f"triton:{name}")
     heads, kv_heads, head_dim = MODELS[args.model]
     dtype = DTYPES[args.dtype]
     scale = head_dim ** -0.5
@@ -269,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
                                                    "num_splits", "split_size"), plan))
                 for name in args.kernels:
                     fn = kernels[name]
-                    call = lambda fn=fn: fn(q, k_cache, v_cache, batch, scale)  # noqa: E731
+                    call = lambda fn=fn, a=(q, k_cache, v_cache, batch, scale): fn(*a)  # noqa: E731
                     entry: dict = {}
                     try:
                         out = call()
