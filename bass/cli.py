@@ -471,6 +471,59 @@ def serve(ctx, target_dir, draft_dir, port, device, dtype, num_slots, max_seq_le
     raise SystemExit(run_until_stopped(processes))
 
 
+@main.command("up")
+@click.option("--ray-address", help="Ray cluster to join (ray://host:10001 or host:6379); none: start a local one.")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
+              help="TOML with [target], [draft], [coordinator] and [ray] sections (see README).")
+@click.option("--target", "target_dir", type=click.Path(file_okay=False), help="[the bundled 1.5B]")
+@click.option("--draft", "draft_dir", type=click.Path(file_okay=False), help="[the bundled 0.5B]; 'none' to skip")
+@click.option("--num-gpus", type=int, help="GPUs of the local Ray started when no --ray-address is given.")
+def up(ray_address, config_file, target_dir, draft_dir, num_gpus) -> None:
+    """Start target, draft and coordinator as Ray actors, placed as [ray] says; print the public address."""
+    try:
+        from bass.deploy import launcher
+    except ImportError:
+        raise click.UsageError("bass up needs Ray: pip install 'bass-serving[ray]'") from None
+    try:
+        cfg = load_config_file(Path(config_file)) if config_file else ServeConfig()
+        device = resolve_device(cfg.target.device if config_file else "auto")
+        target = replace(cfg.target, device=device, dtype=resolve_dtype(cfg.target.dtype, device),
+                         model_dir=_require_model(target_dir or cfg.target.model_dir or default_model_pair()[1], "target"))
+        draft = None
+        if draft_dir != "none" and cfg.draft is not None:
+            draft = replace(cfg.draft, device=device, dtype=resolve_dtype(cfg.draft.dtype, device),
+                            model_dir=_require_model(draft_dir or cfg.draft.model_dir or default_model_pair()[0], "draft"))
+        # Hosts come from the config: 127.0.0.1 (the default) suits one node; set host = "0.0.0.0" in
+        # each section for a cluster of several nodes (actors then advertise their node's address).
+        cfg = replace(cfg, target=target, draft=draft)
+        if not ray_address:
+            launcher.start_local_ray(num_gpus)
+        launcher.connect(ray_address, cfg.ray.namespace)
+        addresses = launcher.up(cfg, echo=lambda m: click.echo(m, err=True))
+    except BassError as e:
+        _fail(e)
+    for kind, address in addresses.items():
+        click.echo(json.dumps({"service": kind, "address": address}))
+    click.echo(f"BASS is serving on {addresses['coordinator']} (stop it with `bass down`)", err=True)
+
+
+@main.command("down")
+@click.option("--ray-address", help="Ray cluster the services run on [the local one].")
+@click.option("--namespace", default="bass", show_default=True)
+@click.option("--stop-ray", is_flag=True, help="Also stop the local Ray that `bass up` started.")
+def down(ray_address, namespace, stop_ray) -> None:
+    """Stop the services `bass up` started."""
+    import subprocess
+
+    from bass.deploy import launcher
+
+    launcher.connect(ray_address, namespace)
+    removed = launcher.down(namespace)
+    click.echo(f"stopped: {', '.join(removed) or 'nothing was running'}")
+    if stop_ray:
+        subprocess.run(["ray", "stop"], check=False, capture_output=True)
+
+
 @main.command("demo")
 @click.option("--target", "target_dir", type=click.Path(file_okay=False), help="[the bundled 1.5B]")
 @click.option("--draft", "draft_dir", type=click.Path(file_okay=False), help="[the bundled 0.5B]")

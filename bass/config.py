@@ -195,15 +195,52 @@ class CoordinatorConfig:
                  f"must be > 0, got {self.reconnect_interval_s}")
 
 
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    """`bass up`: where Ray places the three services ([ray] section).
+
+    Each service is one actor in a bundle of one placement group. target_gpus = draft_gpus = 0.5
+    with PACK puts both models on one GPU; 1 and 1 on two GPUs of a node (PACK) or of
+    different nodes (SPREAD / STRICT_SPREAD). Actors restart on failure (max_restarts, -1 =
+    always) on a fixed port each, so the coordinator reconnects to the same address.
+    """
+
+    __pydantic_config__ = {"extra": "forbid"}  # config files: unknown keys are errors
+
+    namespace: str = "bass"
+    strategy: str = "PACK"
+    target_gpus: float = 1.0
+    draft_gpus: float = 1.0
+    target_cpus: float = 1.0
+    draft_cpus: float = 1.0
+    coordinator_cpus: float = 1.0
+    target_port: int = 50061
+    draft_port: int = 50062
+    max_restarts: int = -1
+    ready_timeout_s: float = 900.0
+
+    def __post_init__(self) -> None:
+        _require(self.strategy in PLACEMENT_STRATEGIES, "ray.strategy",
+                 f"must be one of {PLACEMENT_STRATEGIES}, got {self.strategy!r}")
+        for name in ("target_gpus", "draft_gpus", "target_cpus", "draft_cpus", "coordinator_cpus"):
+            value = getattr(self, name)
+            _require(_finite(value) and value >= 0, f"ray.{name}", f"must be a number >= 0, got {value!r}")
+        _require(self.max_restarts >= -1, "ray.max_restarts", f"must be >= -1, got {self.max_restarts}")
+
+
 @dataclass(frozen=True)
 class ServeConfig:
-    """`bass serve`: all three services on one machine (sections [target], [draft], [coordinator])."""
+    """`bass serve` / `bass up`: sections [target], [draft], [coordinator] (and [ray] for `bass up`)."""
 
     __pydantic_config__ = {"extra": "forbid"}  # config files: unknown keys are errors
 
     target: WorkerServiceConfig = field(default_factory=WorkerServiceConfig)
     draft: WorkerServiceConfig | None = field(default_factory=WorkerServiceConfig)
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
 
 
 def load_config_file(path: Path, cls: type = ServeConfig):

@@ -1,0 +1,1 @@
+"""Ray placement of the BASS services (`bass up` / `bass down`): bass.deploy."""

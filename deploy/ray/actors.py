@@ -1,0 +1,54 @@
+"""One Ray actor per service, each hosting that service's gRPC server.
+
+Actors are named and detached, so they outlive `bass up` and `bass down` finds them; Ray
+restarts one that dies (max_restarts), and since each listens on a fixed port the coordinator
+reconnects to the same address (its normal failure handling: regular decoding without the
+draft, UNAVAILABLE while the target is away).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import ray
+
+ACTOR_NAMES = {"target": "bass-target", "draft": "bass-draft", "coordinator": "bass-coordinator"}
+
+
+@ray.remote
+class ServiceActor:
+    def __init__(self, kind: str, config_json: str):
+        from pydantic import TypeAdapter
+
+        from bass.config import CoordinatorConfig, WorkerServiceConfig
+
+        logging.basicConfig(level=logging.INFO)
+        self.kind = kind
+        if kind == "coordinator":
+            from bass.coordinator import server as coordinator_server
+
+            config = TypeAdapter(CoordinatorConfig).validate_json(config_json)
+            self.service = coordinator_server.serve(config)
+            port = self.service.server.port
+        else:
+            config = TypeAdapter(WorkerServiceConfig).validate_json(config_json)
+            if kind == "target":
+                from bass.target_service.server import serve
+            else:
+                from bass.draft_service.server import serve
+            self.service = serve(config)
+            port = self.service.port
+        host = config.host if config.host not in ("0.0.0.0", "::", "") else ray.util.get_node_ip_address()
+        self._address = f"{host}:{port}"
+
+    def address(self) -> str:
+        return self._address
+
+    def placement(self) -> dict:
+        """Where Ray put this actor, from Ray's own view."""
+        ctx = ray.get_runtime_context()
+        return {"kind": self.kind, "node_id": ctx.get_node_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+                "address": self._address}
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        self.service.stop(grace_s)

@@ -1,0 +1,104 @@
+"""`bass up` on a real local Ray cluster (CPU, with logical GPUs so placement can be checked)."""
+
+import socket
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from bass.client import BassClient  # noqa: E402
+from bass.config import (CoordinatorConfig, DraftLengthConfig, RayConfig, SchedulerConfig, ServeConfig,  # noqa: E402
+                         WorkerServiceConfig)
+from bass.coordinator.requests import GenerationRequest  # noqa: E402
+from conftest import build_scheduler  # noqa: E402
+
+NAMESPACE = "bass-test"
+PROMPT = [5, 17, 33, 200]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=8, num_gpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def expected(llama_target):
+    (r,) = build_scheduler(llama_target, None).generate(
+        [GenerationRequest(prompt_ids=tuple(PROMPT), max_new_tokens=20, ignore_eos=True)])
+    return r.sequences[0].token_ids
+
+
+def config(target, draft, *, target_gpus, draft_gpus, strategy="PACK") -> ServeConfig:
+    workers = dict(device="cpu", num_slots=8, max_seq_len=256, host="127.0.0.1")
+    return ServeConfig(
+        target=WorkerServiceConfig(model_dir=target, **workers), draft=WorkerServiceConfig(model_dir=draft, **workers),
+        coordinator=CoordinatorConfig(host="127.0.0.1", port=free_port(), reconnect_interval_s=0.2,
+                                      scheduler=SchedulerConfig(max_batch_size=8,
+                                                                draft_length=DraftLengthConfig(policy="fixed", fixed=3))),
+        ray=RayConfig(namespace=NAMESPACE, strategy=strategy, target_gpus=target_gpus, draft_gpus=draft_gpus,
+                      target_cpus=1, draft_cpus=1, coordinator_cpus=1, target_port=free_port(), draft_port=free_port(),
+                      ready_timeout_s=180))
+
+
+def generate(address, **kw):
+    with BassClient(address, timeout_s=60) as c:
+        return c.generate(PROMPT, max_new_tokens=20, ignore_eos=True, **kw)
+
+
+@pytest.mark.parametrize("gpus,same_gpu", [((0.5, 0.5), True), ((1, 1), False)])
+def test_up_places_services_and_serves(cluster, llama_target, llama_draft, expected, gpus, same_gpu):
+    from bass.deploy import launcher
+
+    addresses = launcher.up(config(llama_target, llama_draft, target_gpus=gpus[0], draft_gpus=gpus[1]),
+                            echo=lambda *_: None)
+    try:
+        where = launcher.placements(NAMESPACE)
+        assert set(where) == {"target", "draft", "coordinator"}
+        assert where["target"]["gpu_ids"] and where["draft"]["gpu_ids"] and not where["coordinator"]["gpu_ids"]
+        assert (where["target"]["gpu_ids"] == where["draft"]["gpu_ids"]) is same_gpu
+        table = ray.util.placement_group_table(ray.util.get_placement_group(launcher.PLACEMENT_GROUP))
+        assert table["strategy"] == "PACK" and table["bundles"][0]["GPU"] == gpus[0]
+        r = generate(addresses["coordinator"])
+        assert list(r.sequences[0].token_ids) == expected and r.stats.draft_tokens > 0
+    finally:
+        assert set(launcher.down(NAMESPACE)) == {"target", "draft", "coordinator"}
+    assert launcher.placements(NAMESPACE) == {}
+
+
+def test_a_killed_draft_actor_restarts_and_the_coordinator_reconnects(cluster, llama_target, llama_draft, expected):
+    from bass.deploy import launcher
+
+    addresses = launcher.up(config(llama_target, llama_draft, target_gpus=0.5, draft_gpus=0.5), echo=lambda *_: None)
+    try:
+        draft = ray.get_actor("bass-draft", namespace=NAMESPACE)
+        ray.kill(draft, no_restart=False)  # the process dies; Ray starts it again
+        r = generate(addresses["coordinator"])
+        assert list(r.sequences[0].token_ids) == expected  # served meanwhile (without the draft if need be)
+        deadline = time.monotonic() + 90
+        while True:
+            r = generate(addresses["coordinator"])
+            assert list(r.sequences[0].token_ids) == expected
+            if r.stats.draft_tokens > 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert r.stats.draft_tokens > 0, "speculation should resume once the restarted draft serves again"
+        assert ray.get(ray.get_actor("bass-draft", namespace=NAMESPACE).address.remote()) == addresses["draft"]
+    finally:
+        launcher.down(NAMESPACE)
+
+
+def test_too_few_resources_is_a_clear_error(cluster, llama_target, llama_draft):
+    from bass.deploy import launcher
+    from bass.errors import CapacityError
+
+    with pytest.raises(CapacityError, match="need 3 GPUs"):
+        launcher.up(config(llama_target, llama_draft, target_gpus=2, draft_gpus=1), echo=lambda *_: None)
