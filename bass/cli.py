@@ -521,7 +521,7 @@ def down(ray_address, namespace, stop_ray) -> None:
     removed = launcher.down(namespace)
     click.echo(f"stopped: {', '.join(removed) or 'nothing was running'}")
     if stop_ray:
-        subprocess.run(["ray", "stop"], check=False, capture_output=True)
+        subprocess.run([launcher.ray_cli(), "stop"], check=False, capture_output=True)
 
 
 @main.command("demo")

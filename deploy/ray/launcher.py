@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import logging
 import subprocess
+import sys
 import time
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -31,9 +33,15 @@ def connect(address: str | None, namespace: str) -> None:
         ray.init(address=address or "auto", namespace=namespace, log_to_driver=False)
 
 
+def ray_cli() -> str:
+    """The `ray` command of this Python environment (it may not be on PATH, e.g. in a venv)."""
+    beside = Path(sys.executable).parent / "ray"
+    return str(beside) if beside.exists() else "ray"
+
+
 def start_local_ray(num_gpus: int | None) -> None:
     """`ray start --head` on this machine, so the cluster outlives `bass up`."""
-    command = ["ray", "start", "--head", "--disable-usage-stats"]
+    command = [ray_cli(), "start", "--head", "--disable-usage-stats"]
     if num_gpus is not None:
         command.append(f"--num-gpus={num_gpus}")
     subprocess.run(command, check=True, capture_output=True, text=True)
