@@ -60,7 +60,8 @@ def _parse_draft_length(_ctx, _param, value: str) -> DraftLengthConfig:
 @click.option("--draft-top-n", default=64, show_default=True, help="Size of the draft's compact q.")
 @click.option("--device", default="cpu", show_default=True, help="cpu | cuda | cuda:N")
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
-@click.option("--attention", type=click.Choice(ATTENTION_BACKENDS), default="pad", show_default=True)
+@click.option("--attention", type=click.Choice(ATTENTION_BACKENDS), default="auto", show_default=True,
+              help="auto: triton on CUDA, pad on the CPU.")
 @click.option("--max-seq-len", default=2048, show_default=True, help="KV cache length per sequence.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def generate(target_dir, draft_dir, prompt, prompt_ids, n, max_new_tokens, temperature, top_p, top_k, seed, stop,
@@ -318,7 +319,7 @@ def worker_options(f):
         click.option("--dtype", type=click.Choice(DTYPES + ("auto",)), help="[float32]"),
         click.option("--num-slots", type=int, help="KV cache slots (max concurrent sequences) [64]."),
         click.option("--max-seq-len", type=int, help="KV cache positions per sequence [2048]."),
-        click.option("--attention", type=click.Choice(ATTENTION_BACKENDS), help="Attention kernel [pad]."),
+        click.option("--attention", type=click.Choice(ATTENTION_BACKENDS), help="Attention kernel [auto]."),
         click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
                      help="TOML file; this service's section is used."),
         click.option("--config-json", hidden=True),

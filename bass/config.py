@@ -14,7 +14,7 @@ from pathlib import Path
 from bass.errors import InvalidRequestError
 
 DTYPES = ("float32", "bfloat16", "float16")
-ATTENTION_BACKENDS = ("pad", "split", "triton")
+ATTENTION_BACKENDS = ("auto", "pad", "split", "triton")
 DRAFT_LENGTH_POLICIES = ("auto", "bass", "fixed", "adaptive")
 
 
@@ -64,9 +64,20 @@ class RunnerConfig:
     dtype: str = "float32"
     num_slots: int = 64
     max_seq_len: int = 2048
-    attention: str = "pad"
+    attention: str = "auto"  # auto: triton on CUDA (when Triton is installed), pad on the CPU
     # Replay uniform decode steps as CUDA graphs (CUDA with the triton kernel only).
     cuda_graphs: bool = True
+
+    @property
+    def attention_backend(self) -> str:
+        if self.attention != "auto":
+            return self.attention
+        if self.device.startswith("cuda"):
+            from importlib.util import find_spec
+
+            if find_spec("triton") is not None:
+                return "triton"
+        return "pad"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_dir", Path(self.model_dir))
@@ -151,7 +162,7 @@ class WorkerServiceConfig:
     dtype: str = "float32"
     num_slots: int = 64
     max_seq_len: int = 2048
-    attention: str = "pad"
+    attention: str = "auto"
     host: str = "127.0.0.1"
     port: int = 0  # 0 = any free port
     draft_top_n: int = 64  # compact-q size; draft service only

@@ -42,11 +42,11 @@ class ModelRunner:
                      config.dtype, config.device)
             weights = load_weights(config.model_dir, self.model_config, dtype=config.dtype, device=config.device)
             model = Transformer(self.model_config, weights, max_seq_len=config.max_seq_len,
-                                attention=config.attention)
+                                attention=config.attention_backend)
         self.model_config = model.config
         self.model = model
         mc = self.model_config
-        use_graphs = config.cuda_graphs and config.device.startswith("cuda") and config.attention == "triton"
+        use_graphs = config.cuda_graphs and config.device.startswith("cuda") and config.attention_backend == "triton"
         self.cache = KVCache(num_layers=mc.num_layers, num_slots=config.num_slots + use_graphs,
                              max_seq_len=config.max_seq_len, num_kv_heads=mc.num_kv_heads,
                              head_dim=mc.head_dim, dtype=TORCH_DTYPES[config.dtype], device=config.device)
