@@ -66,6 +66,7 @@ class SequenceOutput:
     text: str
     token_ids: list[int]
     finish_reason: FinishReason
+    finish_order: int = 0  # 1 = finished first (stop or length) among the request's sequences; 0 = did not
 
 
 @dataclass
@@ -110,5 +111,6 @@ class GenerationResult:
 
     def to_dict(self) -> dict:
         return {"sequences": [{"index": s.index, "text": s.text, "token_ids": s.token_ids,
-                               "finish_reason": s.finish_reason.value} for s in self.sequences],
+                               "finish_reason": s.finish_reason.value, "finish_order": s.finish_order}
+                              for s in self.sequences],
                 "stats": self.stats.to_dict()}

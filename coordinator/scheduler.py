@@ -386,7 +386,8 @@ class Scheduler:
     def _finish_sequence(self, seq: SequenceRun, reason: FinishReason) -> None:
         req = seq.request
         seq.finish_reason = reason
-        seq.finish_order = 1 + sum(1 for s in req.sequences if s.finish_order)
+        if reason in (FinishReason.STOP, FinishReason.LENGTH):
+            seq.finish_order = 1 + sum(1 for s in req.sequences if s.finish_order)
         self.policy.forget(seq.seq_id)
         self._target_release.append(seq.seq_id)
         if seq.drafted:
@@ -404,4 +405,5 @@ class Scheduler:
         text = self.codec.decode(ids[:-1] if ids and ids[-1] in stops else ids)
         if s.text_end is not None:
             text = text[:s.text_end]
-        return SequenceOutput(index=s.index, text=text, token_ids=list(ids), finish_reason=s.finish_reason)
+        return SequenceOutput(index=s.index, text=text, token_ids=list(ids), finish_reason=s.finish_reason,
+                              finish_order=s.finish_order)

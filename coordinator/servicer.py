@@ -43,7 +43,8 @@ def stats_to_proto(s: RequestStats) -> pb.Stats:
 def result_to_proto(r: GenerationResult) -> pb.GenerateResponse:
     return pb.GenerateResponse(
         sequences=[pb.Sequence(index=s.index, text=s.text, token_ids=s.token_ids,
-                               finish_reason=FINISH_REASONS[s.finish_reason]) for s in r.sequences],
+                               finish_reason=FINISH_REASONS[s.finish_reason], finish_order=s.finish_order)
+                   for s in r.sequences],
         stats=stats_to_proto(r.stats))
 
 

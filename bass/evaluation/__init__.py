@@ -1,0 +1,1 @@
+"""Quality within a time budget (`bass eval humaneval`)."""
