@@ -14,7 +14,7 @@ single key split sized for the whole cache).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -75,7 +75,7 @@ class DecodeGraphs:
         chunks = [SequenceChunk(slot=self.scratch_slot, start=0, tokens=[0] * q, logit_rows=rows)] * bucket
         batch = RaggedBatch.build(chunks, self.device)
         # One capture serves all context lengths: size the attention plan for the whole cache.
-        batch = _replace(batch, max_ctx=max_len, ctx_lens_list=[max_len] * bucket)
+        batch = replace(batch, max_ctx=max_len, ctx_lens_list=[max_len] * bucket)
         host = torch.zeros(self._host_size(bucket, q), dtype=torch.int64).pin_memory()
         return _Graph(graph=torch.cuda.CUDAGraph(), batch=batch, host=host, logits=None)
 
@@ -116,9 +116,3 @@ class DecodeGraphs:
         torch.cuda.current_stream().wait_stream(stream)
         with torch.cuda.graph(g.graph, pool=self.pool):
             g.logits = self.model.forward(g.batch, self.cache)
-
-
-def _replace(batch: RaggedBatch, **changes) -> RaggedBatch:
-    from dataclasses import replace
-
-    return replace(batch, **changes)

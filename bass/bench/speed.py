@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
 from bass.config import DraftLengthConfig, RunnerConfig, SamplingParams, SchedulerConfig, WorkerServiceConfig
 from bass.coordinator.requests import GenerationRequest
 from bass.coordinator.scheduler import Scheduler
+from bass.coordinator.step_stats import StepStats
 from bass.coordinator.tokenizer import load_codec
 from bass.engine.weights import load_config
 
@@ -85,7 +85,7 @@ def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, ba
                 if torch.cuda.is_available():
                     torch.cuda.synchronize()
                     torch.cuda.reset_peak_memory_stats()
-                scheduler.step_stats = replace(scheduler.step_stats.__class__())
+                scheduler.step_stats = StepStats()  # count the measured run only
                 t0 = time.perf_counter()
                 results = run(max_new_tokens)
                 wall = time.perf_counter() - t0
