@@ -171,9 +171,10 @@ _register_model_commands()
               help="[triton on CUDA, pad on CPU]")
 @click.option("--max-seq-len", default=1024, show_default=True)
 @click.option("--peak-tflops", type=float, help="Peak dense bf16 TFLOP/s for GPU utilization (H100 SXM: 989).")
+@click.option("--repeats", default=3, show_default=True, help="Measured runs per configuration; the median is reported.")
 @click.option("--out", type=click.Path(dir_okay=False))
 def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_new_tokens, services, device, dtype,
-                attention, max_seq_len, peak_tflops, out) -> None:
+                attention, max_seq_len, peak_tflops, repeats, out) -> None:
     """End-to-end decoding speed: regular vs speculative, in-process or through the services."""
     from bass.bench.environment import describe
     from bass.bench.humaneval import load_problems, select
@@ -187,7 +188,7 @@ def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_ne
     prompts = [p["prompt"] for p in select(load_problems(), problems)]
     rows = measure(RunnerConfig(model_dir=target_dir, **runner), RunnerConfig(model_dir=draft_dir, **runner), prompts,
                    batches=batch_list, policies=[p for p in policies.split(",") if p], mode=mode,
-                   max_new_tokens=max_new_tokens, services=services, peak_tflops=peak_tflops,
+                   max_new_tokens=max_new_tokens, services=services, peak_tflops=peak_tflops, repeats=repeats,
                    progress=lambda m: click.echo(m, err=True))
     result = {"benchmark": "speed", "environment": describe(device), "target": str(target_dir), "draft": str(draft_dir),
               "dtype": dtype, "attention": attention, "problems": problems, "results": rows}
@@ -487,8 +488,11 @@ def eval_group() -> None:
 @click.option("--top-p", default=0.95, show_default=True)
 @click.option("--max-new-tokens", default=384, show_default=True)
 @click.option("--timeout-s", default=10.0, show_default=True, help="Sandbox wall-clock limit per completion.")
+@click.option("--sandbox-workers", default=2, show_default=True,
+              help="Completions run at once (keep it below the free cores, so that scoring does not slow the service).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Write results.json, results.md, pass_rates.png.")
-def eval_humaneval(address, n, budgets, problems, modes, temperature, top_p, max_new_tokens, timeout_s, out_dir) -> None:
+def eval_humaneval(address, n, budgets, problems, modes, temperature, top_p, max_new_tokens, timeout_s, sandbox_workers,
+                   out_dir) -> None:
     """HumanEval Pass@First / Pass@All within time budgets, speculative vs regular, run in a sandbox."""
     from bass.bench.environment import describe
     from bass.bench.humaneval import load_problems, select
@@ -499,7 +503,7 @@ def eval_humaneval(address, n, budgets, problems, modes, temperature, top_p, max
     rows = evaluate(address, chosen, n=n, budgets_ms=[int(b) for b in budgets.split(",")],
                     modes=[m for m in modes.split(",") if m], temperature=temperature, top_p=top_p,
                     max_new_tokens=max_new_tokens, limits=SandboxLimits(timeout_s=timeout_s),
-                    progress=lambda m: click.echo(m, err=True))
+                    sandbox_workers=sandbox_workers, progress=lambda m: click.echo(m, err=True))
     table = markdown_table(rows)
     click.echo(table)
     if out_dir:

@@ -61,7 +61,8 @@ def workers(target: RunnerConfig, draft: RunnerConfig, *, services: bool, draft_
 
 def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, batches: list[int], policies: list[str],
             mode: str, max_new_tokens: int, services: bool, draft_top_n: int = 64, peak_tflops: float | None = None,
-            progress=None) -> list[dict]:
+            repeats: int = 3, progress=None) -> list[dict]:
+    """One row per (batch, policy): the run of median wall time out of `repeats` (walls of all runs kept)."""
     import torch
 
     codec = load_codec(target.model_dir)
@@ -85,16 +86,20 @@ def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, ba
                 if torch.cuda.is_available():
                     torch.cuda.synchronize()
                     torch.cuda.reset_peak_memory_stats()
-                scheduler.step_stats = StepStats()  # count the measured run only
-                t0 = time.perf_counter()
-                results = run(max_new_tokens)
-                wall = time.perf_counter() - t0
-                st = scheduler.step_stats
+                runs = []
+                for _ in range(repeats):
+                    scheduler.step_stats = StepStats()  # count the measured run only
+                    t0 = time.perf_counter()
+                    results = run(max_new_tokens)
+                    runs.append((time.perf_counter() - t0, scheduler.step_stats, results))
+                runs.sort(key=lambda r: r[0])
+                wall, st, results = runs[len(runs) // 2]
                 generated = sum(len(s.token_ids) for r in results for s in r.sequences)
                 flops = (flops_per_token["target"] * st.verify_tokens
                          + flops_per_token["draft"] * (st.draft_tokens + st.sequence_steps * bool(st.draft_forwards)))
                 row = {"batch": batch, "policy": policy, "mode": mode, "services": services,
                        "max_new_tokens": max_new_tokens, "generated_tokens": generated, "wall_s": round(wall, 3),
+                       "wall_s_all_runs": [round(r[0], 3) for r in runs],
                        "ms_per_token_per_sequence": round(1000 * wall / max_new_tokens, 4),
                        "tokens_per_s": round(generated / wall, 1),
                        "acceptance_rate": round(st.draft_tokens and (st.committed_tokens - st.sequence_steps)

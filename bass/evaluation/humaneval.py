@@ -51,14 +51,17 @@ def summarize(scores: list[ProblemScore], n: int) -> dict:
 
 def evaluate(address: str, problems: list[dict], *, n: int, budgets_ms: list[int], modes: list[str],
              temperature: float, top_p: float, max_new_tokens: int, limits: SandboxLimits = SandboxLimits(),
-             progress=None) -> list[dict]:
+             sandbox_workers: int = 2, progress=None) -> list[dict]:
+    """Requests go one at a time (each alone in the service, so its budget is its own); the
+    completions of one problem run in the sandbox while the next problem generates."""
     from bass.client import FINISH_REASON_NAMES, BassClient
 
     rows = []
-    with BassClient(address, timeout_s=3600) as client, ThreadPoolExecutor(max_workers=2) as pool:
+    with (BassClient(address, timeout_s=3600) as client, ThreadPoolExecutor(max_workers=sandbox_workers) as sandbox,
+          ThreadPoolExecutor(max_workers=2) as scoring):
         for mode in modes:
             for budget in budgets_ms:
-                scores = []
+                pending = []
                 for i, p in enumerate(problems):
                     t0 = time.perf_counter()
                     r = client.generate(p["prompt"], n=n, max_new_tokens=max_new_tokens, temperature=temperature,
@@ -66,9 +69,10 @@ def evaluate(address: str, problems: list[dict], *, n: int, budgets_ms: list[int
                                         speculate=(mode == "speculative"))
                     seconds = time.perf_counter() - t0
                     seqs = [(s.finish_order, FINISH_REASON_NAMES[s.finish_reason], s.text) for s in r.sequences]
-                    scores.append(score(p, seqs, seconds, limits, pool))
+                    pending.append(scoring.submit(score, p, seqs, seconds, limits, sandbox))
                     if progress:
                         progress(f"{mode} budget {budget} ms: {i + 1}/{len(problems)}")
+                scores = [f.result() for f in pending]
                 rows.append({"mode": mode, "time_budget_ms": budget, **summarize(scores, n),
                              "per_problem": [s.__dict__ for s in scores]})
     return rows
