@@ -67,6 +67,9 @@ class RunnerConfig:
     attention: str = "auto"  # auto: triton on CUDA (when Triton is installed), pad on the CPU
     # Replay uniform decode steps as CUDA graphs (CUDA with the triton kernel only).
     cuda_graphs: bool = True
+    # Verification graphs are captured at start for draft lengths up to this; longer drafts
+    # (e.g. the "bass" rule's up to 32) run eagerly unless this is raised.
+    graph_max_draft: int = 8
 
     @property
     def attention_backend(self) -> str:
@@ -88,6 +91,8 @@ class RunnerConfig:
         _require(self.max_seq_len >= 2, "max_seq_len", f"must be >= 2, got {self.max_seq_len}")
         _require(self.attention in ATTENTION_BACKENDS, "attention",
                  f"must be one of {ATTENTION_BACKENDS}, got {self.attention!r}")
+        _require(0 <= self.graph_max_draft <= 32, "graph_max_draft",
+                 f"must be in [0, 32], got {self.graph_max_draft}")
 
 
 @dataclass(frozen=True)
@@ -166,6 +171,7 @@ class WorkerServiceConfig:
     host: str = "127.0.0.1"
     port: int = 0  # 0 = any free port
     draft_top_n: int = 64  # compact-q size; draft service only
+    graph_max_draft: int = 8  # target service: draft lengths whose verification is graph-captured
 
     def __post_init__(self) -> None:
         if self.model_dir is not None:
@@ -177,7 +183,8 @@ class WorkerServiceConfig:
     def runner_config(self) -> RunnerConfig:
         _require(self.model_dir is not None, "model_dir", "is required")
         return RunnerConfig(model_dir=self.model_dir, device=self.device, dtype=self.dtype, num_slots=self.num_slots,
-                            max_seq_len=self.max_seq_len, attention=self.attention)
+                            max_seq_len=self.max_seq_len, attention=self.attention,
+                            graph_max_draft=self.graph_max_draft)
 
 
 @dataclass(frozen=True)

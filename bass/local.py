@@ -16,4 +16,7 @@ def build_local_scheduler(target: RunnerConfig, draft: RunnerConfig | None = Non
                           scheduler: SchedulerConfig = SchedulerConfig(), draft_top_n: int = 64) -> Scheduler:
     target_worker = TargetWorker(ModelRunner(target))
     draft_worker = DraftWorker(ModelRunner(draft), top_n=draft_top_n) if draft is not None else None
+    for worker in (target_worker, draft_worker):
+        if worker is not None:
+            worker.warm_up()
     return Scheduler(target_worker, draft_worker, load_codec(Path(target.model_dir)), scheduler)

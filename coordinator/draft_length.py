@@ -7,6 +7,8 @@ Length 0 means regular decoding for that sequence.
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from typing import Protocol, Sequence
 
 from bass.config import DraftLengthConfig
@@ -16,7 +18,9 @@ class DraftLengthPolicy(Protocol):
     def lengths(self, seq_ids: Sequence[int]) -> list[int]: ...
     def observe(self, seq_ids: Sequence[int], proposed: Sequence[int], accepted: Sequence[int]) -> None: ...
     def observe_costs(self, batch: int, draft_forwards: int, draft_s: float, verify_k: int,
-                      verify_s: float) -> None: ...
+                      verify_s: float | None) -> None:
+        """Step times: draft_forwards = 0 or verify_s = None where that part is not a
+        steady-state cost (prefill, catch-up)."""
     def forget(self, seq_id: int) -> None: ...
 
 
@@ -108,56 +112,63 @@ class PerSequenceAdaptive(_NoCosts):
 
 
 class _CostModel:
-    """Step costs at one batch size, from decayed least squares over recent steps:
-    draft seconds per forward, and verification seconds = v0 + v1 * k."""
+    """Step costs at one batch-size bucket: the median of recent observations of the time per
+    draft forward and of the verification time at each k (a median, so that an odd slow step
+    does not steer the policy). Verification at an unobserved k comes from a straight line
+    through the observed ones (flat while only one k has been seen)."""
 
-    def __init__(self, decay: float):
-        self.decay = decay
-        self.draft = [0.0, 0.0]  # decayed (seconds, forwards)
-        self.sums = [0.0] * 5  # decayed weight, sum k, sum k^2, sum v, sum k*v
+    def __init__(self, window: int):
+        self.window = window
+        self.draft: deque[float] = deque(maxlen=window)  # seconds per draft forward
+        self.verify: dict[int, deque[float]] = {}  # k -> verification seconds
 
-    def add(self, draft_forwards: int, draft_s: float, k: int, verify_s: float) -> None:
-        d = self.decay
+    def add(self, draft_forwards: int, draft_s: float, k: int, verify_s: float | None) -> None:
         if draft_forwards:
-            self.draft = [self.draft[0] * d + draft_s, self.draft[1] * d + draft_forwards]
-        w, sk, skk, sv, skv = (x * d for x in self.sums)
-        self.sums = [w + 1, sk + k, skk + k * k, sv + verify_s, skv + k * verify_s]
+            self.draft.append(draft_s / draft_forwards)
+        if verify_s is not None:
+            self.verify.setdefault(k, deque(maxlen=self.window)).append(verify_s)
 
     @property
     def ready(self) -> bool:
-        return self.sums[0] > 0 and self.draft[1] > 0
+        return bool(self.draft) and bool(self.verify)
 
     def draft_cost(self) -> float:
-        return self.draft[0] / self.draft[1]
+        return statistics.median(self.draft)
 
     def verify_cost(self, k: int) -> float:
-        w, sk, skk, sv, skv = self.sums
-        mean_k, mean_v = sk / w, sv / w
-        var = skk / w - mean_k ** 2
-        # One k seen so far: assume verification cost does not grow with k (true of a GPU at
-        # small batch); exploration then supplies a second k to fit the slope.
-        slope = max(0.0, (skv / w - mean_k * mean_v) / var) if var > 1e-6 else 0.0
+        if k in self.verify:
+            return statistics.median(self.verify[k])
+        points = [(j, statistics.median(v)) for j, v in self.verify.items()]
+        mean_k = sum(j for j, _ in points) / len(points)
+        mean_v = sum(v for _, v in points) / len(points)
+        var = sum((j - mean_k) ** 2 for j, _ in points)
+        slope = max(0.0, sum((j - mean_k) * (v - mean_v) for j, v in points) / var) if var else 0.0
         return max(1e-9, mean_v + slope * (k - mean_k))
 
 
-class MeasuredCost(_NoCosts):
+class MeasuredCost:
     """The batch-level draft length that maximizes measured throughput (our default).
 
     Tokens per step follow E(k) = (1 - a^(k+1)) / (1 - a) with a the batch's per-token
     acceptance; a step costs k draft forwards plus one verification, both timed as the
-    coordinator sees them (RPC included) and modelled per batch-size bucket. It picks
-    argmax_k E(k) / cost(k) over 0..max_length, where k = 0 is regular decoding, so speculation
-    is used only where it pays. k grows by at most 2 a step (an estimate from one k says little
-    about much longer drafts), and every `probe_every` steps it tries a neighbour of the best k
-    (k = 1 when the best is 0) to keep the costs and the acceptance estimate current.
+    coordinator sees them (RPC included; steps with prefill or draft catch-up are not counted)
+    and modelled per batch-size bucket. It picks argmax_k E(k) / cost(k) over 0..max_length,
+    where k = 0 is regular decoding, so speculation is used only where it pays. k grows by at
+    most 2 a step (an estimate from one k says little about much longer drafts). Every
+    `probe_every` steps it tries a neighbour of the best k to keep costs and acceptance
+    current; when the best is 0, the probe (k = 1) makes the draft catch up on every token it
+    skipped, so those probes back off exponentially, up to `max_probe_every` steps apart.
     """
 
-    def __init__(self, initial: int = 4, max_length: int = 32, decay: float = 0.9, probe_every: int = 16):
-        self.initial, self.max_length, self.decay, self.probe_every = initial, max_length, decay, probe_every
+    def __init__(self, initial: int = 4, max_length: int = 8, decay: float = 0.9, probe_every: int = 16,
+                 max_probe_every: int = 512, window: int = 16):
+        self.initial, self.max_length, self.decay = initial, max_length, decay
+        self.probe_every, self.max_probe_every, self.window = probe_every, max_probe_every, window
         self.costs: dict[int, _CostModel] = {}
         self.alpha = [0.0, 0.0]  # decayed (successes, trials)
         self.steps = 0
         self.last_k = initial
+        self.zero_probe_every, self.next_zero_probe = probe_every, probe_every
 
     @staticmethod
     def bucket(batch: int) -> int:
@@ -176,10 +187,20 @@ class MeasuredCost(_NoCosts):
         return max(range(len(scores)), key=scores.__getitem__)
 
     def lengths(self, seq_ids):
-        k = min(self.best_length(len(seq_ids)), self.last_k + 2)
+        best = self.best_length(len(seq_ids))
+        k = min(best, self.last_k + 2)
         self.steps += 1
-        if self.steps % self.probe_every == 0:
-            k = 1 if k == 0 else min(self.max_length, k + 1) if (self.steps // self.probe_every) % 2 else k - 1
+        if best == 0:
+            if self.steps >= self.next_zero_probe:
+                k = 1
+                self.zero_probe_every = min(2 * self.zero_probe_every, self.max_probe_every)
+                self.next_zero_probe = self.steps + self.zero_probe_every
+        else:
+            self.zero_probe_every = self.probe_every
+            self.next_zero_probe = self.steps + self.probe_every
+            if self.steps % self.probe_every == 0:
+                up = (self.steps // self.probe_every) % 2
+                k = min(self.max_length, k + 1) if up else max(1, k - 1)
         self.last_k = k
         return [k] * len(seq_ids)
 
@@ -192,11 +213,16 @@ class MeasuredCost(_NoCosts):
         self.alpha = [s, n]
 
     def observe_costs(self, batch, draft_forwards, draft_s, verify_k, verify_s):
-        self.costs.setdefault(self.bucket(batch), _CostModel(self.decay)).add(draft_forwards, draft_s, verify_k,
-                                                                              verify_s)
+        self.costs.setdefault(self.bucket(batch), _CostModel(self.window)).add(draft_forwards, draft_s, verify_k,
+                                                                               verify_s)
 
     def forget(self, seq_id):
         pass
+
+
+# The longest draft "auto" considers: verification graphs are captured up to this by default
+# (RunnerConfig.graph_max_draft); longer drafts would run eagerly, slower than they pay.
+AUTO_MAX_LENGTH = 8
 
 
 def make_policy(config: DraftLengthConfig) -> DraftLengthPolicy:
@@ -205,5 +231,5 @@ def make_policy(config: DraftLengthConfig) -> DraftLengthPolicy:
     if config.policy == "bass":
         return BassRule(config.initial, config.max_length)
     if config.policy == "auto":
-        return MeasuredCost(min(config.initial, 4), config.max_length)
+        return MeasuredCost(min(config.initial, 4), min(config.max_length, AUTO_MAX_LENGTH))
     return PerSequenceAdaptive(config.cost_ratio, config.max_length)

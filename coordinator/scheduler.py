@@ -115,6 +115,7 @@ class Scheduler:
         self._draft_add: list[AddSequence] = []
         self._target_release: list[int] = []
         self._draft_release: list[int] = []
+        self._drafted_ids: set[int] = set()  # sequences the draft ran in the last step that called it
         self.step_stats = StepStats()
 
     # -- requests ---------------------------------------------------------------------------------
@@ -204,12 +205,18 @@ class Scheduler:
             return finished
         step_started = self.clock()
         batch = self.running
+        # Step times feed the draft-length policy only when they are steady-state costs: no
+        # prefill of new sequences, and no draft catching up on tokens it skipped (k = 0 steps).
+        clean_verify, clean_draft = not self._target_add, not self._draft_add
+        drafted_before, self._drafted_ids = self._drafted_ids, set()
         lengths = self._draft_lengths(batch)
         drafts: list[tuple[int, ...]] = [()] * len(batch)
         q, q_offsets, tail = None, [0] * len(batch), [False] * len(batch)
         draft_forwards, draft_s = 0, 0.0
         if self.draft_up and (any(lengths) or any(s.tail_q for s in batch) or self._draft_add or self._draft_release):
             drafting = [i for i, k in enumerate(lengths) if k > 0 or (batch[i].tail_q and batch[i].drafted)]
+            clean_draft = clean_draft and all(batch[i].seq_id in drafted_before for i in drafting)
+            self._drafted_ids = {batch[i].seq_id for i in drafting}
             draft_forwards = max((lengths[i] + batch[i].tail_q for i in drafting), default=0)
             started = self.clock()
             try:
@@ -238,7 +245,8 @@ class Scheduler:
         verify_s = self.clock() - started
         verdicts = verified.verdicts
         self._target_add, self._target_release = [], []
-        self.policy.observe_costs(len(batch), draft_forwards, draft_s, max(lengths, default=0), verify_s)
+        self.policy.observe_costs(len(batch), draft_forwards if clean_draft else 0, draft_s, max(lengths, default=0),
+                                  verify_s if clean_verify else None)
         self.policy.observe([s.seq_id for s in batch], [len(d) for d in drafts], [v.accepted for v in verdicts])
         touched: dict[int, RequestRun] = {}
         for seq, draft, verdict in zip(batch, drafts, verdicts):
@@ -367,8 +375,10 @@ class Scheduler:
         wanted = self.policy.lengths([s.seq_id for s in batch])
         out = []
         for seq, k in zip(batch, wanted):
-            # A step commits up to k + 1 tokens; never draft past max_new_tokens.
-            room = seq.request.criteria.max_new_tokens - len(seq.output) - 1
+            # Drafts may run past max_new_tokens (the stop check cuts the committed tokens
+            # there), which keeps every sequence at the same k, so the step stays one CUDA
+            # graph; they must not run past the KV cache: the pending token plus k drafts.
+            room = self.max_seq_len - len(seq.request.prompt_ids) - len(seq.output)
             out.append(min(k, room) if seq.drafted else 0)
         return out
 

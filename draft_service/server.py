@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from bass.config import WorkerServiceConfig
 from bass.draft_service.servicer import SERVICE_NAME, DraftServicer
 from bass.draft_service.worker import DraftWorker
@@ -10,10 +9,9 @@ from bass.engine.runner import ModelRunner
 from bass.grpc_server import RunningServer, start_server
 
 
-
 def serve(config: WorkerServiceConfig) -> RunningServer:
     worker = DraftWorker(ModelRunner(config.runner_config()), top_n=config.draft_top_n)
-    worker.runner.warm_up()
+    worker.warm_up()
     servicer = DraftServicer(worker)
     return start_server([servicer.register], [SERVICE_NAME], host=config.host, port=config.port,
                         engine=worker)

@@ -30,6 +30,11 @@ class DraftWorker:
     def info(self) -> WorkerInfo:
         return self.runner.info()
 
+    def warm_up(self) -> None:
+        """Capture the draft's step shapes: the first forward of a step runs two tokens per
+        sequence (see the rewind in _propose), the later ones one; one logit row each."""
+        self.runner.warm_up(graph_shapes=[(2, 1), (1, 1)])
+
     def release(self, seq_ids: Sequence[int]) -> None:
         self.runner.release(seq_ids)
 

@@ -9,6 +9,12 @@ buffers. Padding sequences compute into a scratch KV slot and their rows are dro
 Attention must be shape-stable for this: the Triton kernel reads each sequence's context
 length from device memory, so one capture serves every context length (it is launched with a
 single key split sized for the whole cache).
+
+Graphs are captured when the worker warms up, for every batch bucket and the step shapes the
+worker will run (`precapture`): a capture costs tens of milliseconds, and one taken in the
+middle of serving would show up as a slow step (and mislead the draft-length policy, which
+times steps). The LM head runs after the replay, outside the graph, so a graph's static output
+is [rows, hidden], not [rows, vocab]: a hundred graphs then cost megabytes, not gigabytes.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ class _Graph:
     graph: torch.cuda.CUDAGraph
     batch: RaggedBatch  # static buffers the graph reads
     host: torch.Tensor  # pinned staging for one H2D copy of all inputs
-    logits: torch.Tensor  # static output
+    hidden: torch.Tensor | None  # static output: final hidden states of the logit rows
 
 
 class DecodeGraphs:
@@ -53,21 +59,28 @@ class DecodeGraphs:
                 and all(len(c.tokens) == q and c.logit_rows == rows for c in chunks))
 
     def run(self, chunks: list[SequenceChunk]) -> torch.Tensor:
-        """Logits for a uniform batch ([len(chunks) * logit_rows, vocab], a view into a static
-        buffer: use it before the next run)."""
+        """fp32 logits for a uniform batch ([len(chunks) * logit_rows, vocab])."""
         num, q, rows = len(chunks), len(chunks[0].tokens), chunks[0].logit_rows
         key = (self.bucket(num), q, rows)
         graph = self.graphs.get(key)
-        first = graph is None
-        if first:
-            graph = self._allocate(*key)
-        self._fill(graph, chunks, *key)
-        if first:
-            self._capture(graph)
+        if graph is None:  # a shape precapture did not cover
+            graph = self._capture(self._allocate(*key))
             self.graphs[key] = graph
             log.info("captured a CUDA graph for %d sequences x %d tokens (%d graphs)", key[0], q, len(self.graphs))
+        self._fill(graph, chunks, *key)
         graph.graph.replay()
-        return graph.logits[:num * rows]
+        return self.model.logits(graph.hidden[:num * rows])
+
+    def precapture(self, shapes: list[tuple[int, int]], max_batch: int) -> None:
+        """Capture graphs for every batch bucket up to max_batch's and each (tokens per
+        sequence, logit rows per sequence) in `shapes`."""
+        last = self.bucket(max_batch) or BATCH_BUCKETS[-1]
+        for bucket in (b for b in BATCH_BUCKETS if b <= last):
+            for q, rows in shapes:
+                key = (bucket, q, rows)
+                if q <= MAX_GRAPH_Q and key not in self.graphs:
+                    self.graphs[key] = self._capture(self._allocate(*key))
+        log.info("%d CUDA graphs captured (batch buckets up to %d)", len(self.graphs), last)
 
     # -- internals -----------------------------------------------------------------------------
     def _allocate(self, bucket: int, q: int, rows: int) -> _Graph:
@@ -77,7 +90,7 @@ class DecodeGraphs:
         # One capture serves all context lengths: size the attention plan for the whole cache.
         batch = replace(batch, max_ctx=max_len, ctx_lens_list=[max_len] * bucket)
         host = torch.zeros(self._host_size(bucket, q), dtype=torch.int64).pin_memory()
-        return _Graph(graph=torch.cuda.CUDAGraph(), batch=batch, host=host, logits=None)
+        return _Graph(graph=torch.cuda.CUDAGraph(), batch=batch, host=host, hidden=None)
 
     @staticmethod
     def _host_size(bucket: int, q: int) -> int:
@@ -107,12 +120,15 @@ class DecodeGraphs:
         bt.slots.copy_(dev[3 * tokens:3 * tokens + bucket])
         bt.ctx_lens.copy_(dev[3 * tokens + bucket:])
 
-    def _capture(self, g: _Graph) -> None:
+    def _capture(self, g: _Graph) -> _Graph:
+        """Record one forward of g's static batch (padding inputs: every sequence in the
+        scratch slot); later replays read whatever _fill copied into the same buffers."""
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up (Triton compilation, allocator); same inputs, same writes
-                self.model.forward(g.batch, self.cache)
+                self.model.hidden(g.batch, self.cache)
         torch.cuda.current_stream().wait_stream(stream)
         with torch.cuda.graph(g.graph, pool=self.pool):
-            g.logits = self.model.forward(g.batch, self.cache)
+            g.hidden = self.model.hidden(g.batch, self.cache)
+        return g

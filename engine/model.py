@@ -141,7 +141,19 @@ class Transformer:
     @torch.inference_mode()
     def forward(self, batch: RaggedBatch, cache: KVCache) -> torch.Tensor:
         """Run the batch, write its keys/values into `cache`, return fp32 logits for
-        `batch.logit_rows` ([R, vocab]).
+        `batch.logit_rows` ([R, vocab])."""
+        return self.logits(self.hidden(batch, cache))
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 logits of final hidden rows (the LM head, kept out of CUDA graphs so that their
+        static outputs are [R, hidden] rather than [R, vocab])."""
+        return F.linear(hidden, self.weights.lm_head).float()
+
+    @torch.inference_mode()
+    def hidden(self, batch: RaggedBatch, cache: KVCache) -> torch.Tensor:
+        """Run the batch, write its keys/values into `cache`, return the final-normed hidden
+        states of `batch.logit_rows` ([R, hidden]).
 
         The residual stream x and the normed input h of the next block travel together, so each
         residual add is fused with the norm that follows it."""
@@ -163,7 +175,5 @@ class Transformer:
                 h, x = self.add_norm(mlp, x, layers[i + 1].input_norm, eps)
             else:
                 x = x + mlp
-        if batch.logit_rows.numel() == 0:
-            return x.new_empty(0, c.vocab_size, dtype=torch.float32)
         h, _ = add_rms_norm_reference(x[batch.logit_rows], None, self.weights.final_norm, eps)
-        return F.linear(h, self.weights.lm_head).float()
+        return h

@@ -162,8 +162,10 @@ class ModelRunner:
             return self.graphs.run(chunks)
         return self.model.forward(RaggedBatch.build(chunks, self.device), self.cache)
 
-    def warm_up(self) -> None:
-        """One tiny forward, so the first real request does not pay for lazy initialization."""
+    def warm_up(self, graph_shapes: Sequence[tuple[int, int]] = ()) -> None:
+        """One tiny forward, so the first real request does not pay for lazy initialization;
+        with CUDA graphs, capture the step shapes (tokens per sequence, logit rows per
+        sequence) the worker runs, for every batch size up to num_slots."""
         with torch.inference_mode():
             slot = self.cache.allocate()
             try:
@@ -172,6 +174,8 @@ class ModelRunner:
                 self.model.forward(batch, self.cache)
             finally:
                 self.cache.release(slot)
+            if self.graphs is not None and graph_shapes:
+                self.graphs.precapture(list(graph_shapes), self.config.num_slots)
 
     # -- checks ----------------------------------------------------------------------------------
     def _check_new(self, seq_id: int) -> None:

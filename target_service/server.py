@@ -11,7 +11,7 @@ from bass.target_service.worker import TargetWorker
 
 def serve(config: WorkerServiceConfig) -> RunningServer:
     worker = TargetWorker(ModelRunner(config.runner_config()))
-    worker.runner.warm_up()
+    worker.warm_up()
     servicer = TargetServicer(worker)
     return start_server([servicer.register], [SERVICE_NAME], host=config.host, port=config.port,
                         engine=worker)

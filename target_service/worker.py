@@ -36,6 +36,11 @@ class TargetWorker:
     def info(self) -> WorkerInfo:
         return self.runner.info()
 
+    def warm_up(self) -> None:
+        """Capture verification shapes: the pending token plus k drafts, k + 1 logit rows, for
+        k = 0 (regular decoding) to graph_max_draft."""
+        self.runner.warm_up(graph_shapes=[(k + 1, k + 1) for k in range(self.runner.config.graph_max_draft + 1)])
+
     def release(self, seq_ids: Sequence[int]) -> None:
         self.runner.release(seq_ids)
 

@@ -97,12 +97,29 @@ def test_measured_cost_picks_the_throughput_optimal_length():
     assert cheap.best_length(1) >= 12
 
 
-def test_measured_cost_regular_decoding_still_probes():
+def test_measured_cost_regular_decoding_still_probes_ever_more_rarely():
     from bass.coordinator.draft_length import MeasuredCost
 
-    pol = MeasuredCost(probe_every=4)
+    pol = MeasuredCost(probe_every=4, max_probe_every=16)
     for k in (4, 2):
         feed(pol, 4, k, 30, lambda k: 10 + 10 * k, alpha=0.3)
-    chosen = [pol.lengths([1, 2, 3, 4])[0] for _ in range(8)]
-    assert chosen.count(0) == 6 and chosen.count(1) == 2  # k = 0, with a probe every 4 steps
+    chosen = [pol.lengths([1, 2, 3, 4])[0] for _ in range(60)]
+    # k = 0, with a probe (k = 1, which makes the draft catch up) after 4, 8, 16, 16 ... steps
+    assert [step for step, k in enumerate(chosen, 1) if k] == [4, 12, 28, 44, 60]
+    assert set(chosen) == {0, 1}
     assert pol.best_length(64) == pol.initial  # an unmeasured batch size starts from the initial length
+
+
+def test_measured_cost_ignores_outliers_and_unsteady_steps():
+    """A slow step (a graph capture, a hiccup) or a step with prefill or draft catch-up must
+    not turn speculation off."""
+    from bass.coordinator.draft_length import MeasuredCost
+
+    pol = MeasuredCost()
+    feed(pol, 8, 4, 1.5, lambda k: 3.0 + 0.1 * k, alpha=0.9, steps=20)
+    best = pol.best_length(8)
+    assert best >= 3
+    pol.observe_costs(8, 4, 0.5, 4, 2.0)  # one step 100x slower than usual
+    for _ in range(5):  # catch-up and prefill steps: reported as not steady (0 forwards, None)
+        pol.observe_costs(8, 0, 0.3, 4, None)
+    assert pol.best_length(8) == best

@@ -76,3 +76,26 @@ def test_cuda_graphs_with_triton_attention_match_eager_pad(llama_target, llama_d
         got, s = run("triton", True, policy)
         assert got == reference, policy
         assert s.target.runner.graphs.graphs, "uniform steps should have replayed CUDA graphs"
+
+
+def test_warm_up_captures_every_serving_shape(llama_target, llama_draft):
+    """After warm-up, steps at fixed draft lengths up to graph_max_draft capture nothing new
+    (a capture mid-serving would be a slow step), and graphs hold hidden states, not logits."""
+    from bass.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
+    from bass.coordinator.scheduler import Scheduler
+    from bass.engine.graphs import BATCH_BUCKETS
+    from bass.local import build_local_scheduler
+
+    cfg = dict(device="cuda", dtype="float32", num_slots=8, max_seq_len=256, attention="triton", graph_max_draft=4)
+    s = build_local_scheduler(RunnerConfig(model_dir=llama_target, **cfg), RunnerConfig(model_dir=llama_draft, **cfg))
+    target, draft = s.target.runner.graphs, s.draft.runner.graphs
+    buckets = [b for b in BATCH_BUCKETS if b <= 8]
+    assert set(target.graphs) == {(b, k + 1, k + 1) for b in buckets for k in range(5)}
+    assert set(draft.graphs) == {(b, q, 1) for b in buckets for q in (1, 2)}
+    hidden = s.target.runner.model_config.hidden_size
+    assert all(g.hidden.shape[-1] == hidden for g in target.graphs.values())
+    before = (len(target.graphs), len(draft.graphs))
+    for k in ("1", "3", "4"):
+        scheduler = Scheduler(s.target, s.draft, s.codec, SchedulerConfig(draft_length=DraftLengthConfig.parse(k)))
+        scheduler.generate([GenerationRequest(prompt_ids=(5, 17, 33), n=8, max_new_tokens=24, ignore_eos=True)])
+    assert (len(target.graphs), len(draft.graphs)) == before

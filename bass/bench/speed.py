@@ -40,7 +40,10 @@ def workers(target: RunnerConfig, draft: RunnerConfig, *, services: bool, draft_
         from bass.engine.runner import ModelRunner
         from bass.target_service.worker import TargetWorker
 
-        yield TargetWorker(ModelRunner(target)), DraftWorker(ModelRunner(draft), top_n=draft_top_n)
+        pair = TargetWorker(ModelRunner(target)), DraftWorker(ModelRunner(draft), top_n=draft_top_n)
+        for worker in pair:
+            worker.warm_up()  # as the services do: graphs are captured before anything is timed
+        yield pair
         return
     from bass.coordinator.remote import RemoteDraftWorker, RemoteTargetWorker
     from bass.launcher import ServiceProcess, _jsonable, stop_all

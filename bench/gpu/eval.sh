@@ -8,7 +8,7 @@ cd /tmp
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 M=/tmp/models
 python3 -m bass.cli serve --target $M/qwen2.5-coder-1.5b-instruct --draft $M/qwen2.5-coder-0.5b-instruct \
-  --device cuda --port 50051 > $OUT/serve-$name.log 2>&1 &
+  --device cuda --port 50051 --draft-length 4 > $OUT/serve-$name.log 2>&1 &
 serve=$!
 for _ in $(seq 120); do
   python3 -m bass.cli client --address 127.0.0.1:50051 --prompt-ids 1,2 --max-new-tokens 1 --timeout 2 \
