@@ -13,7 +13,8 @@ from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 from bass.config import (ATTENTION_BACKENDS, DTYPES, CoordinatorConfig, DraftLengthConfig, RunnerConfig,
-                         SamplingParams, SchedulerConfig, ServeConfig, WorkerServiceConfig, load_config_file)
+                         SamplingParams, SchedulerConfig, ServeConfig, WorkerServiceConfig, load_config_file,
+                         resolve_device, resolve_dtype)
 from bass.errors import BassError
 
 
@@ -269,19 +270,6 @@ def bench_steps(target, draft, batches, draft_lengths, context, alpha, configs, 
 
 
 # -- services ------------------------------------------------------------------------------------------
-def resolve_device(device: str) -> str:
-    """'auto': the GPU where there is one."""
-    if device != "auto":
-        return device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def resolve_dtype(dtype: str, device: str) -> str:
-    return ("bfloat16" if device.startswith("cuda") else "float32") if dtype == "auto" else dtype
-
-
 def _explicit(ctx: click.Context, names: list[str]) -> dict:
     """The options the user actually gave (so they override a config file, defaults do not)."""
     from click.core import ParameterSource
@@ -316,8 +304,8 @@ def worker_options(f):
         click.option("--model", "model_dir", type=click.Path(exists=True, file_okay=False), help="Model directory."),
         click.option("--host", help="Interface to listen on [127.0.0.1]."),
         click.option("--port", type=int, help="Port [0 = any free port]."),
-        click.option("--device", help="cpu | cuda | cuda:N | auto [cpu]."),
-        click.option("--dtype", type=click.Choice(DTYPES + ("auto",)), help="[float32]"),
+        click.option("--device", help="cpu | cuda | cuda:N | auto [auto: the GPU where there is one]."),
+        click.option("--dtype", type=click.Choice(DTYPES + ("auto",)), help="[auto: bfloat16 on GPU, float32 on CPU]"),
         click.option("--num-slots", type=int, help="KV cache slots (max concurrent sequences) [64]."),
         click.option("--max-seq-len", type=int, help="KV cache positions per sequence [2048]."),
         click.option("--attention", type=click.Choice(ATTENTION_BACKENDS), help="Attention kernel [auto]."),
@@ -454,8 +442,8 @@ def serve(ctx, target_dir, draft_dir, port, device, dtype, num_slots, max_seq_le
     try:
         cfg = load_config_file(Path(config_file)) if config_file else ServeConfig()
         workers = {k: v for k, v in dict(num_slots=num_slots, max_seq_len=max_seq_len).items() if v is not None}
-        dev = resolve_device(device or (cfg.target.device if config_file else "auto"))
-        dt = resolve_dtype(dtype or (cfg.target.dtype if config_file else "auto"), dev)
+        dev = resolve_device(device or cfg.target.device)
+        dt = resolve_dtype(dtype or cfg.target.dtype, dev)
         target = replace(cfg.target, device=dev, dtype=dt, **workers,
                          model_dir=_require_model(target_dir or cfg.target.model_dir or default_model_pair()[1], "target"))
         draft = None
@@ -532,7 +520,7 @@ def up(ray_address, config_file, target_dir, draft_dir, num_gpus) -> None:
         raise click.UsageError("bass up needs Ray: pip install 'bass-serving[ray]'") from None
     try:
         cfg = load_config_file(Path(config_file)) if config_file else ServeConfig()
-        device = resolve_device(cfg.target.device if config_file else "auto")
+        device = resolve_device(cfg.target.device)
         target = replace(cfg.target, device=device, dtype=resolve_dtype(cfg.target.dtype, device),
                          model_dir=_require_model(target_dir or cfg.target.model_dir or default_model_pair()[1], "target"))
         draft = None
@@ -563,11 +551,15 @@ def down(ray_address, namespace, stop_ray) -> None:
 
     from bass.deploy import launcher
 
-    launcher.connect(ray_address, namespace)
-    removed = launcher.down(namespace)
-    click.echo(f"stopped: {', '.join(removed) or 'nothing was running'}")
+    try:
+        launcher.connect(ray_address, namespace)
+    except ConnectionError as e:
+        click.echo(f"no Ray cluster to stop services on ({e})", err=True)
+    else:
+        removed = launcher.down(namespace)
+        click.echo(f"stopped: {', '.join(removed) or 'nothing was running'}")
     if stop_ray:
-        subprocess.run([launcher.ray_cli(), "stop"], check=False, capture_output=True)
+        subprocess.run([*launcher.ray_cli(), "stop"], check=False, capture_output=True)
 
 
 @main.command("demo")

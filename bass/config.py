@@ -53,6 +53,20 @@ class SamplingParams:
         return self.temperature == 0
 
 
+def resolve_device(device: str) -> str:
+    """'auto': the GPU where there is one."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """'auto': bfloat16 on a GPU, float32 on the CPU."""
+    return ("bfloat16" if device.startswith("cuda") else "float32") if dtype == "auto" else dtype
+
+
 @dataclass(frozen=True)
 class RunnerConfig:
     """One model with its KV cache on one device: what each model service runs."""
@@ -163,8 +177,8 @@ class WorkerServiceConfig:
     __pydantic_config__ = {"extra": "forbid"}  # config files: unknown keys are errors
 
     model_dir: Path | None = None
-    device: str = "cpu"
-    dtype: str = "float32"
+    device: str = "auto"  # auto: the GPU where there is one
+    dtype: str = "auto"  # auto: bfloat16 on a GPU, float32 on the CPU
     num_slots: int = 64
     max_seq_len: int = 2048
     attention: str = "auto"
@@ -176,13 +190,20 @@ class WorkerServiceConfig:
     def __post_init__(self) -> None:
         if self.model_dir is not None:
             object.__setattr__(self, "model_dir", Path(self.model_dir).expanduser())
-            self.runner_config()  # validates the runner fields
+            # validates the runner fields ("auto" stands in for any valid device and dtype)
+            self._runner_config(self.device if self.device != "auto" else "cpu",
+                                self.dtype if self.dtype != "auto" else "float32")
         _require(0 <= self.port < 65536, "port", f"must be in [0, 65535], got {self.port}")
         _require(self.draft_top_n >= 1, "draft_top_n", f"must be >= 1, got {self.draft_top_n}")
 
     def runner_config(self) -> RunnerConfig:
+        """The runner this service runs, with "auto" device and dtype resolved here."""
+        device = resolve_device(self.device)
+        return self._runner_config(device, resolve_dtype(self.dtype, device))
+
+    def _runner_config(self, device: str, dtype: str) -> RunnerConfig:
         _require(self.model_dir is not None, "model_dir", "is required")
-        return RunnerConfig(model_dir=self.model_dir, device=self.device, dtype=self.dtype, num_slots=self.num_slots,
+        return RunnerConfig(model_dir=self.model_dir, device=device, dtype=dtype, num_slots=self.num_slots,
                             max_seq_len=self.max_seq_len, attention=self.attention,
                             graph_max_draft=self.graph_max_draft)
 

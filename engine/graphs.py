@@ -11,9 +11,9 @@ length from device memory, so one capture serves every context length (it is lau
 single key split sized for the whole cache).
 
 Graphs are captured when the worker warms up, for every batch bucket and the step shapes the
-worker will run (`precapture`): a capture costs tens of milliseconds, and one taken in the
-middle of serving would show up as a slow step (and mislead the draft-length policy, which
-times steps). The LM head runs after the replay, outside the graph, so a graph's static output
+worker will run (`precapture`), and only those replay: a capture costs tens of milliseconds,
+and one taken in the middle of serving would show up as a slow step (and mislead the
+draft-length policy, which times steps). The LM head runs after the replay, outside the graph, so a graph's static output
 is [rows, hidden], not [rows, vocab]: a hundred graphs then cost megabytes, not gigabytes.
 """
 
@@ -53,20 +53,18 @@ class DecodeGraphs:
         return next((b for b in BATCH_BUCKETS if b >= num_seqs), None)
 
     def eligible(self, chunks: list[SequenceChunk]) -> bool:
-        q = len(chunks[0].tokens)
-        rows = chunks[0].logit_rows
-        return (q <= MAX_GRAPH_Q and self.bucket(len(chunks)) is not None
+        """A uniform step whose shape was captured at warm-up. Other shapes (prefill, drafts
+        longer than graph_max_draft) run eagerly: capturing them on the fly would stall
+        serving and, with prompt lengths unbounded, keep adding graphs."""
+        q, rows = len(chunks[0].tokens), chunks[0].logit_rows
+        return ((self.bucket(len(chunks)), q, rows) in self.graphs
                 and all(len(c.tokens) == q and c.logit_rows == rows for c in chunks))
 
     def run(self, chunks: list[SequenceChunk]) -> torch.Tensor:
-        """fp32 logits for a uniform batch ([len(chunks) * logit_rows, vocab])."""
+        """fp32 logits for an eligible batch ([len(chunks) * logit_rows, vocab])."""
         num, q, rows = len(chunks), len(chunks[0].tokens), chunks[0].logit_rows
         key = (self.bucket(num), q, rows)
-        graph = self.graphs.get(key)
-        if graph is None:  # a shape precapture did not cover
-            graph = self._capture(self._allocate(*key))
-            self.graphs[key] = graph
-            log.info("captured a CUDA graph for %d sequences x %d tokens (%d graphs)", key[0], q, len(self.graphs))
+        graph = self.graphs[key]
         self._fill(graph, chunks, *key)
         graph.graph.replay()
         return self.model.logits(graph.hidden[:num * rows])

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from bass.coordinator.requests import GenerationRequest
 from conftest import build_scheduler
 
@@ -51,3 +53,23 @@ def test_bad_input_is_a_usage_error_naming_the_field(llama_target):
     assert r.returncode == 2 and "comma-separated integers" in r.stderr
     r = bass("generate", "--target", llama_target)
     assert r.returncode == 2 and "prompt" in r.stderr
+
+
+def test_a_config_file_without_device_or_dtype_means_auto(llama_target, tmp_path, monkeypatch):
+    """A [target] section that names only its model must not pin the model to the CPU in
+    float32 on a GPU machine: device and dtype default to "auto", resolved where it runs."""
+    import torch
+
+    from bass.config import ServeConfig, WorkerServiceConfig, load_config_file
+
+    path = tmp_path / "bass.toml"
+    path.write_text(f'[target]\nmodel_dir = "{llama_target}"\n')
+    cfg = load_config_file(path, ServeConfig)
+    assert (cfg.target.device, cfg.target.dtype) == ("auto", "auto")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    runner = cfg.target.runner_config()
+    assert (runner.device, runner.dtype) == ("cuda", "bfloat16")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert (cfg.target.runner_config().device, cfg.target.runner_config().dtype) == ("cpu", "float32")
+    with pytest.raises(Exception, match="device"):
+        WorkerServiceConfig(model_dir=llama_target, device="tpu")

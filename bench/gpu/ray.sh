@@ -18,8 +18,12 @@ M=/tmp/models
 cat > /tmp/ray-$name.toml <<EOT
 [target]
 model_dir = "$M/qwen2.5-coder-1.5b-instruct"
+device = "cuda"
+dtype = "bfloat16"
 [draft]
 model_dir = "$M/qwen2.5-coder-0.5b-instruct"
+device = "cuda"
+dtype = "bfloat16"
 [ray]
 strategy = "PACK"
 target_gpus = $target_gpus
@@ -33,8 +37,9 @@ launcher.connect(None, "bass")
 print(json.dumps({"cluster_resources": ray.cluster_resources(), "placements": launcher.placements("bass")}, indent=2))
 EOT
 timeout 120 python3 $R/bench/gpu/demo_request.py --address 127.0.0.1:50051 --label "bass up ($name)" \
-  --out $OUT/demo-ray-$name.json > /dev/null
+  --out $OUT/demo-ray-$name.json > /dev/null 2> $OUT/demo-ray-$name.err
 python3 -m bass.cli down --stop-ray
+[ "${SKIP_SERVE:-}" ] && exit 0
 python3 -m bass.cli serve --target $M/qwen2.5-coder-1.5b-instruct --draft $M/qwen2.5-coder-0.5b-instruct \
   --device cuda --port 50051 > $OUT/serve-$name.log 2>&1 &
 serve=$!
@@ -44,6 +49,6 @@ for _ in $(seq 120); do
   sleep 1
 done
 timeout 120 python3 $R/bench/gpu/demo_request.py --address 127.0.0.1:50051 --label "bass serve" \
-  --out $OUT/demo-serve-$name.json > /dev/null
+  --out $OUT/demo-serve-$name.json > /dev/null 2> $OUT/demo-serve-$name.err
 kill -INT $serve; wait $serve
 grep -h median_ms -B3 $OUT/demo-*.json

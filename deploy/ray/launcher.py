@@ -19,7 +19,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from bass.config import ServeConfig
-from bass.errors import CapacityError
+from bass.errors import BassError, CapacityError
 from bass.deploy.actors import ACTOR_NAMES, ServiceActor
 
 log = logging.getLogger(__name__)
@@ -33,18 +33,26 @@ def connect(address: str | None, namespace: str) -> None:
         ray.init(address=address or "auto", namespace=namespace, log_to_driver=False)
 
 
-def ray_cli() -> str:
-    """The `ray` command of this Python environment (it may not be on PATH, e.g. in a venv)."""
+class RayStartError(BassError):
+    """A local Ray head could not be started."""
+
+
+def ray_cli() -> list[str]:
+    """The `ray` command of this Python environment: the script beside the interpreter (a venv
+    need not be on PATH), else the module itself (installs without scripts, e.g. pip --target)."""
     beside = Path(sys.executable).parent / "ray"
-    return str(beside) if beside.exists() else "ray"
+    return [str(beside)] if beside.exists() else [sys.executable, "-m", "ray.scripts.scripts"]
 
 
 def start_local_ray(num_gpus: int | None) -> None:
     """`ray start --head` on this machine, so the cluster outlives `bass up`."""
-    command = [ray_cli(), "start", "--head", "--disable-usage-stats"]
+    command = [*ray_cli(), "start", "--head", "--disable-usage-stats"]
     if num_gpus is not None:
         command.append(f"--num-gpus={num_gpus}")
-    subprocess.run(command, check=True, capture_output=True, text=True)
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RayStartError(f"`{' '.join(command)}` failed ({done.returncode}): "
+                            f"{(done.stderr or done.stdout).strip()[-2000:]}")
 
 
 def _json(config) -> str:
