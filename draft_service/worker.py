@@ -74,8 +74,10 @@ class DraftWorker:
         active = [i for i, it in enumerate(items) if it.num_tokens > 0 or it.tail_q]
         greedy = all(items[i].sampling.params.greedy for i in active)
         q_steps: list[tuple[list[int], torch.Tensor, torch.Tensor]] = []
-        base = torch.tensor([len(states[i].committed) for i in active], dtype=torch.int64, device=device)
-        keys = seed_key_tensor([items[i].sampling.seed_key for i in active], device)
+        # Keyed uniforms are hashed on the host (a few dozen tiny integer ops, bitwise equal to
+        # the GPU's) and copied once: launched on the GPU they cost more than the sampling.
+        base = torch.tensor([len(states[i].committed) for i in active], dtype=torch.int64)
+        keys = seed_key_tensor([items[i].sampling.seed_key for i in active], "cpu")
         params = RowParams.build([items[i].sampling.params for i in active], device)
         rows = [items[i].num_tokens + items[i].tail_q for i in active]
         for j in range(max(rows, default=0)):
@@ -87,7 +89,8 @@ class DraftWorker:
             else:
                 live_t = torch.tensor(live, device=device)
                 ids, probs = compact(shape_probs(logits, params.take(live_t)), self.top_n)
-                u = keyed_uniform(keys[live_t], base[live_t] + j, DRAFT_SAMPLE)
+                live_c = torch.tensor(live)
+                u = keyed_uniform(keys[live_c], base[live_c] + j, DRAFT_SAMPLE).to(device, non_blocking=True)
                 tokens = ids.gather(-1, sample_from(probs, u)[:, None]).squeeze(-1)
                 q_steps.append((live, ids, probs))
             for n, t in zip(live, tokens.tolist()):

@@ -90,19 +90,22 @@ class TargetWorker:
         row_params = RowParams.build([p for p, n in zip(params, rows_per_seq) for _ in range(n)], device)
         p = pad_rows(shape_probs(logits, row_params), rows_per_seq, width + 1)
         q_ids, q_probs = self._draft_q(request.q, items, ext_lens, width, device)
-        keys = seed_key_tensor([it.sampling.seed_key for it in items], device)[:, None]
-        positions = torch.tensor(base, dtype=torch.int64, device=device)[:, None] + torch.arange(
-            width + 1, device=device)[None, :]
+        # Keyed uniforms are hashed on the host (bitwise equal to the GPU's) and copied once:
+        # as GPU ops, their few dozen tiny launches cost more than the verification math.
+        keys = seed_key_tensor([it.sampling.seed_key for it in items], "cpu")[:, None]
+        positions = torch.tensor(base, dtype=torch.int64)[:, None] + torch.arange(width + 1)[None, :]
         ext_drafts = torch.cat([drafts, drafts.new_zeros(len(items), width - max_k)], dim=1)
         if any(tails):
-            rows = torch.tensor([b for b, t in enumerate(tails) if t], device=device)
-            at = torch.tensor([counts[b] for b, t in enumerate(tails) if t], device=device)
-            u = keyed_uniform(keys[rows, 0], positions[rows, at], DRAFT_SAMPLE)
+            rows_c = torch.tensor([b for b, t in enumerate(tails) if t])
+            at_c = torch.tensor([counts[b] for b, t in enumerate(tails) if t])
+            u = keyed_uniform(keys[rows_c, 0], positions[rows_c, at_c], DRAFT_SAMPLE).to(device, non_blocking=True)
+            rows, at = rows_c.to(device), at_c.to(device)
             pick = sample_from(q_probs[rows, at], u)
             ext_drafts[rows, at] = q_ids[rows, at].gather(-1, pick[:, None]).squeeze(-1)
-        accepted, tokens = verify_drafts(
-            p, ext_drafts, torch.tensor(ext_lens, device=device), q_ids, q_probs,
-            keyed_uniform(keys, positions[:, :width], ACCEPT_TEST), keyed_uniform(keys, positions, TARGET_SAMPLE))
+        accept_u = keyed_uniform(keys, positions[:, :width], ACCEPT_TEST).to(device, non_blocking=True)
+        sample_u = keyed_uniform(keys, positions, TARGET_SAMPLE).to(device, non_blocking=True)
+        accepted, tokens = verify_drafts(p, ext_drafts, torch.tensor(ext_lens, device=device), q_ids, q_probs,
+                                         accept_u, sample_u)
         return self._commit(states, accepted.tolist(), tokens.tolist(), counts)
 
     def _commit(self, states, accepted: list[int], tokens: list[list[int]], counts: list[int]) -> VerifyResponse:
