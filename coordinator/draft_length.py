@@ -155,9 +155,9 @@ class MeasuredCost:
     and modelled per batch-size bucket. It picks argmax_k E(k) / cost(k) over 0..max_length,
     where k = 0 is regular decoding, so speculation is used only where it pays. k grows by at
     most 2 a step (an estimate from one k says little about much longer drafts). Every
-    `probe_every` steps it tries a neighbour of the best k to keep costs and acceptance
-    current; when the best is 0, the probe (k = 1) makes the draft catch up on every token it
-    skipped, so those probes back off exponentially, up to `max_probe_every` steps apart.
+    `probe_every` steps it tries a neighbour of the best k, or k = 0, to keep costs and
+    acceptance current; when the best is 0, the probe (k = 1) makes the draft catch up on every
+    token it skipped, so those probes back off exponentially, up to `max_probe_every` steps apart.
     """
 
     def __init__(self, initial: int = 4, max_length: int = 8, decay: float = 0.9, probe_every: int = 16,
@@ -199,8 +199,11 @@ class MeasuredCost:
             self.zero_probe_every = self.probe_every
             self.next_zero_probe = self.steps + self.probe_every
             if self.steps % self.probe_every == 0:
-                up = (self.steps // self.probe_every) % 2
-                k = min(self.max_length, k + 1) if up else max(1, k - 1)
+                # Probes cycle: longer, shorter, longer, none. The k = 0 probe measures regular
+                # decoding itself (a line through k >= 1 misjudges it) and is cheap here: the
+                # draft skips one step, so it catches up on a single token.
+                phase = (self.steps // self.probe_every) % 4
+                k = 0 if phase == 0 else max(1, k - 1) if phase == 2 else min(self.max_length, k + 1)
         self.last_k = k
         return [k] * len(seq_ids)
 

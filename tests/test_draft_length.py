@@ -123,3 +123,19 @@ def test_measured_cost_ignores_outliers_and_unsteady_steps():
     for _ in range(5):  # catch-up and prefill steps: reported as not steady (0 forwards, None)
         pol.observe_costs(8, 0, 0.3, 4, None)
     assert pol.best_length(8) == best
+
+
+def test_measured_cost_probes_regular_decoding_and_drops_to_it_where_it_is_faster():
+    """At a large batch the draft costs more than it saves; verification costs measured at
+    k >= 1 extrapolate badly to k = 0, so the policy must measure k = 0 itself."""
+    from bass.coordinator.draft_length import MeasuredCost
+
+    pol = MeasuredCost(probe_every=4)
+    verify = lambda k: 3.6 if k == 0 else 5.9 + 0.4 * (k - 3)  # noqa: E731 - H100, batch 64 (measured)
+    chosen = []
+    for _ in range(40):
+        k = pol.lengths(list(range(64)))[0]
+        chosen.append(k)
+        feed(pol, 64, k, 2.5, verify, alpha=0.93, steps=1)
+    assert 0 in chosen[:16]  # probed within the first probe cycle
+    assert chosen[-8:].count(0) >= 7  # and then stays there (but for probes)
