@@ -5,6 +5,7 @@
 # Usage: ray.sh NAME NUM_GPUS TARGET_GPUS DRAFT_GPUS     ray.sh one-gpu 1 0.5 0.5 | ray.sh two-gpus 2 1 1
 set -uo pipefail
 name=$1 num_gpus=$2 target_gpus=$3 draft_gpus=$4
+source "$(dirname "$0")/serve.sh"
 R=$PWD
 cd /tmp
 whl=/tmp/wh/ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl
@@ -40,14 +41,7 @@ timeout 120 python3 $R/bench/gpu/demo_request.py --address 127.0.0.1:50051 --lab
   --out $OUT/demo-ray-$name.json > /dev/null 2> $OUT/demo-ray-$name.err
 python3 -m bass.cli down --stop-ray
 [ "${SKIP_SERVE:-}" ] && exit 0
-python3 -m bass.cli serve --target $M/qwen2.5-coder-1.5b-instruct --draft $M/qwen2.5-coder-0.5b-instruct \
-  --device cuda --port 50051 > $OUT/serve-$name.log 2>&1 &
-serve=$!
-for _ in $(seq 120); do
-  python3 -m bass.cli client --address 127.0.0.1:50051 --prompt-ids 1,2 --max-new-tokens 1 --timeout 2 \
-    > /dev/null 2>&1 && break
-  sleep 1
-done
+start_serve $OUT/serve-$name.log || exit 1
 timeout 120 python3 $R/bench/gpu/demo_request.py --address 127.0.0.1:50051 --label "bass serve" \
   --out $OUT/demo-serve-$name.json > /dev/null 2> $OUT/demo-serve-$name.err
 kill -INT $serve; wait $serve
