@@ -56,28 +56,6 @@ def test_shape_probs_temperature_topk_topp_and_greedy():
     assert out[3].max() == 1 and out[3].argmax() == logits[3].argmax()
 
 
-def test_nucleus_window_gives_the_full_sort_result(monkeypatch):
-    """Top-k / top-p searched in each row's most likely tokens first (falling back to a full
-    sort where the window cannot decide) keep exactly the tokens a full sort keeps."""
-    from bass.engine import sampling
-
-    monkeypatch.setattr(sampling, "NUCLEUS_WINDOW", 16)
-    gen = torch.Generator().manual_seed(1)
-    # peaked rows (nucleus inside the window) and flat rows (it is not), k inside and beyond
-    logits = torch.cat([torch.randn(6, 300, generator=gen) * 6, torch.randn(6, 300, generator=gen) * 0.3])
-    top_k = torch.tensor([0, 5, 16, 40, 0, 0] * 2)
-    top_p = torch.tensor([0.9, 1.0, 0.8, 0.95, 0.5, 1.0] * 2)
-    probs = torch.softmax(logits, -1)
-    got = sampling._truncate(probs, top_k, top_p)
-    want = sampling._truncate_sorted(probs, top_k, top_p)
-    for row in range(12):
-        if top_k[row] == 0 and top_p[row] == 1:  # no cut: the distribution itself
-            torch.testing.assert_close(got[row], probs[row])
-            continue
-        assert torch.equal(got[row] > 0, want[row] > 0), row
-        torch.testing.assert_close(got[row], want[row])
-
-
 def test_sample_from_follows_the_distribution_and_skips_zeros():
     probs = torch.tensor([0.5, 0.0, 0.2, 0.3, 0.0])
     u = torch.rand(20000, generator=torch.Generator().manual_seed(0))
