@@ -104,7 +104,7 @@ def _truncate(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> 
     mass reaches top_p; renormalize. Ties are broken by the sort, as in plain sampling.
 
     A full sort per row. (Searching the cut in each row's top 1024 first, with a fallback,
-    measured ~4% slower end to end on an H100 at batch 1 and 8: bench/results, b26bdb7.)"""
+    gained nothing end to end on an H100: bench/results, b26bdb7.)"""
     sorted_p, order = probs.sort(dim=-1, descending=True)
     rank = torch.arange(probs.shape[-1], device=probs.device)[None, :]
     k = torch.where(top_k > 0, top_k, torch.full_like(top_k, probs.shape[-1]))
