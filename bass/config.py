@@ -67,6 +67,11 @@ def resolve_dtype(dtype: str, device: str) -> str:
     return ("bfloat16" if device.startswith("cuda") else "float32") if dtype == "auto" else dtype
 
 
+# Draft lengths whose verification is captured as CUDA graphs by default; "auto" draft length
+# considers no longer drafts (longer ones run eagerly, slower than they pay).
+GRAPH_MAX_DRAFT = 8
+
+
 @dataclass(frozen=True)
 class RunnerConfig:
     """One model with its KV cache on one device: what each model service runs."""
@@ -83,7 +88,7 @@ class RunnerConfig:
     cuda_graphs: bool = True
     # Verification graphs are captured at start for draft lengths up to this; longer drafts
     # (e.g. the "bass" rule's up to 32) run eagerly unless this is raised.
-    graph_max_draft: int = 8
+    graph_max_draft: int = GRAPH_MAX_DRAFT
 
     @property
     def attention_backend(self) -> str:
@@ -185,7 +190,7 @@ class WorkerServiceConfig:
     host: str = "127.0.0.1"
     port: int = 0  # 0 = any free port
     draft_top_n: int = 64  # compact-q size; draft service only
-    graph_max_draft: int = 8  # target service: draft lengths whose verification is graph-captured
+    graph_max_draft: int = GRAPH_MAX_DRAFT  # target service: draft lengths whose verification is graph-captured
 
     def __post_init__(self) -> None:
         if self.model_dir is not None:

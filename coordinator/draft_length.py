@@ -11,7 +11,7 @@ import statistics
 from collections import deque
 from typing import Protocol, Sequence
 
-from bass.config import DraftLengthConfig
+from bass.config import GRAPH_MAX_DRAFT, DraftLengthConfig
 
 
 class DraftLengthPolicy(Protocol):
@@ -223,16 +223,11 @@ class MeasuredCost:
         pass
 
 
-# The longest draft "auto" considers: verification graphs are captured up to this by default
-# (RunnerConfig.graph_max_draft); longer drafts would run eagerly, slower than they pay.
-AUTO_MAX_LENGTH = 8
-
-
 def make_policy(config: DraftLengthConfig) -> DraftLengthPolicy:
     if config.policy == "fixed":
         return FixedLength(config.fixed)
     if config.policy == "bass":
         return BassRule(config.initial, config.max_length)
     if config.policy == "auto":
-        return MeasuredCost(min(config.initial, 4), min(config.max_length, AUTO_MAX_LENGTH))
+        return MeasuredCost(min(config.initial, 4), min(config.max_length, GRAPH_MAX_DRAFT))
     return PerSequenceAdaptive(config.cost_ratio, config.max_length)

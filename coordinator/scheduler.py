@@ -115,7 +115,7 @@ class Scheduler:
         self._draft_add: list[AddSequence] = []
         self._target_release: list[int] = []
         self._draft_release: list[int] = []
-        self._drafted_ids: set[int] = set()  # sequences the draft ran in the last step that called it
+        self._drafted_last_step = False  # else the draft catches up on skipped tokens first
         self.step_stats = StepStats()
 
     # -- requests ---------------------------------------------------------------------------------
@@ -207,16 +207,13 @@ class Scheduler:
         batch = self.running
         # Step times feed the draft-length policy only when they are steady-state costs: no
         # prefill of new sequences, and no draft catching up on tokens it skipped (k = 0 steps).
-        clean_verify, clean_draft = not self._target_add, not self._draft_add
-        drafted_before, self._drafted_ids = self._drafted_ids, set()
+        clean_verify, clean_draft = not self._target_add, not self._draft_add and self._drafted_last_step
         lengths = self._draft_lengths(batch)
         drafts: list[tuple[int, ...]] = [()] * len(batch)
         q, q_offsets, tail = None, [0] * len(batch), [False] * len(batch)
         draft_forwards, draft_s = 0, 0.0
         if self.draft_up and (any(lengths) or any(s.tail_q for s in batch) or self._draft_add or self._draft_release):
             drafting = [i for i, k in enumerate(lengths) if k > 0 or (batch[i].tail_q and batch[i].drafted)]
-            clean_draft = clean_draft and all(batch[i].seq_id in drafted_before for i in drafting)
-            self._drafted_ids = {batch[i].seq_id for i in drafting}
             draft_forwards = max((lengths[i] + batch[i].tail_q for i in drafting), default=0)
             started = self.clock()
             try:
@@ -247,6 +244,7 @@ class Scheduler:
         self._target_add, self._target_release = [], []
         self.policy.observe_costs(len(batch), draft_forwards if clean_draft else 0, draft_s, max(lengths, default=0),
                                   verify_s if clean_verify else None)
+        self._drafted_last_step = draft_forwards > 0
         self.policy.observe([s.seq_id for s in batch], [len(d) for d in drafts], [v.accepted for v in verdicts])
         touched: dict[int, RequestRun] = {}
         for seq, draft, verdict in zip(batch, drafts, verdicts):

@@ -87,9 +87,8 @@ class DraftWorker:
             if greedy:
                 tokens = logits.argmax(dim=-1)
             else:
-                live_t = torch.tensor(live, device=device)
-                ids, probs = compact(shape_probs(logits, params.take(live_t)), self.top_n)
                 live_c = torch.tensor(live)
+                ids, probs = compact(shape_probs(logits, params.take(live_c.to(device))), self.top_n)
                 u = keyed_uniform(keys[live_c], base[live_c] + j, DRAFT_SAMPLE).to(device, non_blocking=True)
                 tokens = ids.gather(-1, sample_from(probs, u)[:, None]).squeeze(-1)
                 q_steps.append((live, ids, probs))

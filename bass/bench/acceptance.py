@@ -13,10 +13,8 @@ import time
 from bass.config import DraftLengthConfig, RunnerConfig, SamplingParams, SchedulerConfig
 from bass.coordinator.requests import GenerationRequest, RequestStats
 from bass.coordinator.scheduler import Scheduler
-from bass.draft_service.worker import DraftWorker
-from bass.engine.runner import ModelRunner
-from bass.target_service.worker import TargetWorker
 from bass.coordinator.tokenizer import load_codec
+from bass.local import build_local_workers
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +36,7 @@ def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, n:
             draft_lengths: list[str], modes: list[str], batch_prompts: int, draft_top_n: int = 64,
             seed: int = 0, progress=None) -> list[dict]:
     codec = load_codec(target.model_dir)
-    target_worker = TargetWorker(ModelRunner(target))
-    draft_worker = DraftWorker(ModelRunner(draft), top_n=draft_top_n)
+    target_worker, draft_worker = build_local_workers(target, draft, draft_top_n=draft_top_n)
     rows = []
     for mode in modes:
         for length in draft_lengths:

@@ -36,14 +36,9 @@ def params_count(model_dir: Path) -> int:
 def workers(target: RunnerConfig, draft: RunnerConfig, *, services: bool, draft_top_n: int) -> Iterator[tuple]:
     """(target worker, draft worker): in-process objects, or gRPC clients of service processes."""
     if not services:
-        from bass.draft_service.worker import DraftWorker
-        from bass.engine.runner import ModelRunner
-        from bass.target_service.worker import TargetWorker
+        from bass.local import build_local_workers
 
-        pair = TargetWorker(ModelRunner(target)), DraftWorker(ModelRunner(draft), top_n=draft_top_n)
-        for worker in pair:
-            worker.warm_up()  # as the services do: graphs are captured before anything is timed
-        yield pair
+        yield build_local_workers(target, draft, draft_top_n=draft_top_n)
         return
     from bass.coordinator.remote import RemoteDraftWorker, RemoteTargetWorker
     from bass.launcher import ServiceProcess, _jsonable, stop_all

@@ -86,6 +86,8 @@ class StepTimer:
                            num_slots=batch, max_seq_len=context + max_q + 8, attention=attention,
                            cuda_graphs=cuda_graphs)
         self.runner = ModelRunner(cfg, model=model)
+        # Graphs replay only shapes captured at warm-up: those time_forward runs (q tokens, q rows).
+        self.runner.warm_up(graph_shapes=[(q, q) for q in range(1, max_q + 1)])
         gen = torch.Generator().manual_seed(1)
         vocab = model.config.vocab_size
         for i in range(batch):
