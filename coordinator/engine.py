@@ -196,9 +196,9 @@ class CoordinatorEngine:
             text = scheduler.sequence_output(seq).text
             end = len(text)
         else:
-            text = self.codec.decode(seq.output)
+            text = seq.text.stable  # ends on a complete character
             hold = max((len(s) for s in handle.run.request.stop), default=1) - 1
-            end = len(text.rstrip("\ufffd")) - hold
+            end = len(text) - hold
         if end <= sent:
             return ""
         handle.sent_chars[index] = end

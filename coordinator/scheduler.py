@@ -25,6 +25,7 @@ from typing import Callable, Iterable
 
 from bass.config import SchedulerConfig
 from bass.coordinator.draft_length import make_policy
+from bass.coordinator.incremental_text import IncrementalText
 from bass.coordinator.requests import (FinishReason, GenerationRequest, GenerationResult, RequestStats,
                                        SequenceOutput)
 from bass.coordinator.step_stats import StepStats
@@ -57,6 +58,7 @@ class SequenceRun:
     index: int
     request: "RequestRun"
     sampling: SequenceSampling
+    text: IncrementalText  # the output's text (a stop token id contributes none)
     output: list[int] = field(default_factory=list)
     unsent_to_draft: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
@@ -150,7 +152,8 @@ class Scheduler:
         for index in range(request.n):
             run.sequences.append(SequenceRun(
                 seq_id=next(self._seq_ids), index=index, request=run, tail_q=tail_q,
-                sampling=SequenceSampling(request.sampling, sequence_seed_key(seed, index))))
+                sampling=SequenceSampling(request.sampling, sequence_seed_key(seed, index)),
+                text=IncrementalText(self.codec.decode)))
         return run
 
     def enqueue(self, run: RequestRun) -> None:
@@ -381,9 +384,10 @@ class Scheduler:
         return out
 
     def _extend(self, seq: SequenceRun, tokens: list[int]) -> None:
-        decision = check_stop(seq.output, tokens, seq.request.criteria, self.codec.decode)
+        decision = check_stop(len(seq.output), seq.text, tokens, seq.request.criteria)
         kept = tokens[:decision.keep]
         seq.output.extend(kept)
+        seq.text.extend(decision.text_tokens(tokens))
         seq.unsent_to_draft.extend(tokens)
         seq.request.stats.generated_tokens += decision.keep
         if decision.reason is not None:
@@ -408,10 +412,8 @@ class Scheduler:
         log.debug("request finished: %d sequences, %s", len(req.sequences), req.stats.to_dict())
 
     def sequence_output(self, s: SequenceRun) -> SequenceOutput:
-        ids = s.output
-        stops = s.request.criteria.stop_token_ids
-        text = self.codec.decode(ids[:-1] if ids and ids[-1] in stops else ids)
+        text = s.text.text()
         if s.text_end is not None:
             text = text[:s.text_end]
-        return SequenceOutput(index=s.index, text=text, token_ids=list(ids), finish_reason=s.finish_reason,
+        return SequenceOutput(index=s.index, text=text, token_ids=list(s.output), finish_reason=s.finish_reason,
                               finish_order=s.finish_order)

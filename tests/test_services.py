@@ -80,6 +80,14 @@ def test_text_prompt_and_stop_string(client):
     assert FINISH_REASON_NAMES[cut.sequences[0].finish_reason] == "stop"
 
 
+def test_streamed_text_with_a_stop_string_adds_up_to_the_cut_text(client):
+    text = client.generate("def fibonacci(n):", max_new_tokens=30, ignore_eos=True).sequences[0].text
+    stop = text[len(text) // 2:len(text) // 2 + 4]
+    messages = list(client.stream_raw("def fibonacci(n):", max_new_tokens=30, ignore_eos=True, stop=[stop]))
+    streamed = "".join(d.text for m in messages for d in m.deltas)
+    assert streamed == text[:text.find(stop)]
+
+
 def test_sampling_with_seed_is_reproducible_and_n_sequences_differ(client):
     opts = dict(n=4, max_new_tokens=16, temperature=1.0, top_p=0.95, seed=42, ignore_eos=True)
     a, b = client.generate(list(PROMPTS[0]), **opts), client.generate(list(PROMPTS[0]), **opts)
