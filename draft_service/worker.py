@@ -2,7 +2,8 @@
 
 The first forward runs each sequence's pending committed tokens (a ragged batch); each later
 forward feeds one token per sequence still drafting. Each draft token is sampled from the
-compact q (top-N of the shaped draft distribution), which is returned for the verifier.
+compact q (top-N of the shaped draft distribution, computed from each row's top-N logits),
+which is returned for the verifier.
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ from typing import Sequence
 import torch
 
 from bass.engine.runner import ModelRunner
-from bass.engine.sampling import (DRAFT_SAMPLE, RowParams, compact, keyed_uniform, sample_from, seed_key_tensor,
-                                  shape_probs)
+from bass.engine.sampling import DRAFT_SAMPLE, RowParams, compact_shaped, keyed_uniform, sample_from, seed_key_tensor
 from bass.errors import InvalidRequestError
 from bass.worker_api import DraftDistributions, ProposeRequest, ProposeResponse, WorkerInfo
 
@@ -88,7 +88,8 @@ class DraftWorker:
                 tokens = logits.argmax(dim=-1)
             else:
                 live_c = torch.tensor(live)
-                ids, probs = compact(shape_probs(logits, params.take(live_c.to(device))), self.top_n)
+                live_params = params if len(live) == len(active) else params.take(live_c.to(device))
+                ids, probs = compact_shaped(logits, live_params, self.top_n)
                 u = keyed_uniform(keys[live_c], base[live_c] + j, DRAFT_SAMPLE).to(device, non_blocking=True)
                 tokens = ids.gather(-1, sample_from(probs, u)[:, None]).squeeze(-1)
                 q_steps.append((live, ids, probs))

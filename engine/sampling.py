@@ -127,6 +127,40 @@ def sample_from(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     return idx.clamp_(max=probs.shape[-1] - 1)
 
 
+def compact_shaped(logits: torch.Tensor, rows: RowParams, top_n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """compact(shape_probs(logits, rows), top_n), computed from each row's top_n logits.
+
+    Shaping keeps a prefix of each row's tokens sorted by probability, so the top_n tokens of
+    the shaped distribution are the first top_n of that order, and the top-p cut inside them
+    needs only their probabilities (a softmax normalizer over the vocabulary gives those).
+    This skips sorting, cumulating and scattering whole vocabulary rows: one top-k and one
+    log-sum-exp per row. A top_k beyond top_n would need the mass of tokens outside the
+    window; those batches take the full path.
+    """
+    n = min(top_n, logits.shape[-1])
+    if rows.all_greedy or bool((rows.top_k > n).any()):
+        return compact(shape_probs(logits, rows), top_n)
+    temperature = torch.where(rows.temperature > 0, rows.temperature, torch.ones_like(rows.temperature))
+    scaled = logits.float() / temperature[:, None]
+    top, ids = scaled.topk(n, dim=-1)  # sorted, descending
+    probs = torch.exp(top - torch.logsumexp(scaled, dim=-1, keepdim=True))
+    if rows.any_truncation:
+        rank = torch.arange(n, device=logits.device)[None, :]
+        keep = (rows.top_k[:, None] == 0) | (rank < rows.top_k[:, None])
+        probs = probs * keep
+        # The top-p cut is relative to the mass top_k kept: all of it (1) without top_k.
+        kept_mass = torch.where(rows.top_k > 0, probs.sum(-1), torch.ones_like(rows.top_p))
+        mass_before = probs.cumsum(dim=-1) - probs
+        keep = keep & (mass_before < rows.top_p[:, None] * kept_mass[:, None])
+        keep[:, 0] = True
+        probs = probs * keep
+    if rows.any_greedy:
+        first = torch.zeros_like(probs)
+        first[:, 0] = 1.0
+        probs = torch.where((rows.temperature == 0)[:, None], first, probs)
+    return ids, probs / probs.sum(dim=-1, keepdim=True)
+
+
 def compact(probs: torch.Tensor, top_n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The compact q: each row's top_n tokens with renormalized probabilities.
 

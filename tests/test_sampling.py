@@ -4,8 +4,8 @@ import torch
 from scipy import stats as sps
 
 from bass.config import SamplingParams
-from bass.engine.sampling import (ACCEPT_TEST, DRAFT_SAMPLE, TARGET_SAMPLE, RowParams, compact, keyed_uniform,
-                                  sample_from, seed_key_tensor, shape_probs)
+from bass.engine.sampling import (ACCEPT_TEST, DRAFT_SAMPLE, TARGET_SAMPLE, RowParams, compact, compact_shaped,
+                                  keyed_uniform, sample_from, seed_key_tensor, shape_probs)
 from stats import chi_square_pvalue
 
 
@@ -71,6 +71,34 @@ def test_compact_keeps_top_n_renormalized():
     torch.testing.assert_close(vals, torch.tensor([[4 / 7, 3 / 7]]))
     ids, vals = compact(probs, 99)
     assert ids.shape == (1, 4)
+
+
+def _dense(ids: torch.Tensor, probs: torch.Tensor, vocab: int) -> torch.Tensor:
+    return torch.zeros(ids.shape[0], vocab, dtype=probs.dtype).scatter_add_(-1, ids, probs)
+
+
+@pytest.mark.parametrize("top_n", [1, 8, 64])
+def test_compact_shaped_is_the_compact_of_the_shaped_distribution(top_n):
+    """The draft's windowed q (top-k + log-sum-exp, no vocabulary sort) is the same
+    distribution as compact(shape_probs(...)) for every mix of settings, the top-p cut
+    landing inside the window or beyond it, peaked and flat rows alike."""
+    torch.manual_seed(top_n)
+    vocab = 500
+    settings = [SamplingParams(temperature=0.8, top_p=0.95), SamplingParams(temperature=1.0),
+                SamplingParams(temperature=0.3, top_k=5), SamplingParams(temperature=1.3, top_k=40, top_p=0.5),
+                SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, top_p=0.2),
+                SamplingParams(temperature=2.0, top_k=top_n, top_p=0.9)]
+    for scale in (0.5, 3.0, 10.0):  # flat to peaked
+        logits = torch.randn(len(settings), vocab) * scale
+        params = rows(*settings)
+        ids, probs = compact_shaped(logits, params, top_n)
+        assert ids.shape == probs.shape == (len(settings), top_n)
+        want = _dense(*compact(shape_probs(logits, params), top_n), vocab)
+        torch.testing.assert_close(_dense(ids, probs, vocab), want, atol=1e-6, rtol=1e-4)
+        # a top_k beyond the window takes the full path and still agrees
+        wide = rows(SamplingParams(temperature=1.0, top_k=top_n + 1, top_p=0.9), *settings[1:])
+        torch.testing.assert_close(_dense(*compact_shaped(logits, wide, top_n), vocab),
+                                   _dense(*compact(shape_probs(logits, wide), top_n), vocab))
 
 
 @pytest.mark.parametrize("bad", [dict(temperature=-0.1), dict(temperature=float("nan")), dict(top_p=0.0),
