@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from bass.engine.batch import RaggedBatch
 from bass.engine.kv_cache import KVCache
 from bass.kernels import attention_kernel
-from bass.kernels.elementwise import add_rms_norm_reference, rope_reference, silu_mul_reference
+from bass.kernels.elementwise import add_rms_norm_reference, rope_into_cache_reference, silu_mul_reference
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 
@@ -118,11 +118,12 @@ class Transformer:
         # With the Triton attention kernel (so Triton is there), the elementwise groups run as
         # fused Triton kernels too; the references compute the same values in PyTorch.
         if attention == "triton":
-            from bass.kernels.triton_elementwise import add_rms_norm, rope, silu_mul
+            from bass.kernels.triton_elementwise import add_rms_norm, rope_into_cache, silu_mul
 
-            self.add_norm, self.rope, self.silu_mul = add_rms_norm, rope, silu_mul
+            self.add_norm, self.rope_into_cache, self.silu_mul = add_rms_norm, rope_into_cache, silu_mul
         else:
-            self.add_norm, self.rope, self.silu_mul = add_rms_norm_reference, rope_reference, silu_mul_reference
+            self.add_norm, self.rope_into_cache, self.silu_mul = (add_rms_norm_reference, rope_into_cache_reference,
+                                                                  silu_mul_reference)
         self.scale = config.head_dim ** -0.5
         device, dtype = weights.embed.device, weights.embed.dtype
         positions = torch.arange(max_seq_len, dtype=torch.float32, device=device)
@@ -158,16 +159,13 @@ class Transformer:
         The residual stream x and the normed input h of the next block travel together, so each
         residual add is fused with the norm that follows it."""
         c, layers, eps = self.config, self.weights.layers, self.config.rms_norm_eps
-        q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        q_size = c.num_heads * c.head_dim
         cos, sin = self.cos[batch.positions], self.sin[batch.positions]
         x = self.weights.embed[batch.input_ids]
         h, x = self.add_norm(x, None, layers[0].input_norm, eps)
         for i, layer in enumerate(layers):
-            q, k, v = F.linear(h, layer.qkv, layer.qkv_bias).split((q_size, kv_size, kv_size), dim=-1)
-            q = self.rope(q.view(-1, c.num_heads, c.head_dim), cos, sin)
-            k = self.rope(k.view(-1, c.num_kv_heads, c.head_dim), cos, sin)
-            cache.k[i][batch.token_slots, batch.positions] = k
-            cache.v[i][batch.token_slots, batch.positions] = v.view(-1, c.num_kv_heads, c.head_dim)
+            q = self.rope_into_cache(F.linear(h, layer.qkv, layer.qkv_bias), cos, sin, cache.k[i], cache.v[i],
+                                     batch.token_slots, batch.positions, c.num_heads, c.num_kv_heads)
             attn = self.attend(q, cache.k[i], cache.v[i], batch, self.scale)
             h, x = self.add_norm(F.linear(attn.reshape(-1, q_size), layer.o, layer.o_bias), x, layer.post_norm, eps)
             mlp = F.linear(self.silu_mul(F.linear(h, layer.gate_up)), layer.down)

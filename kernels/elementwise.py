@@ -28,3 +28,16 @@ def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos[:, None] + rotated * sin[:, None]
+
+
+def rope_into_cache_reference(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                              v_cache: torch.Tensor, token_slots: torch.Tensor, positions: torch.Tensor,
+                              heads: int, kv_heads: int) -> torch.Tensor:
+    """The attention block's step between the q|k|v projection and attention: rotate q and k,
+    write k and v into one layer's cache ([slots, max_seq_len, kv_heads, D]) at each token's
+    (slot, position), return the rotated q [T, heads, D]."""
+    dim = cos.shape[-1]
+    q, k, v = qkv.split((heads * dim, kv_heads * dim, kv_heads * dim), dim=-1)
+    k_cache[token_slots, positions] = rope_reference(k.view(-1, kv_heads, dim), cos, sin)
+    v_cache[token_slots, positions] = v.view(-1, kv_heads, dim)
+    return rope_reference(q.view(-1, heads, dim), cos, sin)

@@ -1,8 +1,8 @@
 """Fused elementwise kernels for the decoder layer (Triton), tested against kernels/elementwise.py.
 
 A decode step of a 1.5B model on an H100 spends about a third of its GPU time in ~200 tiny
-elementwise kernels (RMSNorm in fp32 steps, rotate-half RoPE, SiLU * up, residual adds); see
-bench/results/README.md. Each group here is one kernel that rounds where the reference rounds
+elementwise kernels (RMSNorm in fp32 steps, rotate-half RoPE, SiLU * up, residual adds, KV
+cache writes); see bench/results/README.md. Each group here is one kernel that rounds where the reference rounds
 (every intermediate to the model dtype), so greedy outputs stay equal to transformers'.
 """
 
@@ -45,24 +45,38 @@ def _silu_mul_kernel(gu_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
     tl.store(out_ptr + row * n_cols + cols, (s * u).to(out_ptr.dtype.element_ty), mask=mask)
 
 @triton.jit
-def _rope_kernel(x_ptr, out_ptr, cos_ptr, sin_ptr, row_stride, heads, HALF: tl.constexpr):
+def _rope_into_cache_kernel(qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, slots_ptr, pos_ptr,
+                            qkv_stride, slot_stride, pos_stride, heads, kv_heads, HALF: tl.constexpr):
+    """One program per (token, head): heads [0, heads) are query heads, rotated into q_out;
+    heads [heads, heads + kv_heads) are key/value heads, the key rotated and both written to
+    the cache at the token's (slot, position). In q|k|v, head h's input starts at h * D."""
     token = tl.program_id(0)
     head = tl.program_id(1)
     d = tl.arange(0, HALF)
-    base = x_ptr + token * row_stride + head * 2 * HALF
-    x1 = tl.load(base + d).to(tl.float32)
-    x2 = tl.load(base + HALF + d).to(tl.float32)
+    src = qkv_ptr + token * qkv_stride + head * 2 * HALF
+    x1 = tl.load(src + d).to(tl.float32)
+    x2 = tl.load(src + HALF + d).to(tl.float32)
     c1 = tl.load(cos_ptr + token * 2 * HALF + d).to(tl.float32)
     c2 = tl.load(cos_ptr + token * 2 * HALF + HALF + d).to(tl.float32)
     s1 = tl.load(sin_ptr + token * 2 * HALF + d).to(tl.float32)
     s2 = tl.load(sin_ptr + token * 2 * HALF + HALF + d).to(tl.float32)
-    dt = out_ptr.dtype.element_ty
+    dt = q_out_ptr.dtype.element_ty
     # reference: x * cos + rotate_half(x) * sin, each product and the sum rounded to dtype
     o1 = ((x1 * c1).to(dt).to(tl.float32) + (-x2 * s1).to(dt).to(tl.float32)).to(dt)
     o2 = ((x2 * c2).to(dt).to(tl.float32) + (x1 * s2).to(dt).to(tl.float32)).to(dt)
-    out = out_ptr + (token * heads + head) * 2 * HALF
-    tl.store(out + d, o1)
-    tl.store(out + HALF + d, o2)
+    if head < heads:
+        out = q_out_ptr + (token * heads + head) * 2 * HALF
+        tl.store(out + d, o1)
+        tl.store(out + HALF + d, o2)
+    else:
+        kv_head = head - heads
+        offset = (tl.load(slots_ptr + token) * slot_stride + tl.load(pos_ptr + token) * pos_stride
+                  + kv_head * 2 * HALF)
+        tl.store(k_cache_ptr + offset + d, o1)
+        tl.store(k_cache_ptr + offset + HALF + d, o2)
+        v_src = src + kv_heads * 2 * HALF
+        tl.store(v_cache_ptr + offset + d, tl.load(v_src + d))
+        tl.store(v_cache_ptr + offset + HALF + d, tl.load(v_src + HALF + d))
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
@@ -83,9 +97,15 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: a [T, heads, D] view whose rows may be strided (a slice of the fused qkv output)."""
-    tokens, heads, dim = x.shape
-    out = torch.empty((tokens, heads, dim), dtype=x.dtype, device=x.device)
-    _rope_kernel[(tokens, heads)](x, out, cos, sin, x.stride(0), heads, HALF=dim // 2)
-    return out
+def rope_into_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor, token_slots: torch.Tensor, positions: torch.Tensor, heads: int,
+                    kv_heads: int) -> torch.Tensor:
+    """kernels/elementwise.rope_into_cache_reference in one launch (instead of two RoPEs and
+    two indexed cache writes): qkv [T, (heads + 2 kv_heads) D] rows, caches of one layer
+    [slots, max_seq_len, kv_heads, D], contiguous."""
+    tokens, dim = qkv.shape[0], cos.shape[-1]
+    q = torch.empty((tokens, heads, dim), dtype=qkv.dtype, device=qkv.device)
+    _rope_into_cache_kernel[(tokens, heads + kv_heads)](
+        qkv, q, k_cache, v_cache, cos, sin, token_slots, positions, qkv.stride(0), k_cache.stride(0),
+        k_cache.stride(1), heads, kv_heads, HALF=dim // 2)
+    return q

@@ -10,8 +10,9 @@ if not torch.cuda.is_available():  # Triton picks its interpreter when first imp
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
-from bass.kernels.elementwise import add_rms_norm_reference, rope_reference, silu_mul_reference  # noqa: E402
-from bass.kernels.triton_elementwise import add_rms_norm, rope, silu_mul  # noqa: E402
+from bass.kernels.elementwise import (add_rms_norm_reference, rope_into_cache_reference,  # noqa: E402
+                                      silu_mul_reference)
+from bass.kernels.triton_elementwise import add_rms_norm, rope_into_cache, silu_mul  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32] + ([torch.bfloat16, torch.float16] if DEVICE == "cuda" else [])
@@ -45,17 +46,27 @@ def test_silu_mul(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rope_on_a_strided_slice_of_qkv(dtype):
+def test_rope_into_cache(dtype):
+    """Rotated q returned, rotated k and v written at each token's (slot, position), every
+    other cache entry untouched; tokens of several sequences at scattered positions."""
     torch.manual_seed(2)
-    tokens, heads, kv_heads, dim = 6, 4, 2, 16
+    tokens, heads, kv_heads, dim, slots, max_len = 6, 4, 2, 16, 3, 10
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, device=DEVICE).to(dtype)
-    q, k, _ = qkv.split((heads * dim, kv_heads * dim, kv_heads * dim), dim=-1)
     angles = torch.randn(tokens, dim // 2, device=DEVICE)
     cos = torch.cat([angles.cos()] * 2, -1).to(dtype)
     sin = torch.cat([angles.sin()] * 2, -1).to(dtype)
-    for x, h in ((q, heads), (k, kv_heads)):
-        view = x.view(-1, h, dim)
-        close(rope(view, cos, sin), rope_reference(view, cos, sin), dtype)
+    token_slots = torch.tensor([2, 2, 0, 1, 1, 1], device=DEVICE)
+    positions = torch.tensor([7, 8, 0, 3, 4, 9], device=DEVICE)
+    caches = [torch.randn(2, slots, max_len, kv_heads, dim, device=DEVICE).to(dtype) for _ in range(2)]
+    want = [c.clone() for c in caches]
+    q = rope_into_cache(qkv, cos, sin, caches[0][1], caches[1][1], token_slots, positions, heads, kv_heads)
+    q_ref = rope_into_cache_reference(qkv, cos, sin, want[0][1], want[1][1], token_slots, positions, heads,
+                                      kv_heads)
+    close(q, q_ref, dtype)
+    close(caches[0], want[0], dtype)
+    assert torch.equal(caches[1], want[1])  # values are copied, not computed
+    v_of_token_0 = qkv[0, (heads + kv_heads) * dim:].view(kv_heads, dim)
+    assert torch.equal(caches[1][1, 2, 7], v_of_token_0)
 
 
 def test_model_on_the_fused_path_matches_transformers(llama_target, qwen_target):
