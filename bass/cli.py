@@ -387,6 +387,7 @@ def _with_scheduler_options(ctx, cfg: CoordinatorConfig) -> CoordinatorConfig:
               help="Directory with the models' tokenizer (usually the target's model directory).")
 @click.option("--host", help="Interface to listen on [127.0.0.1].")
 @click.option("--port", type=int, help="Port of the public Generation service [50051].")
+@click.option("--metrics-port", type=int, help="Serve Prometheus metrics at http://HOST:PORT/metrics [off].")
 @scheduler_options
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--config-json", hidden=True)
@@ -400,11 +401,12 @@ def coordinator(ctx, **_) -> None:
     try:
         cfg = _load(p["config_file"], p["config_json"], CoordinatorConfig, "coordinator")
         cfg = _with_scheduler_options(ctx, replace(cfg, **_explicit(
-            ctx, ["target_address", "draft_address", "tokenizer_dir", "host", "port"])))
+            ctx, ["target_address", "draft_address", "tokenizer_dir", "host", "port", "metrics_port"])))
         running = serve(cfg)
     except BassError as e:
         _fail(e)
-    click.echo(ready_line("coordinator", f"{cfg.host}:{running.server.port}"))
+    metrics = {"metrics": running.metrics.address} if running.metrics else {}
+    click.echo(ready_line("coordinator", f"{cfg.host}:{running.server.port}", **metrics))
     running.server.wait_for_signal(on_stop=running.engine.stop)
 
 
@@ -427,6 +429,7 @@ def _require_model(path: Path, what: str) -> Path:
 @click.option("--draft", "draft_dir", type=click.Path(file_okay=False),
               help="Draft model directory [the bundled 0.5B]; 'none' for regular decoding only.")
 @click.option("--port", type=int, help="Public port of the coordinator [50051].")
+@click.option("--metrics-port", type=int, help="Serve the coordinator's Prometheus metrics on this port [off].")
 @click.option("--device", help="cpu | cuda | auto [auto].")
 @click.option("--dtype", type=click.Choice(DTYPES + ("auto",)), help="[auto: bfloat16 on GPU, float32 on CPU]")
 @click.option("--num-slots", type=int, help="KV cache slots per model [64].")
@@ -435,7 +438,8 @@ def _require_model(path: Path, what: str) -> Path:
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
               help="TOML with [target], [draft], [coordinator] sections (see README).")
 @click.pass_context
-def serve(ctx, target_dir, draft_dir, port, device, dtype, num_slots, max_seq_len, config_file, **_) -> None:
+def serve(ctx, target_dir, draft_dir, port, metrics_port, device, dtype, num_slots, max_seq_len, config_file,
+          **_) -> None:
     """Start target, draft and coordinator locally (three processes) and stop them together."""
     from bass.launcher import launch, run_until_stopped
 
@@ -452,8 +456,7 @@ def serve(ctx, target_dir, draft_dir, port, device, dtype, num_slots, max_seq_le
             draft = replace(base, device=dev, dtype=dt, **workers,
                             model_dir=_require_model(draft_dir or base.model_dir or default_model_pair()[0], "draft"))
         coord = _with_scheduler_options(ctx, cfg.coordinator)
-        if port is not None:
-            coord = replace(coord, port=port)
+        coord = replace(coord, **{k: v for k, v in dict(port=port, metrics_port=metrics_port).items() if v is not None})
         processes = launch(ServeConfig(target=target, draft=draft, coordinator=coord), echo=click.echo)
     except BassError as e:
         _fail(e)

@@ -224,6 +224,7 @@ class CoordinatorConfig:
     tokenizer_dir: Path | None = None  # defaults to the target's model directory where known
     host: str = "127.0.0.1"
     port: int = 50051
+    metrics_port: int | None = None  # Prometheus /metrics over HTTP on `host`; None = off, 0 = any free port
     max_waiting: int = 256  # requests queued for a place in the batch before RESOURCE_EXHAUSTED
     max_concurrent_rpcs: int = 512
     reconnect_interval_s: float = 2.0
@@ -233,6 +234,8 @@ class CoordinatorConfig:
         if self.tokenizer_dir is not None:
             object.__setattr__(self, "tokenizer_dir", Path(self.tokenizer_dir).expanduser())
         _require(0 <= self.port < 65536, "coordinator.port", f"must be in [0, 65535], got {self.port}")
+        _require(self.metrics_port is None or 0 <= self.metrics_port < 65536, "coordinator.metrics_port",
+                 f"must be in [0, 65535], got {self.metrics_port}")
         _require(self.max_waiting >= 0, "max_waiting", f"must be >= 0, got {self.max_waiting}")
         _require(self.max_concurrent_rpcs >= 1, "max_concurrent_rpcs", f"must be >= 1, got {self.max_concurrent_rpcs}")
         _require(_finite(self.reconnect_interval_s) and self.reconnect_interval_s > 0, "reconnect_interval_s",

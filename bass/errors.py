@@ -34,3 +34,7 @@ class UnknownSequenceError(BassError, KeyError):
 
 class WorkerUnavailableError(BassError):
     """A model worker cannot be reached or failed mid-call (maps to UNAVAILABLE)."""
+
+
+class RequestCancelled(BassError):
+    """The client cancelled the call or its deadline passed (the coordinator frees its slots)."""

@@ -18,7 +18,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from bass.errors import CapacityError, InvalidRequestError, UnknownSequenceError, WorkerUnavailableError
+from bass.errors import (CapacityError, InvalidRequestError, RequestCancelled, UnknownSequenceError,
+                         WorkerUnavailableError)
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,8 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
         return grpc.StatusCode.NOT_FOUND
     if isinstance(exc, WorkerUnavailableError):
         return grpc.StatusCode.UNAVAILABLE
+    if isinstance(exc, RequestCancelled):
+        return grpc.StatusCode.CANCELLED
     return grpc.StatusCode.INTERNAL
 
 

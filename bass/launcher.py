@@ -26,8 +26,9 @@ log = logging.getLogger(__name__)
 READY_TIMEOUT_S = 600  # loading a model from disk can take minutes on a small CPU
 
 
-def ready_line(service: str, address: str) -> str:
-    return json.dumps({"service": service, "address": address})
+def ready_line(service: str, address: str, **extra: str) -> str:
+    """The JSON line a service prints once it serves (e.g. `metrics`: the coordinator's /metrics)."""
+    return json.dumps({"service": service, "address": address, **extra})
 
 
 def _jsonable(config) -> str:
@@ -40,6 +41,7 @@ class ServiceProcess:
         self.proc = subprocess.Popen([sys.executable, "-m", "bass.cli", *args], stdout=subprocess.PIPE,
                                      text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self.address: str | None = None
+        self.ready_message: dict = {}
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> str:
         """Read the child's stdout until its ready line; echo other lines."""
@@ -52,7 +54,7 @@ class ServiceProcess:
                 except ValueError:
                     msg = None
                 if isinstance(msg, dict) and msg.get("service") == self.name and "address" in msg:
-                    result["address"] = msg["address"]
+                    result.update(msg)
                     break
                 sys.stderr.write(line)
 
@@ -63,7 +65,7 @@ class ServiceProcess:
             code = self.proc.poll()
             raise RuntimeError(f"{self.name} service did not become ready"
                                + (f" (exited with {code})" if code is not None else f" in {timeout_s:.0f} s"))
-        self.address = result["address"]
+        self.address, self.ready_message = result["address"], result
         return self.address
 
     def stop(self, grace_s: float = 10.0) -> None:
@@ -96,7 +98,8 @@ def launch(config: ServeConfig, echo: Callable[[str], None] = print) -> list[Ser
                             tokenizer_dir=config.coordinator.tokenizer_dir or config.target.model_dir)
         coordinator = ServiceProcess("coordinator", ["coordinator", "--config-json", _jsonable(coord_cfg)])
         started.append(coordinator)
-        echo(ready_line("coordinator", coordinator.wait_ready()))
+        coordinator.wait_ready()
+        echo(json.dumps(coordinator.ready_message))
         return started
     except BaseException:
         stop_all(started)

@@ -11,14 +11,15 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Union
 
 from bass.config import CoordinatorConfig
+from bass.coordinator.metrics import CoordinatorMetrics
 from bass.coordinator.requests import FinishReason, GenerationRequest, GenerationResult
 from bass.coordinator.scheduler import RequestRun, Scheduler
 from bass.coordinator.tokenizer import Codec
-from bass.errors import BassError, CapacityError, WorkerUnavailableError
+from bass.errors import BassError, CapacityError, RequestCancelled, WorkerUnavailableError
 from bass.worker_api import DraftWorkerAPI, TargetWorkerAPI
 
 log = logging.getLogger(__name__)
@@ -45,10 +46,6 @@ class Failed:
 Event = Union[Delta, Done, Failed]
 
 
-class RequestCancelled(BassError):
-    """The client cancelled the call or its deadline passed."""
-
-
 @dataclass
 class RequestHandle:
     run: RequestRun
@@ -70,6 +67,7 @@ class CoordinatorEngine:
     def __init__(self, target: TargetWorkerAPI, draft: DraftWorkerAPI | None, codec: Codec,
                  config: CoordinatorConfig):
         self.target, self.draft, self.codec, self.config = target, draft, codec, config
+        self.metrics = CoordinatorMetrics()
         self.scheduler: Scheduler | None = None
         self._commands: "queue.Queue[tuple[str, RequestHandle]]" = queue.Queue()
         self._handles: dict[int, RequestHandle] = {}
@@ -93,12 +91,16 @@ class CoordinatorEngine:
         return self.scheduler is not None
 
     def submit(self, request: GenerationRequest, stream: bool = False) -> RequestHandle:
-        scheduler = self.scheduler
-        if scheduler is None:
-            raise WorkerUnavailableError(f"the target worker at {self.config.target_address} is unavailable")
-        if self._waiting + self._commands.qsize() >= self.config.max_waiting + self.config.scheduler.max_batch_size:
-            raise CapacityError(f"the queue is full ({self.config.max_waiting} requests waiting); retry later")
-        handle = RequestHandle(run=scheduler.prepare(request), stream=stream)
+        try:
+            scheduler = self.scheduler
+            if scheduler is None:
+                raise WorkerUnavailableError(f"the target worker at {self.config.target_address} is unavailable")
+            if self._waiting + self._commands.qsize() >= self.config.max_waiting + self.config.scheduler.max_batch_size:
+                raise CapacityError(f"the queue is full ({self.config.max_waiting} requests waiting); retry later")
+            handle = RequestHandle(run=scheduler.prepare(request), stream=stream)
+        except BassError as exc:
+            self.metrics.request_failed(exc)
+            raise
         self._commands.put(("submit", handle))
         return handle
 
@@ -118,10 +120,13 @@ class CoordinatorEngine:
             if not scheduler.has_work:
                 self._guarded(scheduler, scheduler.flush_releases)  # free slots while idle
                 continue
+            before = replace(scheduler.step_stats)
             finished = self._guarded(scheduler, scheduler.step)
             if finished is not None:
+                self.metrics.step(before, scheduler.step_stats)
                 self._publish(scheduler, finished)
             self._waiting = len(scheduler.waiting)
+            self.metrics.batch(len(scheduler.running), self._waiting, scheduler.draft_up)
 
     def _guarded(self, scheduler: Scheduler, call):
         """Run a scheduler call; on failure answer every in-flight request with an error."""
@@ -131,6 +136,7 @@ class CoordinatorEngine:
             log.error("target failed: %s; failing in-flight requests", exc)
             self._fail(scheduler.fail_all(), exc)
             self.scheduler = None
+            self.metrics.target_available.set(0)
         except Exception as exc:  # noqa: BLE001 - a bug must not kill the service
             log.exception("step failed; failing in-flight requests")
             self._fail(scheduler.fail_all(), BassError(f"internal error: {exc}"))
@@ -143,7 +149,9 @@ class CoordinatorEngine:
             self.target.reset()
         except WorkerUnavailableError as exc:
             log.warning("target unavailable: %s", exc)
+            self.metrics.target_available.set(0)
             return
+        self.metrics.target_available.set(1)
         log.info("target ready: %s (%d slots)", info.model_name, info.num_slots)
         self.scheduler = Scheduler(self.target, self.draft, self.codec, self.config.scheduler,
                                    reconnect_interval_s=self.config.reconnect_interval_s)
@@ -210,8 +218,11 @@ class CoordinatorEngine:
             if handle is not None:
                 self._close(handle, Failed(error))
 
-    @staticmethod
-    def _close(handle: RequestHandle, event: Event) -> None:
+    def _close(self, handle: RequestHandle, event: Event) -> None:
         if not handle.closed:
             handle.closed = True
             handle.events.put(event)
+            if isinstance(event, Done):
+                self.metrics.request_done(event.result)
+            else:
+                self.metrics.request_failed(event.error)

@@ -265,6 +265,7 @@ class Scheduler:
         st.sequence_steps += len(batch)
         st.committed_tokens += sum(len(v.tokens) for v in verdicts)
         st.draft_tokens += sum(len(d) for d in drafts)
+        st.accepted_tokens += sum(v.accepted for v in verdicts)
         st.draft_forwards += draft_forwards
         st.verify_tokens += sum(len(d) for d in drafts) + len(batch)
         st.draft_s += draft_s

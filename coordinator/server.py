@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from bass.config import CoordinatorConfig
 from bass.coordinator.engine import CoordinatorEngine
+from bass.coordinator.metrics import MetricsServer, serve_metrics
 from bass.coordinator.remote import RemoteDraftWorker, RemoteTargetWorker
 from bass.coordinator.servicer import SERVICE_NAME, GenerationServicer
 from bass.coordinator.tokenizer import load_codec
@@ -17,6 +18,7 @@ from bass.grpc_server import RunningServer, start_server
 class Coordinator:
     server: RunningServer
     engine: CoordinatorEngine
+    metrics: MetricsServer | None = None
 
     @property
     def address(self) -> str:
@@ -25,6 +27,8 @@ class Coordinator:
     def stop(self, grace_s: float = 5.0) -> None:
         self.server.stop(grace_s)
         self.engine.stop()
+        if self.metrics is not None:
+            self.metrics.stop()
 
 
 def serve(config: CoordinatorConfig) -> Coordinator:
@@ -38,4 +42,12 @@ def serve(config: CoordinatorConfig) -> Coordinator:
     servicer = GenerationServicer(engine)
     server = start_server([servicer.register], [SERVICE_NAME], host=config.host, port=config.port,
                           max_workers=config.max_concurrent_rpcs, engine=engine)
-    return Coordinator(server=server, engine=engine)
+    coordinator = Coordinator(server=server, engine=engine)
+    if config.metrics_port is not None:
+        try:
+            coordinator.metrics = serve_metrics(engine.metrics, config.host, config.metrics_port)
+        except OSError as exc:
+            coordinator.stop(grace_s=0)
+            raise InvalidRequestError("metrics_port", f"cannot serve metrics on {config.host}:{config.metrics_port}: "
+                                                      f"{exc.strerror or exc}") from None
+    return coordinator

@@ -52,8 +52,16 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
     def __init__(self, engine: CoordinatorEngine):
         self.engine = engine
 
+    def _submit(self, message: pb.GenerateRequest, stream: bool):
+        try:
+            request = request_from_proto(message)
+        except InvalidRequestError as exc:
+            self.engine.metrics.request_failed(exc)  # the engine counts the rejections it makes itself
+            raise
+        return self.engine.submit(request, stream=stream)
+
     def Generate(self, request, context):
-        handle = self.engine.submit(request_from_proto(request))
+        handle = self._submit(request, stream=False)
         context.add_callback(lambda: self.engine.cancel(handle))  # client gone or deadline passed
         for event in handle:
             if isinstance(event, Done):
@@ -62,7 +70,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
                 raise event.error
 
     def GenerateStream(self, request, context):
-        handle = self.engine.submit(request_from_proto(request), stream=True)
+        handle = self._submit(request, stream=True)
         context.add_callback(lambda: self.engine.cancel(handle))
         for event in handle:
             if isinstance(event, Delta):

@@ -11,6 +11,7 @@ class StepStats:
     sequence_steps: int = 0
     committed_tokens: int = 0
     draft_tokens: int = 0  # proposed by the draft
+    accepted_tokens: int = 0  # draft tokens the target accepted
     draft_forwards: int = 0  # sequential draft forwards (the longest draft of each step, + tail)
     verify_tokens: int = 0  # tokens the target ran, counting one pending token per sequence
     step_s: float = 0.0  # whole steps, as the coordinator sees them

