@@ -61,6 +61,7 @@ class RowParams:
     all_greedy: bool
     any_greedy: bool
     any_truncation: bool
+    max_top_k: int  # known on the host, so that choosing a code path needs no device sync
 
     @classmethod
     def build(cls, params: list[SamplingParams], device: torch.device | str) -> "RowParams":
@@ -71,6 +72,7 @@ class RowParams:
             all_greedy=all(p.greedy for p in params),
             any_greedy=any(p.greedy for p in params),
             any_truncation=any(p.top_k > 0 or p.top_p < 1 for p in params if not p.greedy),
+            max_top_k=max((p.top_k for p in params), default=0),
         )
 
     def take(self, index: torch.Tensor) -> "RowParams":
@@ -138,7 +140,7 @@ def compact_shaped(logits: torch.Tensor, rows: RowParams, top_n: int) -> tuple[t
     window; those batches take the full path.
     """
     n = min(top_n, logits.shape[-1])
-    if rows.all_greedy or bool((rows.top_k > n).any()):
+    if rows.all_greedy or rows.max_top_k > n:
         return compact(shape_probs(logits, rows), top_n)
     temperature = torch.where(rows.temperature > 0, rows.temperature, torch.ones_like(rows.temperature))
     scaled = logits.float() / temperature[:, None]
