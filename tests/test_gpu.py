@@ -18,6 +18,30 @@ def test_keyed_uniforms_are_bitwise_equal_on_cpu_and_gpu():
     assert torch.equal(cpu, gpu)
 
 
+def test_windowed_compact_q_is_the_full_path_distribution_on_gpu():
+    """compact_shaped against compact(shape_probs) on a real vocabulary size, from bf16 logits
+    (many exact ties, which the two may break differently: any q is lossless, so the check is
+    that the probabilities agree and each kept token is among the row's most likely)."""
+    from bass.engine.sampling import RowParams, compact, compact_shaped, shape_probs
+
+    torch.manual_seed(0)
+    vocab = 151_936
+    logits = (torch.randn(8, vocab, device="cuda") * 4).to(torch.bfloat16).float()
+    rows = RowParams.build([SamplingParams(temperature=0.8, top_p=0.95), SamplingParams(temperature=1.0, top_k=20),
+                            SamplingParams(temperature=0.0), SamplingParams(temperature=0.6, top_p=0.5)] * 2, "cuda")
+
+    def dense(ids, probs):
+        return torch.zeros(ids.shape[0], vocab, device="cuda").scatter_add_(-1, ids, probs)
+
+    want = dense(*compact(shape_probs(logits, rows), 64))
+    ids, probs = compact_shaped(logits, rows, 64)
+    got = dense(ids, probs)
+    torch.testing.assert_close(got.sort(-1, descending=True).values[:, :64],
+                               want.sort(-1, descending=True).values[:, :64], atol=1e-5, rtol=1e-3)
+    kth = logits.topk(64, dim=-1).values[:, -1:]
+    assert bool(((probs == 0) | (logits.gather(-1, ids) >= kth)).all())
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("attention", ["pad", "split", "triton"])
 def test_speculative_greedy_equals_regular_on_gpu(llama_target, llama_draft, dtype, attention):
