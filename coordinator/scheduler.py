@@ -5,8 +5,8 @@ One `step()` is one BASS step for every running sequence. New requests join betw
 their slots are released with the next call to each worker.
 
 Failures: if the draft worker fails, sequences carry on with regular decoding and the draft
-is probed every `reconnect_interval_s`; once it answers it is reset and every running
-sequence is re-added to it. A target failure propagates (WorkerUnavailableError) to the
+is probed every `reconnect_interval_s`; once it answers it is reset and running sequences
+rejoin it as they draft again. A target failure propagates (WorkerUnavailableError) to the
 caller, which fails the affected requests (`fail_all`).
 
 Not thread-safe: one thread runs the loop (see coordinator/engine.py); `prepare` alone may be
@@ -208,10 +208,10 @@ class Scheduler:
             return finished
         step_started = self.clock()
         batch = self.running
+        lengths = self._draft_lengths(batch)  # may attach sequences to the draft (self._draft_add)
         # Step times feed the draft-length policy only when they are steady-state costs: no
         # prefill of new sequences, and no draft catching up on tokens it skipped (k = 0 steps).
         clean_verify, clean_draft = not self._target_add, not self._draft_add and self._drafted_last_step
-        lengths = self._draft_lengths(batch)
         drafts: list[tuple[int, ...]] = [()] * len(batch)
         q, q_offsets, tail = None, [0] * len(batch), [False] * len(batch)
         draft_forwards, draft_s = 0, 0.0
@@ -319,12 +319,8 @@ class Scheduler:
         if self.draft_up or not self.wants_draft or self.clock() < self._next_probe:
             return
         self._connect_draft()
-        if self.draft_up:
-            log.info("draft is back; re-adding %d running sequences", len(self.running))
-            for seq in self.running:
-                if seq.request.request.speculate:
-                    self._draft_add.append(AddSequence(seq.seq_id, tuple(seq.request.prompt_ids + seq.output)))
-                    seq.drafted = True
+        if self.draft_up:  # running sequences rejoin it as speculation asks for them (_attach_to_draft)
+            log.info("draft is back; %d running sequences rejoin it as they draft", len(self.running))
 
     # -- internals --------------------------------------------------------------------------------
     def _expire_budgets(self) -> list[RequestRun]:
@@ -364,10 +360,6 @@ class Scheduler:
             adds = [AddSequence(root.seq_id, tuple(run.prompt_ids))]
             adds += [AddSequence(s.seq_id, parent_id=root.seq_id) for s in run.sequences[1:]]
             self._target_add.extend(adds)
-            if self.draft_up and run.request.speculate:
-                self._draft_add.extend(adds)
-                for s in run.sequences:
-                    s.drafted = True
             self.running.extend(run.sequences)
             self._slots_held += n
 
@@ -375,6 +367,8 @@ class Scheduler:
         if not self.draft_up:
             return [0] * len(batch)
         wanted = self.policy.lengths([s.seq_id for s in batch])
+        self._attach_to_draft([s for s, k in zip(batch, wanted)
+                               if (k > 0 or s.tail_q) and not s.drafted and s.request.request.speculate])
         out = []
         for seq, k in zip(batch, wanted):
             # Drafts may run past max_new_tokens (the stop check cuts the committed tokens
@@ -383,6 +377,21 @@ class Scheduler:
             room = self.max_seq_len - len(seq.request.prompt_ids) - len(seq.output)
             out.append(min(k, room) if seq.drafted else 0)
         return out
+
+    def _attach_to_draft(self, seqs: list[SequenceRun]) -> None:
+        """Give sequences to the draft worker the first time speculation wants them, not at
+        admission: where the policy picks regular decoding (large batches, slow drafts) the
+        draft would prefill every new sequence in vain. Fresh sequences of one request share
+        their root's prefill, as on the target; others bring their prompt and output so far
+        (after a draft restart, or when speculation resumes)."""
+        for seq in seqs:  # batch order: a request's root comes before its other sequences
+            root = seq.request.sequences[0]
+            if seq is not root and not seq.output and root.drafted and not root.output:
+                self._draft_add.append(AddSequence(seq.seq_id, parent_id=root.seq_id))
+            else:
+                self._draft_add.append(AddSequence(seq.seq_id, tuple(seq.request.prompt_ids + seq.output)))
+            seq.drafted = True
+            seq.unsent_to_draft.clear()
 
     def _extend(self, seq: SequenceRun, tokens: list[int]) -> None:
         decision = check_stop(len(seq.output), seq.text, tokens, seq.request.criteria)

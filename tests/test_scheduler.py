@@ -146,3 +146,60 @@ def test_text_prompt_uses_the_tokenizer(llama_target, llama_draft):
         [GenerationRequest(prompt_ids=tuple(ids), max_new_tokens=8, ignore_eos=True)])
     assert r.sequences[0].token_ids == same.sequences[0].token_ids
     assert r.sequences[0].text == s.codec.decode(same.sequences[0].token_ids)
+
+
+class ScriptedPolicy:
+    """Draft lengths in a fixed order, one per step (the last one repeats)."""
+
+    def __init__(self, ks):
+        self.ks = list(ks)
+
+    def lengths(self, seq_ids):
+        return [self.ks.pop(0) if len(self.ks) > 1 else self.ks[0]] * len(seq_ids)
+
+    def observe(self, *args):
+        pass
+
+    def observe_costs(self, *args):
+        pass
+
+    def forget(self, seq_id):
+        pass
+
+
+class RecordingDraft:
+    """The in-process draft worker, recording each Propose request."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def propose(self, request):
+        self.calls.append(request)
+        return self.inner.propose(request)
+
+
+@pytest.mark.parametrize("script", [[0, 0, 0, 3], [3]])
+def test_sequences_join_the_draft_only_when_speculation_wants_them(llama_target, script):
+    """While the policy picks regular decoding the draft sees nothing (no prefill in vain);
+    the step that first drafts brings each sequence's prompt and output so far, or, for a
+    fresh request, the root's prompt and forks of it. The draft (here = the target) then holds
+    exactly the right cache: every proposal is accepted, and the text is the target's."""
+    s = build_scheduler(llama_target, llama_target, "4")
+    s.draft, s.policy = RecordingDraft(s.draft), ScriptedPolicy(script)
+    request = GenerationRequest(prompt_ids=PROMPT, n=2, max_new_tokens=20, ignore_eos=True)
+    (result,) = s.generate([request])
+    (regular,) = build_scheduler(llama_target, None).generate([request])
+    assert [x.token_ids for x in result.sequences] == [x.token_ids for x in regular.sequences]
+    assert result.stats.draft_tokens > 0 and result.stats.accepted_tokens == result.stats.draft_tokens
+    first = s.draft.calls[0]
+    regular_steps = script.count(0)
+    roots, forks = [a for a in first.add if a.parent_id is None], [a for a in first.add if a.parent_id is not None]
+    if regular_steps:
+        assert not forks and [a.prompt_ids for a in roots] == [PROMPT + tuple(x.token_ids[:regular_steps])
+                                                               for x in result.sequences]
+    else:
+        assert [a.prompt_ids for a in roots] == [PROMPT] and len(forks) == 1
+    assert [i.num_tokens for i in first.items] == [3, 3]
