@@ -38,7 +38,7 @@ def windowed(codec: HFCodec, ids: list[int]) -> list[float]:
     for start in range(0, len(ids), TOKENS_PER_STEP):
         new = ids[start:start + TOKENS_PER_STEP]
         began = time.perf_counter()
-        decision = check_stop(len(text), text, new, criteria)
+        decision = check_stop(start, text, new, criteria)
         assert decision.reason is None
         text.extend(decision.text_tokens(new))
         _ = text.stable  # what a stream sends

@@ -91,16 +91,12 @@ class CoordinatorEngine:
         return self.scheduler is not None
 
     def submit(self, request: GenerationRequest, stream: bool = False) -> RequestHandle:
-        try:
-            scheduler = self.scheduler
-            if scheduler is None:
-                raise WorkerUnavailableError(f"the target worker at {self.config.target_address} is unavailable")
-            if self._waiting + self._commands.qsize() >= self.config.max_waiting + self.config.scheduler.max_batch_size:
-                raise CapacityError(f"the queue is full ({self.config.max_waiting} requests waiting); retry later")
-            handle = RequestHandle(run=scheduler.prepare(request), stream=stream)
-        except BassError as exc:
-            self.metrics.request_failed(exc)
-            raise
+        scheduler = self.scheduler
+        if scheduler is None:
+            raise WorkerUnavailableError(f"the target worker at {self.config.target_address} is unavailable")
+        if self._waiting + self._commands.qsize() >= self.config.max_waiting + self.config.scheduler.max_batch_size:
+            raise CapacityError(f"the queue is full ({self.config.max_waiting} requests waiting); retry later")
+        handle = RequestHandle(run=scheduler.prepare(request), stream=stream)
         self._commands.put(("submit", handle))
         return handle
 

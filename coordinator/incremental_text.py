@@ -35,10 +35,6 @@ class IncrementalText:
         # tokens, which are then taken; advancing over them reuses that decode.
         self._last_window: tuple[int, list[int], str] | None = None
 
-    def __len__(self) -> int:
-        """Tokens taken so far."""
-        return len(self._ids)
-
     def extend(self, ids: Sequence[int]) -> None:
         """Take tokens (their text is decoded when asked for)."""
         self._ids.extend(ids)

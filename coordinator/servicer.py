@@ -7,7 +7,7 @@ import math
 from bass.config import SamplingParams
 from bass.coordinator.engine import CoordinatorEngine, Delta, Done, Failed
 from bass.coordinator.requests import FinishReason, GenerationRequest, GenerationResult, RequestStats
-from bass.errors import InvalidRequestError
+from bass.errors import BassError, InvalidRequestError
 from bass.v1 import generation_pb2 as pb
 from bass.v1 import generation_pb2_grpc
 
@@ -53,12 +53,13 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         self.engine = engine
 
     def _submit(self, message: pb.GenerateRequest, stream: bool):
+        """Every request enters here, so here is where the ones refused at the door are counted
+        (the engine counts those it answers)."""
         try:
-            request = request_from_proto(message)
-        except InvalidRequestError as exc:
-            self.engine.metrics.request_failed(exc)  # the engine counts the rejections it makes itself
+            return self.engine.submit(request_from_proto(message), stream=stream)
+        except BassError as exc:
+            self.engine.metrics.request_failed(exc)
             raise
-        return self.engine.submit(request, stream=stream)
 
     def Generate(self, request, context):
         handle = self._submit(request, stream=False)

@@ -113,7 +113,7 @@ def test_each_step_decodes_a_window_not_the_whole_output(tmp_path):
     text, stops = IncrementalText(counting_decode), StopCriteria(frozenset(), ("\nclass",), 10_000)
     for start in range(0, len(ids), 5):
         step = ids[start:start + 5]
-        decision = check_stop(len(text), text, step, stops)
+        decision = check_stop(start, text, step, stops)
         assert decision.reason is None
         text.extend(step)
     assert len(ids) >= 600 and max(decoded) <= 20  # a full decode per step would reach len(ids)
