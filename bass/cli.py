@@ -147,6 +147,47 @@ def bench_acceptance(target_dir, draft_dir, problems, n, max_new_tokens, draft_l
     click.echo(text)
 
 
+@bench.command("acceptance-rules")
+@click.option("--target", "target_dir", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--draft", "draft_dir", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--problems", default="0:8", show_default=True, help="HumanEval problems: '0:16', '1,5,9' or 'all'.")
+@click.option("-n", "n", default=1, show_default=True, help="Sequences per prompt.")
+@click.option("--max-new-tokens", default=64, show_default=True)
+@click.option("--modes", default="t0.8-p0.95,t0.2-p0.95", show_default=True)
+@click.option("--draft-top-n", default=64, show_default=True, help="Size of the draft's compact q.")
+@click.option("--batch-prompts", default=8, show_default=True, help="Prompts sampled together in one batch.")
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
+@click.option("--max-seq-len", default=1024, show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False), help="Write the JSON here too.")
+def bench_acceptance_rules(target_dir, draft_dir, problems, n, max_new_tokens, modes, draft_top_n, batch_prompts,
+                           device, dtype, max_seq_len, out) -> None:
+    """Exact acceptance odds of the standard rule and of the Gumbel coupling on the same target
+    trajectories (HumanEval prompts)."""
+    from bass.bench.acceptance import MODES
+    from bass.bench.acceptance_rules import measure
+    from bass.bench.environment import describe
+    from bass.bench.humaneval import load_problems, select
+
+    chosen = select(load_problems(), None if problems == "all" else problems)
+    unknown = [m for m in modes.split(",") if m and m not in MODES]
+    if unknown:
+        raise click.BadParameter(f"unknown modes {unknown}; known: {sorted(MODES)}", param_hint="--modes")
+    runner = dict(device=device, dtype=dtype, num_slots=batch_prompts * n, max_seq_len=max_seq_len)
+    rows = measure(RunnerConfig(model_dir=target_dir, **runner), RunnerConfig(model_dir=draft_dir, **runner),
+                   [p["prompt"] for p in chosen], n=n, max_new_tokens=max_new_tokens,
+                   modes={m: MODES[m] for m in modes.split(",") if m}, draft_top_n=draft_top_n,
+                   batch_prompts=batch_prompts, progress=lambda msg: click.echo(msg, err=True))
+    result = {"benchmark": "acceptance-rules", "environment": describe(device), "target": str(target_dir),
+              "draft": str(draft_dir), "dtype": dtype, "problems": f"HumanEval {problems} ({len(chosen)})",
+              "results": rows}
+    text = json.dumps(result, indent=2)
+    if out:
+        with open(out, "w") as f:
+            f.write(text + "\n")
+    click.echo(text)
+
+
 def _register_model_commands() -> None:
     from bass.models.commands import convert_gguf_command, fetch_models_command
 

@@ -6,11 +6,9 @@ stay thin and the two representations cannot drift apart unnoticed (tests round-
 
 from __future__ import annotations
 
-import numpy as np
-
 from bass.config import SamplingParams
 from bass.v1 import worker_pb2 as pb
-from bass.worker_api import (AddSequence, DraftDistributions, ProposeItem, ProposeRequest, ProposeResponse,
+from bass.worker_api import (AddSequence, ProposeItem, ProposeRequest, ProposeResponse,
                              SequenceSampling, Verdict, VerifyItem, VerifyRequest, VerifyResponse, WorkerInfo)
 
 
@@ -51,76 +49,41 @@ def _sampling_from_proto(m: pb.Sampling) -> SequenceSampling:
                             seed_key=m.seed_key)
 
 
-def q_to_proto(q: DraftDistributions | None) -> pb.DraftDistributions | None:
-    if q is None:
-        return None
-    ids = q.token_ids.to("cpu", copy=False).numpy().astype("<i4", copy=False)
-    probs = q.probs.to("cpu", copy=False).numpy().astype("<f4", copy=False)
-    return pb.DraftDistributions(rows=ids.shape[0], width=ids.shape[1], token_ids=ids.tobytes(),
-                                 probs=probs.tobytes())
-
-
-def q_from_proto(m: pb.DraftDistributions) -> DraftDistributions | None:
-    import torch
-
-    if m.rows == 0:
-        return None
-    shape = (m.rows, m.width)
-    ids = np.frombuffer(m.token_ids, dtype="<i4")
-    probs = np.frombuffer(m.probs, dtype="<f4")
-    if ids.size != m.rows * m.width or probs.size != m.rows * m.width:
-        from bass.errors import InvalidRequestError
-
-        raise InvalidRequestError("q", f"expected {m.rows}x{m.width} entries, got {ids.size} ids and {probs.size} probs")
-    return DraftDistributions(token_ids=torch.from_numpy(ids.reshape(shape).astype(np.int64)),
-                              probs=torch.from_numpy(probs.reshape(shape).copy()))
-
-
 # -- propose ---------------------------------------------------------------------------------------
 def propose_request_to_proto(r: ProposeRequest) -> pb.ProposeRequest:
     return pb.ProposeRequest(
         items=[pb.ProposeItem(seq_id=i.seq_id, num_tokens=i.num_tokens, committed=list(i.committed),
-                              sampling=_sampling_to_proto(i.sampling), tail_q=i.tail_q) for i in r.items],
+                              sampling=_sampling_to_proto(i.sampling)) for i in r.items],
         add=[_add_to_proto(a) for a in r.add], release=list(r.release))
 
 
 def propose_request_from_proto(m: pb.ProposeRequest) -> ProposeRequest:
     return ProposeRequest(
         items=[ProposeItem(seq_id=i.seq_id, num_tokens=i.num_tokens, committed=tuple(i.committed),
-                           sampling=_sampling_from_proto(i.sampling), tail_q=i.tail_q) for i in m.items],
+                           sampling=_sampling_from_proto(i.sampling)) for i in m.items],
         add=[_add_from_proto(a) for a in m.add], release=list(m.release))
 
 
 def propose_response_to_proto(r: ProposeResponse) -> pb.ProposeResponse:
-    m = pb.ProposeResponse(proposals=[pb.Proposal(tokens=t, q_row_offset=o)
-                                      for t, o in zip(r.tokens, r.q_row_offsets)], compute_s=r.compute_s)
-    if r.q is not None:
-        m.q.CopyFrom(q_to_proto(r.q))
-    return m
+    return pb.ProposeResponse(proposals=[pb.Proposal(tokens=t) for t in r.tokens], compute_s=r.compute_s)
 
 
 def propose_response_from_proto(m: pb.ProposeResponse) -> ProposeResponse:
-    return ProposeResponse(tokens=[list(p.tokens) for p in m.proposals],
-                           q=q_from_proto(m.q) if m.HasField("q") else None,
-                           q_row_offsets=[p.q_row_offset for p in m.proposals], compute_s=m.compute_s)
+    return ProposeResponse(tokens=[list(p.tokens) for p in m.proposals], compute_s=m.compute_s)
 
 
 # -- verify ----------------------------------------------------------------------------------------
 def verify_request_to_proto(r: VerifyRequest) -> pb.VerifyRequest:
-    m = pb.VerifyRequest(
-        items=[pb.VerifyItem(seq_id=i.seq_id, draft_tokens=list(i.draft_tokens), sampling=_sampling_to_proto(i.sampling),
-                             q_row_offset=i.q_row_offset, tail_q=i.tail_q) for i in r.items],
+    return pb.VerifyRequest(
+        items=[pb.VerifyItem(seq_id=i.seq_id, draft_tokens=list(i.draft_tokens), sampling=_sampling_to_proto(i.sampling))
+               for i in r.items],
         add=[_add_to_proto(a) for a in r.add], release=list(r.release))
-    if r.q is not None:
-        m.q.CopyFrom(q_to_proto(r.q))
-    return m
 
 
 def verify_request_from_proto(m: pb.VerifyRequest) -> VerifyRequest:
     return VerifyRequest(
-        items=[VerifyItem(seq_id=i.seq_id, draft_tokens=tuple(i.draft_tokens), sampling=_sampling_from_proto(i.sampling),
-                          q_row_offset=i.q_row_offset, tail_q=i.tail_q) for i in m.items],
-        q=q_from_proto(m.q) if m.HasField("q") else None,
+        items=[VerifyItem(seq_id=i.seq_id, draft_tokens=tuple(i.draft_tokens), sampling=_sampling_from_proto(i.sampling))
+               for i in m.items],
         add=[_add_from_proto(a) for a in m.add], release=list(m.release))
 
 

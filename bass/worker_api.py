@@ -5,19 +5,16 @@ them. A worker keeps each sequence's state between calls, so a step carries only
 sequences to add (with their prompt), sequences to release, and per sequence the tokens
 committed since that worker last heard of it.
 
-The coordinator never looks inside `DraftDistributions`: it forwards the draft's compact q from
-`Propose` to `Verify` unchanged.
+Only token ids cross between the models: the draft proposes tokens and the target decides
+every position itself (engine/verification.py), so no draft distribution is ever sent.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import Protocol, Sequence
 
 from bass.config import SamplingParams
-
-if TYPE_CHECKING:
-    import torch
 
 
 @dataclass(frozen=True)
@@ -48,10 +45,6 @@ class ProposeItem:
     num_tokens: int
     committed: tuple[int, ...]  # tokens committed since this worker last saw this sequence
     sampling: SequenceSampling
-    # Also return q for the position after the last draft token (one more draft forward). The
-    # verifier then decides that position by the same draft-accept-or-resample rule as every
-    # other, so a seeded sequence's text does not depend on its draft length.
-    tail_q: bool = False
 
 
 @dataclass(frozen=True)
@@ -61,21 +54,9 @@ class ProposeRequest:
     release: Sequence[int] = ()
 
 
-@dataclass
-class DraftDistributions:
-    """The compact q of every proposed token: row r holds the top-N token ids and their
-    renormalized probabilities under which draft token r was sampled. Rows follow the order of
-    the proposals, `num_tokens` rows per sequence (+1 with tail_q)."""
-
-    token_ids: "torch.Tensor"  # [rows, N] int64
-    probs: "torch.Tensor"  # [rows, N] float32
-
-
 @dataclass(frozen=True)
 class ProposeResponse:
     tokens: list[list[int]]  # per item, in request order
-    q: DraftDistributions | None
-    q_row_offsets: list[int]  # per item: first row of its q in `q`
     compute_s: float = 0.0  # time spent inside the worker (the rest of a call is transport)
 
 
@@ -84,14 +65,11 @@ class VerifyItem:
     seq_id: int
     draft_tokens: tuple[int, ...]
     sampling: SequenceSampling
-    q_row_offset: int = 0  # first row of this item's q in the request's `q`
-    tail_q: bool = False  # q holds one row more than draft_tokens (see ProposeItem.tail_q)
 
 
 @dataclass(frozen=True)
 class VerifyRequest:
     items: Sequence[VerifyItem]
-    q: DraftDistributions | None = None
     add: Sequence[AddSequence] = ()
     release: Sequence[int] = ()
 

@@ -64,9 +64,6 @@ class SequenceRun:
     finish_reason: FinishReason | None = None
     text_end: int | None = None
     drafted: bool = False  # whether the draft worker holds this sequence
-    # Seeded sampling: the position after the drafts is decided like a drafted one, so the text
-    # does not depend on draft lengths (which the batch-level policy shares across sequences).
-    tail_q: bool = False
     finish_order: int = 0  # 1 = finished first within its request
 
 
@@ -148,10 +145,9 @@ class Scheduler:
         run = RequestRun(request=request, prompt_ids=prompt_ids, submitted=self.clock(),
                          criteria=StopCriteria(frozenset(stop_ids), request.stop, request.max_new_tokens))
         seed = request.seed if request.seed is not None else secrets.randbits(64)
-        tail_q = request.seed is not None and not request.sampling.greedy
         for index in range(request.n):
             run.sequences.append(SequenceRun(
-                seq_id=next(self._seq_ids), index=index, request=run, tail_q=tail_q,
+                seq_id=next(self._seq_ids), index=index, request=run,
                 sampling=SequenceSampling(request.sampling, sequence_seed_key(seed, index)),
                 text=IncrementalText(self.codec.decode)))
         return run
@@ -213,16 +209,15 @@ class Scheduler:
         # prefill of new sequences, and no draft catching up on tokens it skipped (k = 0 steps).
         clean_verify, clean_draft = not self._target_add, not self._draft_add and self._drafted_last_step
         drafts: list[tuple[int, ...]] = [()] * len(batch)
-        q, q_offsets, tail = None, [0] * len(batch), [False] * len(batch)
         draft_forwards, draft_s = 0, 0.0
-        if self.draft_up and (any(lengths) or any(s.tail_q for s in batch) or self._draft_add or self._draft_release):
-            drafting = [i for i, k in enumerate(lengths) if k > 0 or (batch[i].tail_q and batch[i].drafted)]
-            draft_forwards = max((lengths[i] + batch[i].tail_q for i in drafting), default=0)
+        if self.draft_up and (any(lengths) or self._draft_add or self._draft_release):
+            drafting = [i for i, k in enumerate(lengths) if k > 0]
+            draft_forwards = max(lengths, default=0)
             started = self.clock()
             try:
                 response = self.draft.propose(ProposeRequest(
                     items=[ProposeItem(batch[i].seq_id, lengths[i], tuple(batch[i].unsent_to_draft),
-                                       batch[i].sampling, tail_q=batch[i].tail_q) for i in drafting],
+                                       batch[i].sampling) for i in drafting],
                     add=self._draft_add, release=self._draft_release))
             except Exception as exc:  # noqa: BLE001 - speculation is optional; never fail a request for it
                 self._draft_failed(exc)
@@ -231,17 +226,13 @@ class Scheduler:
                 draft_s = self.clock() - started
                 self.step_stats.draft_compute_s += response.compute_s
                 self._draft_add, self._draft_release = [], []
-                q = response.q
                 for n, i in enumerate(drafting):
                     batch[i].unsent_to_draft.clear()
                     drafts[i] = tuple(response.tokens[n])
-                    q_offsets[i] = response.q_row_offsets[n]
-                    tail[i] = batch[i].tail_q
         started = self.clock()
         verified = self.target.verify(VerifyRequest(
-            items=[VerifyItem(s.seq_id, drafts[i], s.sampling, q_offsets[i], tail_q=tail[i])
-                   for i, s in enumerate(batch)],
-            q=q, add=self._target_add, release=self._target_release))
+            items=[VerifyItem(s.seq_id, drafts[i], s.sampling) for i, s in enumerate(batch)],
+            add=self._target_add, release=self._target_release))
         verify_s = self.clock() - started
         verdicts = verified.verdicts
         self._target_add, self._target_release = [], []
@@ -368,7 +359,7 @@ class Scheduler:
             return [0] * len(batch)
         wanted = self.policy.lengths([s.seq_id for s in batch])
         self._attach_to_draft([s for s, k in zip(batch, wanted)
-                               if (k > 0 or s.tail_q) and not s.drafted and s.request.request.speculate])
+                               if k > 0 and not s.drafted and s.request.request.speculate])
         out = []
         for seq, k in zip(batch, wanted):
             # Drafts may run past max_new_tokens (the stop check cuts the committed tokens

@@ -1,9 +1,10 @@
 """DraftWorker: k autoregressive draft steps for every sequence of the batch at once.
 
 The first forward runs each sequence's pending committed tokens (a ragged batch); each later
-forward feeds one token per sequence still drafting. Each draft token is sampled from the
-compact q (top-N of the shaped draft distribution, computed from each row's top-N logits),
-which is returned for the verifier.
+forward feeds one token per sequence still drafting. A sampled draft token is the winner of
+the target's Gumbel race at that position (same keyed noise) run over the draft's own
+distribution, restricted to its top-N tokens: nothing but the tokens goes back, since the
+verifier only compares them with its own.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from typing import Sequence
 import torch
 
 from bass.engine.runner import ModelRunner
-from bass.engine.sampling import DRAFT_SAMPLE, RowParams, compact_shaped, keyed_uniform, sample_from, seed_key_tensor
+from bass.engine.sampling import RowParams, compact_shaped, noise_keys, race_compact
 from bass.errors import InvalidRequestError
-from bass.worker_api import DraftDistributions, ProposeRequest, ProposeResponse, WorkerInfo
+from bass.worker_api import ProposeRequest, ProposeResponse, WorkerInfo
 
 
 class DraftWorker:
     def __init__(self, runner: ModelRunner, top_n: int = 64):
+        """top_n: the window of the draft's most likely tokens its race runs over."""
         if top_n < 1:
             raise InvalidRequestError("draft_top_n", f"must be >= 1, got {top_n}")
         self.runner = runner
@@ -57,8 +59,6 @@ class DraftWorker:
         for it in items:
             if it.num_tokens < 0:
                 raise InvalidRequestError("num_tokens", f"must be >= 0, got {it.num_tokens}")
-            if it.tail_q and it.sampling.params.greedy:
-                raise InvalidRequestError("tail_q", "needs temperature > 0")
         for state, it in zip(states, items):
             runner.commit(state, it.committed)
         if runner.graphs is not None:
@@ -66,53 +66,29 @@ class DraftWorker:
             # two after full acceptance. Re-running one cached token where only one is pending
             # makes the step uniform, so it replays a CUDA graph instead of running eagerly.
             for state, it in zip(states, items):
-                if (it.num_tokens or it.tail_q) and runner.pending(state) == 1:
+                if it.num_tokens and runner.pending(state) == 1:
                     runner.rewind(state, 2)
 
         device = runner.device
         drafts: list[list[int]] = [[] for _ in items]
-        active = [i for i, it in enumerate(items) if it.num_tokens > 0 or it.tail_q]
-        greedy = all(items[i].sampling.params.greedy for i in active)
-        q_steps: list[tuple[list[int], torch.Tensor, torch.Tensor]] = []
-        # Keyed uniforms are hashed on the host (a few dozen tiny integer ops, bitwise equal to
-        # the GPU's) and copied once: launched on the GPU they cost more than the sampling.
-        base = torch.tensor([len(states[i].committed) for i in active], dtype=torch.int64)
-        keys = seed_key_tensor([items[i].sampling.seed_key for i in active], "cpu")
+        active = [i for i, it in enumerate(items) if it.num_tokens > 0]
         params = RowParams.build([items[i].sampling.params for i in active], device)
-        rows = [items[i].num_tokens + items[i].tail_q for i in active]
+        seed_keys = [items[i].sampling.seed_key for i in active]
+        base = [len(states[i].committed) for i in active]
+        rows = [items[i].num_tokens for i in active]
         for j in range(max(rows, default=0)):
             live = [n for n in range(len(active)) if rows[n] > j]
             work = [(states[active[n]], [] if j == 0 else [drafts[active[n]][-1]]) for n in live]
             logits = runner.forward(work, [1] * len(live))
-            if greedy:
+            if params.all_greedy:
                 tokens = logits.argmax(dim=-1)
             else:
-                live_c = torch.tensor(live)
-                live_params = params if len(live) == len(active) else params.take(live_c.to(device))
+                # The target's race at this position, run over the draft's top-N window with
+                # the same keyed noise: the proposal the target most likely keeps.
+                live_params = params if len(live) == len(active) else params.take(torch.tensor(live, device=device))
                 ids, probs = compact_shaped(logits, live_params, self.top_n)
-                u = keyed_uniform(keys[live_c], base[live_c] + j, DRAFT_SAMPLE).to(device, non_blocking=True)
-                tokens = ids.gather(-1, sample_from(probs, u)[:, None]).squeeze(-1)
-                q_steps.append((live, ids, probs))
+                keys = noise_keys([seed_keys[n] for n in live], [base[n] + j for n in live])
+                tokens = race_compact(ids, probs, keys.to(device, non_blocking=True))
             for n, t in zip(live, tokens.tolist()):
-                if j < items[active[n]].num_tokens:  # the tail row's token is the verifier's to draw
-                    drafts[active[n]].append(t)
-
-        offsets, q = self._gather_q(items, active, q_steps) if not greedy else ([0] * len(items), None)
-        return ProposeResponse(tokens=drafts, q=q, q_row_offsets=offsets)
-
-    @staticmethod
-    def _gather_q(items, active, q_steps) -> tuple[list[int], DraftDistributions]:
-        """Reorder per-step q rows into per-sequence order: item i's rows are contiguous."""
-        offsets, row = [0] * len(items), 0
-        for i, it in enumerate(items):
-            offsets[i] = row
-            row += it.num_tokens + it.tail_q
-        order = []  # for each step-row (in concatenation order), its destination row
-        for j, (live, _, _) in enumerate(q_steps):
-            order.extend(offsets[active[n]] + j for n in live)
-        ids = torch.cat([s[1] for s in q_steps])
-        probs = torch.cat([s[2] for s in q_steps])
-        dest = torch.tensor(order, dtype=torch.int64, device=ids.device)
-        out_ids = torch.empty_like(ids).index_copy_(0, dest, ids)
-        out_probs = torch.empty_like(probs).index_copy_(0, dest, probs)
-        return offsets, DraftDistributions(token_ids=out_ids, probs=out_probs)
+                drafts[active[n]].append(t)
+        return ProposeResponse(tokens=drafts)

@@ -1,30 +1,35 @@
-"""Turning logits into tokens: distribution shaping, keyed randomness, sampling, compact q.
+"""Turning logits into tokens: distribution shaping, keyed Gumbel noise, the token race, compact q.
 
 Shaping (temperature, top-k, top-p) is the single definition of "the distribution a sequence
-samples from"; regular decoding, the draft and the verifier all call it, which is why
-speculative and regular decoding sample one and the same distribution. Greedy rows become a
-one-hot distribution on the argmax, so the verifier needs no special case for them.
+samples from"; regular decoding, the draft and the verifier all call it. A sampled token is the
+winner of a Gumbel race: the argmax of the shaped logits plus noise keyed by (sequence seed,
+position, token id). That is an exact sample of the shaped distribution, and a pure function of
+it and the key, so the target emits the same token at a position whatever the draft proposed,
+whether it proposed at all, and whatever else is in the batch. The draft runs the same race
+over its own distribution with the same noise, which makes it propose the target's token as
+often as two distributions that differ allow (the Gumbel coupling).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Sequence
 
 import torch
 
 from bass.config import SamplingParams
 
-# Purposes of a uniform draw, mixed into its key so they never share randomness.
-DRAFT_SAMPLE, ACCEPT_TEST, TARGET_SAMPLE = 1, 2, 3
-
 _M32 = 0xFFFFFFFF
+# Mixed into every noise key, so this randomness never coincides with another use of the seed.
+_NOISE_DOMAIN = 0x47554D42
+_ROW_CHUNK_ELEMENTS = 1 << 23  # bounds the int64 temporaries of the reference noise
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
     """An avalanching 32-bit integer hash ("lowbias32") on int64 tensors holding values < 2**32.
 
     Products may wrap past int64, but masking keeps their low 32 bits exact, so CPU and GPU
-    agree bit for bit.
+    (and the Triton kernel, in uint32) agree bit for bit.
     """
     x = x ^ (x >> 16)
     x = (x * 0x7FEB352D) & _M32
@@ -33,16 +38,26 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def keyed_uniform(seed_keys: torch.Tensor, positions: torch.Tensor, purpose: int) -> torch.Tensor:
-    """Uniforms in (0, 1), a pure function of (seed key, position, purpose): float32, shaped like
-    `positions` (seed_keys broadcasts)."""
-    keys = seed_keys.to(torch.int64)
+def noise_keys(seed_keys: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
+    """One 32-bit key per row for (sequence seed key, token position), on the host: int64 [R].
+
+    Hashed on the CPU and copied once: a few dozen tiny integer ops, which as GPU launches
+    would cost more than the sampling itself."""
+    keys = seed_key_tensor(list(seed_keys), "cpu")
     lo, hi = keys & _M32, (keys >> 32) & _M32
-    h = _mix32(lo ^ (purpose * 0x9E3779B9 & _M32))
+    h = _mix32(lo ^ _NOISE_DOMAIN)
     h = _mix32(h ^ hi)
-    h = _mix32(h ^ (positions.to(torch.int64) & _M32))
-    h = _mix32(h + 0x68E31DA4 & _M32)
-    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    return _mix32(h ^ (torch.tensor(list(positions), dtype=torch.int64) & _M32))
+
+
+def gumbel_noise(row_keys: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """Gumbel(0, 1) noise, float32 [R, N], a pure function of (row key, token id): the same
+    token at the same position of the same sequence gets the same noise in every model, batch
+    and call. row_keys: int64 [R] from noise_keys; token_ids: int64 [R, N] or [1, N]."""
+    h = _mix32(row_keys[:, None] ^ token_ids)
+    h = _mix32((h + 0x68E31DA4) & _M32)
+    u = ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # in (0, 1), 24 bits
+    return -torch.log(-torch.log(u))
 
 
 def seed_key_tensor(keys: list[int], device: torch.device | str) -> torch.Tensor:
@@ -81,18 +96,49 @@ class RowParams:
                        top_p=self.top_p[index])
 
 
+def _scaled(logits: torch.Tensor, rows: RowParams) -> torch.Tensor:
+    """fp32 logits / temperature (greedy rows unscaled)."""
+    temperature = torch.where(rows.temperature > 0, rows.temperature, torch.ones_like(rows.temperature))
+    return logits.float() / temperature[:, None]
+
+
+def truncation_cut(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Per row, the smallest scaled logit that top-k / top-p keep: fp32 [R].
+
+    By rank: keep each row's top_k most likely tokens (0 = all) and, of those, the smallest set
+    whose mass reaches top_p of what top_k kept. The cut is the value of the last token kept, and
+    a row keeps every token at or above it, so tokens tied with it are all kept: the set is a
+    function of the values alone, never of how a sort ordered equal ones.
+    """
+    sorted_logits = scaled.sort(dim=-1, descending=True).values
+    probs = torch.softmax(sorted_logits, dim=-1)
+    rank = torch.arange(scaled.shape[-1], device=scaled.device)[None, :]
+    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, scaled.shape[-1]))
+    probs = probs * (rank < k[:, None])
+    mass_before = probs.cumsum(dim=-1) - probs
+    keep = (rank < k[:, None]) & (mass_before < top_p[:, None] * probs.sum(-1, keepdim=True))
+    kept = keep.sum(-1).clamp_(min=1)
+    return sorted_logits.gather(-1, (kept - 1)[:, None]).squeeze(-1)
+
+
+def shaped_logits(logits: torch.Tensor, rows: RowParams) -> torch.Tensor:
+    """logits / temperature with the tokens top-k / top-p drop at -inf: fp32 [R, V]. Their
+    softmax is the distribution a sampled row draws from (greedy rows: see shape_probs)."""
+    scaled = _scaled(logits, rows)
+    if rows.any_truncation:
+        cut = truncation_cut(scaled, rows.top_k, rows.top_p)
+        scaled = scaled.masked_fill(scaled < cut[:, None], float("-inf"))
+    return scaled
+
+
 def shape_probs(logits: torch.Tensor, rows: RowParams) -> torch.Tensor:
     """Probabilities [R, V] (fp32) after temperature, top-k and top-p; greedy rows are one-hot."""
-    logits = logits.float()
     if rows.all_greedy:
-        return _one_hot_argmax(logits)
-    temperature = torch.where(rows.temperature > 0, rows.temperature, torch.ones_like(rows.temperature))
-    probs = torch.softmax(logits / temperature[:, None], dim=-1)
-    if rows.any_truncation:
-        probs = _truncate(probs, rows.top_k, rows.top_p)
+        return _one_hot_argmax(logits.float())
+    probs = torch.softmax(shaped_logits(logits, rows), dim=-1)
     if rows.any_greedy:
         greedy = (rows.temperature == 0)[:, None]
-        probs = torch.where(greedy, _one_hot_argmax(logits), probs)
+        probs = torch.where(greedy, _one_hot_argmax(logits.float()), probs)
     return probs
 
 
@@ -101,32 +147,36 @@ def _one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
     return out.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
 
 
-def _truncate(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Keep each row's top_k most likely tokens (0 = all) and, of those, the smallest set whose
-    mass reaches top_p; renormalize. Ties are broken by the sort, as in plain sampling.
+def race(logits: torch.Tensor, rows: RowParams, row_keys: torch.Tensor | None) -> torch.Tensor:
+    """The token each row emits: int64 [R].
 
-    A full sort per row. (Searching the cut in each row's top 1024 first, with a fallback,
-    gained nothing end to end on an H100: bench/results, b26bdb7.)"""
-    sorted_p, order = probs.sort(dim=-1, descending=True)
-    rank = torch.arange(probs.shape[-1], device=probs.device)[None, :]
-    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, probs.shape[-1]))
-    keep = rank < k[:, None]
-    sorted_p = sorted_p * keep
-    mass_before = sorted_p.cumsum(dim=-1) - sorted_p
-    keep = keep & (mass_before < top_p[:, None] * sorted_p.sum(-1, keepdim=True))
-    keep[:, 0] = True
-    sorted_p = sorted_p * keep
-    out = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-    return out / out.sum(dim=-1, keepdim=True)
+    Greedy rows take the argmax. Sampled rows run a Gumbel race: the argmax of their shaped
+    logits plus the keyed noise of (row key, token), an exact sample of the shaped distribution
+    (the Gumbel-max trick). The token is therefore a function of the distribution and the key
+    alone: whoever proposed what, and whatever else shares the batch. row_keys (int64 [R],
+    from noise_keys) may be None when every row is greedy.
+    """
+    if rows.all_greedy:
+        return logits.argmax(dim=-1)
+    out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+    vocab_ids = torch.arange(logits.shape[-1], device=logits.device)[None, :]
+    step = max(1, _ROW_CHUNK_ELEMENTS // logits.shape[-1])
+    for start in range(0, logits.shape[0], step):
+        part = slice(start, start + step)
+        chunk_rows = rows.take(torch.arange(start, min(start + step, logits.shape[0]), device=logits.device))
+        scores = shaped_logits(logits[part], chunk_rows) + gumbel_noise(row_keys[part], vocab_ids)
+        out[part] = scores.argmax(dim=-1)
+    if rows.any_greedy:
+        out = torch.where(rows.temperature == 0, logits.argmax(dim=-1), out)
+    return out
 
 
-def sample_from(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF sampling: one token per row of `probs` (need not be normalized) for the
-    given uniforms. Zero-probability tokens are never chosen."""
-    cdf = probs.cumsum(dim=-1)
-    target = (uniforms * cdf[:, -1]).unsqueeze(-1)
-    idx = torch.searchsorted(cdf, target).squeeze(-1)
-    return idx.clamp_(max=probs.shape[-1] - 1)
+def race_compact(ids: torch.Tensor, probs: torch.Tensor, row_keys: torch.Tensor) -> torch.Tensor:
+    """The same race run over a compact distribution (the draft's top-N window): int64 [R]. With
+    the same keys the draft's choice agrees with the target's as often as the two distributions
+    allow, which is all acceptance needs; what the target emits never depends on it."""
+    scores = torch.log(probs) + gumbel_noise(row_keys, ids)  # log 0 = -inf: never chosen
+    return ids.gather(-1, scores.argmax(dim=-1, keepdim=True)).squeeze(-1)
 
 
 def compact_shaped(logits: torch.Tensor, rows: RowParams, top_n: int) -> tuple[torch.Tensor, torch.Tensor]:

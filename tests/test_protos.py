@@ -5,11 +5,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import torch
-
 from bass import wire
 from bass.config import SamplingParams
-from bass.worker_api import (AddSequence, DraftDistributions, ProposeItem, ProposeRequest, ProposeResponse,
+from bass.worker_api import (AddSequence, ProposeItem, ProposeRequest, ProposeResponse,
                              SequenceSampling, VerifyItem, VerifyRequest)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,20 +30,15 @@ def sampling(seed_key=2**64 - 5):
 
 
 def test_propose_round_trip():
-    req = ProposeRequest(items=[ProposeItem(3, 4, (1, 2), sampling(), tail_q=True)],
+    req = ProposeRequest(items=[ProposeItem(3, 4, (1, 2), sampling())],
                          add=[AddSequence(3, (5, 6, 7)), AddSequence(4, parent_id=3)], release=[9, 10])
     assert wire.propose_request_from_proto(wire.propose_request_to_proto(req)) == req
-    q = DraftDistributions(token_ids=torch.tensor([[5, 1], [2, 3]]), probs=torch.tensor([[0.75, 0.25], [1.0, 0.0]]))
-    resp = wire.propose_response_from_proto(wire.propose_response_to_proto(
-        ProposeResponse(tokens=[[5, 2]], q=q, q_row_offsets=[0])))
-    assert resp.tokens == [[5, 2]] and resp.q_row_offsets == [0]
-    assert torch.equal(resp.q.token_ids, q.token_ids) and torch.equal(resp.q.probs, q.probs)
+    resp = ProposeResponse(tokens=[[5, 2], []], compute_s=0.25)
+    assert wire.propose_response_from_proto(wire.propose_response_to_proto(resp)) == resp
 
 
-def test_verify_round_trip_keeps_probabilities_bit_exact():
-    probs = torch.rand(3, 4)
-    q = DraftDistributions(token_ids=torch.randint(0, 1000, (3, 4)), probs=probs / probs.sum(-1, keepdim=True))
-    req = VerifyRequest(items=[VerifyItem(1, (4, 5, 6), sampling(), q_row_offset=0)], q=q, release=[2])
+def test_verify_round_trip():
+    req = VerifyRequest(items=[VerifyItem(1, (4, 5, 6), sampling()), VerifyItem(2, (), sampling(7))],
+                        add=[AddSequence(2, (1,))], release=[2])
     back = wire.verify_request_from_proto(wire.verify_request_to_proto(req))
-    assert back.items == req.items and back.release == [2]
-    assert torch.equal(back.q.probs, q.probs) and torch.equal(back.q.token_ids, q.token_ids)
+    assert back.items == req.items and back.add == req.add and back.release == [2]

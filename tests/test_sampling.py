@@ -4,32 +4,31 @@ import torch
 from scipy import stats as sps
 
 from bass.config import SamplingParams
-from bass.engine.sampling import (ACCEPT_TEST, DRAFT_SAMPLE, TARGET_SAMPLE, RowParams, compact, compact_shaped,
-                                  keyed_uniform, sample_from, seed_key_tensor, shape_probs)
+from bass.engine.sampling import (RowParams, compact, compact_shaped, gumbel_noise, noise_keys, race, race_compact,
+                                  shape_probs)
 from stats import chi_square_pvalue
 
 
-def test_keyed_uniform_is_a_pure_function_of_key_position_purpose():
-    keys = seed_key_tensor([1, 2, (1 << 64) - 1], "cpu")[:, None]
-    pos = torch.arange(1000)[None, :]
-    u = keyed_uniform(keys, pos, DRAFT_SAMPLE)
-    assert u.shape == (3, 1000) and u.dtype == torch.float32
-    assert torch.equal(u, keyed_uniform(keys, pos, DRAFT_SAMPLE))
-    assert ((u > 0) & (u < 1)).all()
-    # Same position, other key or purpose: different draws.
-    assert (u[0] != u[1]).float().mean() > 0.99
-    assert (u != keyed_uniform(keys, pos, ACCEPT_TEST)).float().mean() > 0.99
-    # A row does not depend on which other rows are computed with it.
-    assert torch.equal(keyed_uniform(keys[1:2], pos, DRAFT_SAMPLE), u[1:2])
+def test_gumbel_noise_is_a_pure_function_of_key_position_token():
+    keys = noise_keys([1, 2, (1 << 64) - 1], [5, 5, 5])
+    tokens = torch.arange(1000)[None, :]
+    g = gumbel_noise(keys, tokens)
+    assert g.shape == (3, 1000) and g.dtype == torch.float32 and torch.isfinite(g).all()
+    assert torch.equal(g, gumbel_noise(keys, tokens))
+    # Other key, other position: different noise.
+    assert (g[0] != g[1]).float().mean() > 0.99
+    assert (g[0] != gumbel_noise(noise_keys([1], [6]), tokens)[0]).float().mean() > 0.99
+    # A row does not depend on which other rows or tokens are computed with it.
+    assert torch.equal(gumbel_noise(keys[1:2], tokens), g[1:2])
+    assert torch.equal(gumbel_noise(keys, torch.tensor([[7, 3], [7, 3], [7, 3]])), g[:, [7, 3]])
 
 
-def test_keyed_uniform_is_uniform_and_uncorrelated():
-    keys = seed_key_tensor(list(range(200)), "cpu")[:, None]
-    u = keyed_uniform(keys, torch.arange(500)[None, :], TARGET_SAMPLE)
-    assert sps.kstest(u.flatten().numpy(), "uniform").pvalue > 1e-3
-    # neighbouring positions and neighbouring keys are uncorrelated
-    assert abs(np.corrcoef(u[:, :-1].flatten(), u[:, 1:].flatten())[0, 1]) < 0.02
-    assert abs(np.corrcoef(u[:-1].flatten(), u[1:].flatten())[0, 1]) < 0.02
+def test_gumbel_noise_is_gumbel_and_uncorrelated():
+    g = gumbel_noise(noise_keys(list(range(200)), [3] * 200), torch.arange(500)[None, :])
+    assert sps.kstest(g.flatten().numpy(), "gumbel_r").pvalue > 1e-3
+    # neighbouring tokens and neighbouring seeds are uncorrelated
+    assert abs(np.corrcoef(g[:, :-1].flatten(), g[:, 1:].flatten())[0, 1]) < 0.02
+    assert abs(np.corrcoef(g[:-1].flatten(), g[1:].flatten())[0, 1]) < 0.02
 
 
 def rows(*params):
@@ -56,12 +55,46 @@ def test_shape_probs_temperature_topk_topp_and_greedy():
     assert out[3].max() == 1 and out[3].argmax() == logits[3].argmax()
 
 
-def test_sample_from_follows_the_distribution_and_skips_zeros():
-    probs = torch.tensor([0.5, 0.0, 0.2, 0.3, 0.0])
-    u = torch.rand(20000, generator=torch.Generator().manual_seed(0))
-    samples = sample_from(probs.expand(20000, -1), u)
-    assert chi_square_pvalue(samples.numpy(), probs.numpy()) > 1e-3
-    assert not ((samples == 1) | (samples == 4)).any()
+SETTINGS = [SamplingParams(temperature=0.7), SamplingParams(temperature=1.0, top_k=5),
+            SamplingParams(temperature=1.0, top_p=0.5), SamplingParams(temperature=1.3, top_k=8, top_p=0.8)]
+
+
+@pytest.mark.parametrize("params", SETTINGS, ids=lambda p: f"T{p.temperature}-k{p.top_k}-p{p.top_p}")
+def test_race_is_an_exact_sample_of_the_shaped_distribution(params):
+    """One row raced under 30,000 seeds: the winners follow shape_probs (chi-square), and a
+    token that shaping drops never wins."""
+    logits = torch.randn(1, 40, generator=torch.Generator().manual_seed(3)) * 2
+    trials = 30000
+    tokens = race(logits.expand(trials, -1), rows(*[params] * trials), noise_keys(range(trials), [9] * trials))
+    want = shape_probs(logits, rows(params))[0]
+    assert chi_square_pvalue(tokens.numpy(), want.numpy()) > 1e-4
+
+
+def test_race_rows_do_not_depend_on_the_batch():
+    torch.manual_seed(1)
+    logits = torch.randn(6, 300)
+    params = [SamplingParams(temperature=0.8, top_p=0.95), SamplingParams(), SamplingParams(temperature=1.2, top_k=9)] * 2
+    keys = noise_keys([11, 12, 13, 14, 15, 16], [40, 41, 42, 40, 41, 42])
+    together = race(logits, rows(*params), keys)
+    alone = torch.cat([race(logits[i:i + 1], rows(params[i]), keys[i:i + 1]) for i in range(6)])
+    assert torch.equal(together, alone)
+    assert together[1] == logits[1].argmax() and together[4] == logits[4].argmax()  # greedy rows
+
+
+def test_race_compact_follows_the_compact_distribution():
+    ids = torch.tensor([[4, 9, 2, 7]])
+    probs = torch.tensor([[0.5, 0.3, 0.2, 0.0]])
+    trials = 20000
+    picks = race_compact(ids.expand(trials, -1), probs.expand(trials, -1), noise_keys(range(trials), [0] * trials))
+    assert not (picks == 7).any()
+    assert chi_square_pvalue(picks.numpy(), torch.zeros(10).index_put_((ids[0],), probs[0]).numpy()) > 1e-4
+
+
+def test_top_p_keeps_every_token_tied_at_the_cut():
+    """The kept set is a function of the values: tokens tied with the last one kept stay too."""
+    logits = torch.tensor([[3.0, 1.0, 1.0, 1.0, -2.0]])
+    probs = shape_probs(logits, rows(SamplingParams(temperature=1.0, top_p=0.75)))  # by rank: 2 tokens
+    assert (probs[0, :4] > 0).all() and probs[0, 4] == 0
 
 
 def test_compact_keeps_top_n_renormalized():

@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 MODES = {
     "greedy": SamplingParams(),
     "t0.8-p0.95": SamplingParams(temperature=0.8, top_p=0.95),
+    "t0.2-p0.95": SamplingParams(temperature=0.2, top_p=0.95),
 }
 
 

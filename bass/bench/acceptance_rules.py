@@ -1,0 +1,119 @@
+"""Two verification rules compared on the same trajectories, by their exact acceptance odds.
+
+Along sequences sampled from the target, every position has a target distribution p (after
+temperature / top-k / top-p) and the draft's compact q (its shaped distribution's top N). How
+likely the draft's token is accepted there depends only on (p, q) and the rule:
+- the standard rule (sample from q, accept with min(1, p/q), resample from the residual):
+  sum_v min(p_v, q_v) = 1 - TV(p, q), the best any coupling can do;
+- the Gumbel coupling (both models take the argmax of their log-probabilities plus the same
+  keyed Gumbel noise; accept iff the tokens are equal): with E_v = Exp(1) shared noise, v wins
+  both races iff E_w > E_v * max(p_w / p_v, q_w / q_v) for every w != v, so
+  P(accept) = sum_v 1 / sum_w max(p_w / p_v, q_w / q_v).
+Both are computed exactly per position (no Monte Carlo noise), so one pass over a set of
+trajectories compares the rules on equal terms.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from bass.config import RunnerConfig, SamplingParams, SchedulerConfig, DraftLengthConfig
+from bass.coordinator.requests import GenerationRequest
+from bass.coordinator.scheduler import Scheduler
+from bass.coordinator.tokenizer import load_codec
+from bass.engine.runner import ModelRunner
+from bass.engine.sampling import RowParams, compact_shaped, shape_probs
+from bass.target_service.worker import TargetWorker
+from bass.worker_api import AddSequence
+
+log = logging.getLogger(__name__)
+
+
+def rule_acceptance(p: torch.Tensor, q_ids: torch.Tensor, q_probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row acceptance probability of the standard rule and of the Gumbel coupling.
+
+    p: [R, V] target probabilities; q_ids, q_probs: [R, N] the draft's compact q (its support
+    is where q_probs > 0). Returns (standard [R], gumbel [R]), float64.
+    """
+    p = p.double()
+    q = q_probs.double()
+    p_at = p.gather(-1, q_ids)  # [R, N]: p on q's tokens
+    standard = torch.minimum(p_at, q).sum(-1)
+    # Terms of sum_w max(p_w / p_v, q_w / q_v), multiplied through by p_v:
+    # inside q's support max(p_w, q_w * p_v / q_v); outside it q_w = 0, leaving p_w.
+    in_q = q > 0
+    ratio = torch.where(in_q, p_at / q.clamp_min(1e-300), torch.zeros_like(q))  # p_v / q_v, [R, N]
+    inside = torch.maximum(p_at[:, None, :], q[:, None, :] * ratio[:, :, None]) * in_q[:, None, :]  # [R, v, w]
+    outside = 1.0 - (p_at * in_q).sum(-1)  # p's mass off q's support
+    denominator = inside.sum(-1) + outside[:, None]  # [R, v]
+    terms = torch.where(in_q & (p_at > 0), p_at / denominator.clamp_min(1e-300), torch.zeros_like(p_at))
+    return standard, terms.sum(-1)
+
+
+def tokens_per_step(alpha: float, k: int) -> float:
+    """Expected tokens committed per sequence-step at per-token acceptance alpha and draft length k."""
+    return float(k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+@torch.inference_mode()
+def teacher_forced_logits(runner: ModelRunner, prompt: list[int], output: list[int]) -> torch.Tensor:
+    """Logits [len(output), V] of the model at every output position (predicting output[j])."""
+    seq_id = 1
+    runner.add([AddSequence(seq_id, tuple(prompt))])
+    try:
+        state = runner.get(seq_id)
+        logits = runner.forward([(state, list(output))], [len(output) + 1])
+        return logits[:len(output)]
+    finally:
+        runner.release([seq_id])
+
+
+def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, n: int, max_new_tokens: int,
+            modes: dict[str, SamplingParams], draft_top_n: int = 64, batch_prompts: int = 8, seed: int = 0,
+            draft_lengths: tuple[int, ...] = (1, 2, 4, 8), progress=None) -> list[dict]:
+    """Sample n target trajectories per prompt in each mode (regular decoding), then score every
+    position under both rules."""
+    codec = load_codec(target.model_dir)
+    target_runner, draft_runner = ModelRunner(target), ModelRunner(draft)
+    rows = []
+    for name, params in modes.items():
+        started = time.perf_counter()
+        scheduler = Scheduler(TargetWorker(target_runner), None, codec,
+                              SchedulerConfig(max_batch_size=batch_prompts * n, max_n=n, max_new_tokens=max_new_tokens,
+                                              draft_length=DraftLengthConfig.parse("0")))
+        requests = [GenerationRequest(prompt=p, n=n, max_new_tokens=max_new_tokens, sampling=params, seed=seed + i)
+                    for i, p in enumerate(prompts)]
+        standard, gumbel = [], []
+        for start in range(0, len(requests), batch_prompts):
+            chunk = requests[start:start + batch_prompts]
+            results = scheduler.generate(chunk)
+            for request, result in zip(chunk, results):
+                prompt_ids = codec.encode(request.prompt)
+                for seq in result.sequences:
+                    if not seq.token_ids:
+                        continue
+                    p_logits = teacher_forced_logits(target_runner, prompt_ids, seq.token_ids)
+                    q_logits = teacher_forced_logits(draft_runner, prompt_ids, seq.token_ids)
+                    row_params = RowParams.build([params] * len(seq.token_ids), p_logits.device)
+                    p = shape_probs(p_logits, row_params)
+                    q_ids, q_probs = compact_shaped(q_logits, row_params, draft_top_n)
+                    s, g = rule_acceptance(p, q_ids, q_probs)
+                    standard.append(s.cpu())
+                    gumbel.append(g.cpu())
+            if progress:
+                progress(f"{name}: {min(start + batch_prompts, len(requests))}/{len(requests)} prompts")
+        s_all, g_all = torch.cat(standard), torch.cat(gumbel)
+        a_s, a_g = s_all.mean().item(), g_all.mean().item()
+        row = {"mode": name, "temperature": params.temperature, "top_p": params.top_p, "prompts": len(prompts),
+               "n": n, "max_new_tokens": max_new_tokens, "draft_top_n": draft_top_n, "positions": len(s_all),
+               "alpha_standard": round(a_s, 4), "alpha_gumbel": round(a_g, 4),
+               "gumbel_over_standard": round(a_g / a_s, 4),
+               "tokens_per_step": {str(k): {"standard": round(tokens_per_step(a_s, k), 3),
+                                            "gumbel": round(tokens_per_step(a_g, k), 3)} for k in draft_lengths},
+               "wall_time_s": round(time.perf_counter() - started, 1)}
+        log.info("%s", row)
+        rows.append(row)
+    return rows

@@ -1,0 +1,49 @@
+"""The exact acceptance odds used to compare verification rules, against simulation."""
+
+import torch
+
+from bass.bench.acceptance_rules import rule_acceptance, tokens_per_step
+from bass.engine.sampling import compact
+
+
+def _random_pair(generator: torch.Generator, vocab: int, top_n: int, sharpness: float):
+    p = torch.softmax(sharpness * torch.randn(3, vocab, generator=generator), dim=-1)
+    q_full = torch.softmax(sharpness * torch.randn(3, vocab, generator=generator) + torch.log(p) * 0.5, dim=-1)
+    q_ids, q_probs = compact(q_full, top_n)
+    return p, q_ids, q_probs
+
+
+def test_identical_distributions_always_accept():
+    p = torch.softmax(torch.randn(4, 12, generator=torch.Generator().manual_seed(0)), dim=-1)
+    q_ids, q_probs = compact(p, 12)
+    standard, gumbel = rule_acceptance(p, q_ids, q_probs)
+    assert torch.allclose(standard, torch.ones(4, dtype=torch.float64))
+    assert torch.allclose(gumbel, torch.ones(4, dtype=torch.float64))
+
+
+def test_exact_odds_match_simulated_rules():
+    generator = torch.Generator().manual_seed(7)
+    vocab, top_n, trials = 10, 6, 200_000
+    p, q_ids, q_probs = _random_pair(generator, vocab, top_n, sharpness=1.5)
+    standard, gumbel = rule_acceptance(p, q_ids, q_probs)
+    q = torch.zeros_like(p).scatter_(-1, q_ids, q_probs)
+    for r in range(p.shape[0]):
+        # Standard rule: d ~ q, accept with min(1, p(d) / q(d)).
+        d = torch.multinomial(q[r], trials, replacement=True, generator=generator)
+        accept = torch.rand(trials, generator=generator) < (p[r, d] / q[r, d]).clamp(max=1)
+        assert abs(accept.double().mean().item() - standard[r].item()) < 4e-3
+        # Gumbel coupling: shared noise per token, accept iff both argmaxes agree.
+        g = -torch.log(-torch.log(torch.rand(trials, vocab, generator=generator)))
+        target_token = (torch.log(p[r]) + g).argmax(-1)
+        draft_token = (torch.log(q[r]) + g).argmax(-1)  # log 0 = -inf: never outside q's support
+        agree = (target_token == draft_token).double().mean().item()
+        assert abs(agree - gumbel[r].item()) < 4e-3
+        # The coupling bound from the drafter-invariance literature: (1 - TV) / (1 + TV) <= gumbel <= 1 - TV.
+        tv = 1 - standard[r].item()
+        assert (1 - tv) / (1 + tv) - 1e-9 <= gumbel[r].item() <= standard[r].item() + 1e-9
+
+
+def test_tokens_per_step():
+    assert tokens_per_step(1.0, 4) == 5.0
+    assert abs(tokens_per_step(0.5, 2) - 1.75) < 1e-12
+    assert tokens_per_step(0.0, 8) == 1.0
