@@ -154,20 +154,31 @@ def race(logits: torch.Tensor, rows: RowParams, row_keys: torch.Tensor | None) -
     logits plus the keyed noise of (row key, token), an exact sample of the shaped distribution
     (the Gumbel-max trick). The token is therefore a function of the distribution and the key
     alone: whoever proposed what, and whatever else shares the batch. row_keys (int64 [R],
-    from noise_keys) may be None when every row is greedy.
+    from noise_keys) may be None when every row is greedy. On a GPU one Triton launch runs it
+    (kernels/triton_sampling.py); this is its reference.
     """
     if rows.all_greedy:
         return logits.argmax(dim=-1)
+    greedy = rows.temperature == 0
+    temperature = torch.where(greedy, torch.ones_like(rows.temperature), rows.temperature)
+    cut = torch.full_like(temperature, float("-inf"))
+    if rows.any_truncation:
+        truncating = ((rows.top_k > 0) | (rows.top_p < 1)) & ~greedy
+        cut = torch.where(truncating, truncation_cut(logits.float() / temperature[:, None], rows.top_k, rows.top_p),
+                          cut)
+    if logits.is_cuda:
+        from bass.kernels.triton_sampling import gumbel_race
+
+        return gumbel_race(logits, temperature, cut, row_keys, greedy)
     out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
     vocab_ids = torch.arange(logits.shape[-1], device=logits.device)[None, :]
     step = max(1, _ROW_CHUNK_ELEMENTS // logits.shape[-1])
     for start in range(0, logits.shape[0], step):
         part = slice(start, start + step)
-        chunk_rows = rows.take(torch.arange(start, min(start + step, logits.shape[0]), device=logits.device))
-        scores = shaped_logits(logits[part], chunk_rows) + gumbel_noise(row_keys[part], vocab_ids)
+        scaled = logits[part].float() / temperature[part, None]
+        noise = torch.where(greedy[part, None], 0.0, gumbel_noise(row_keys[part], vocab_ids))
+        scores = torch.where(scaled >= cut[part, None], scaled + noise, float("-inf"))
         out[part] = scores.argmax(dim=-1)
-    if rows.any_greedy:
-        out = torch.where(rows.temperature == 0, logits.argmax(dim=-1), out)
     return out
 
 

@@ -1,0 +1,64 @@
+"""The Triton Gumbel race against its PyTorch reference (sampling.race): interpreter on the CPU,
+the real kernel on a GPU."""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # Triton picks its interpreter when first imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from bass.config import SamplingParams  # noqa: E402
+from bass.engine.sampling import RowParams, noise_keys, race, truncation_cut  # noqa: E402
+from bass.kernels.triton_sampling import gumbel_race  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+SETTINGS = [SamplingParams(temperature=0.8, top_p=0.95), SamplingParams(), SamplingParams(temperature=1.0),
+            SamplingParams(temperature=0.3, top_k=5), SamplingParams(temperature=1.3, top_k=40, top_p=0.5),
+            SamplingParams(temperature=0.0, top_k=3)]
+
+
+def kernel_inputs(logits, params, keys):
+    rows = RowParams.build(params, logits.device)
+    greedy = rows.temperature == 0
+    temperature = torch.where(greedy, torch.ones_like(rows.temperature), rows.temperature)
+    truncating = ((rows.top_k > 0) | (rows.top_p < 1)) & ~greedy
+    cut = torch.where(truncating, truncation_cut(logits.float() / temperature[:, None], rows.top_k, rows.top_p),
+                      torch.full_like(temperature, float("-inf")))
+    return temperature, cut, keys.to(logits.device), greedy
+
+
+@pytest.mark.parametrize("vocab", [37, 5000, 9000])  # one partial block; several blocks
+def test_kernel_picks_the_reference_winner(vocab):
+    torch.manual_seed(vocab)
+    params = SETTINGS * 2
+    logits = torch.randn(len(params), vocab) * 3
+    keys = noise_keys(range(100, 100 + len(params)), range(len(params)))
+    want = race(logits, RowParams.build(params, "cpu"), keys)
+    got = gumbel_race(logits.to(DEVICE), *kernel_inputs(logits.to(DEVICE), params, keys)).cpu()
+    assert torch.equal(got, want)
+
+
+def test_kernel_rows_do_not_depend_on_the_batch():
+    torch.manual_seed(0)
+    params = SETTINGS
+    logits = (torch.randn(len(params), 5000) * 2).to(DEVICE)
+    keys = noise_keys(range(len(params)), [3] * len(params))
+    together = gumbel_race(logits, *kernel_inputs(logits, params, keys))
+    for i in range(len(params)):
+        alone = gumbel_race(logits[i:i + 1], *kernel_inputs(logits[i:i + 1], params[i:i + 1], keys[i:i + 1]))
+        assert alone.item() == together[i].item()
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="bf16 logits at the real vocabulary size: GPU")
+def test_kernel_on_real_vocabulary_bf16():
+    torch.manual_seed(1)
+    params = SETTINGS * 8
+    logits = (torch.randn(len(params), 151_936, device="cuda") * 4).to(torch.bfloat16)
+    keys = noise_keys(range(len(params)), range(len(params)))
+    got = race(logits, RowParams.build(params, "cuda"), keys.cuda()).cpu()  # dispatches to the kernel
+    want = race(logits.float().cpu(), RowParams.build(params, "cpu"), keys)
+    # The noise's float transform may round differently on the GPU: only near-ties can differ.
+    assert (got == want).float().mean() >= 0.97
