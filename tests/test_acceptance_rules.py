@@ -47,3 +47,24 @@ def test_tokens_per_step():
     assert tokens_per_step(1.0, 4) == 5.0
     assert abs(tokens_per_step(0.5, 2) - 1.75) < 1e-12
     assert tokens_per_step(0.0, 8) == 1.0
+
+
+def test_measure_on_tiny_models(llama_target, llama_draft):
+    """End to end: a draft identical to the target accepts everything under both rules; a
+    different draft less, the coupling never above the standard rule."""
+    from bass.bench.acceptance_rules import measure
+    from bass.config import RunnerConfig, SamplingParams
+
+    def cfg(d):
+        return RunnerConfig(model_dir=d, num_slots=8, max_seq_len=128, attention="pad")
+
+    modes = {"t1": SamplingParams(temperature=1.0, top_p=0.95)}
+    prompts = ["def f(x):", "hello world", "import os"]
+    # The window covers the whole (flat, random) vocabulary, so q is exactly p.
+    same = measure(cfg(llama_target), cfg(llama_target), prompts, n=2, max_new_tokens=6, modes=modes, batch_prompts=2,
+                   score_batch=3, draft_top_n=1 << 20)[0]
+    assert same["positions"] == 3 * 2 * 6
+    assert same["alpha_standard"] > 0.999 and same["alpha_gumbel"] > 0.999
+    other = measure(cfg(llama_target), cfg(llama_draft), prompts, n=2, max_new_tokens=6, modes=modes,
+                    batch_prompts=2)[0]
+    assert 0 <= other["alpha_gumbel"] <= other["alpha_standard"] < 0.999

@@ -59,21 +59,35 @@ def tokens_per_step(alpha: float, k: int) -> float:
 
 
 @torch.inference_mode()
-def teacher_forced_logits(runner: ModelRunner, prompt: list[int], output: list[int]) -> torch.Tensor:
-    """Logits [len(output), V] of the model at every output position (predicting output[j])."""
-    seq_id = 1
-    runner.add([AddSequence(seq_id, tuple(prompt))])
+def teacher_forced_logits(runner: ModelRunner, sequences: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
+    """For each (prompt, output): the model's logits [len(output), V] at every output position
+    (row j predicts output[j]), all sequences in one ragged forward."""
+    ids = list(range(1, len(sequences) + 1))
+    runner.add([AddSequence(i, tuple(prompt)) for i, (prompt, _) in zip(ids, sequences)])
     try:
-        state = runner.get(seq_id)
-        logits = runner.forward([(state, list(output))], [len(output) + 1])
-        return logits[:len(output)]
+        work = [(runner.get(i), list(output)) for i, (_, output) in zip(ids, sequences)]
+        logits = runner.forward(work, [len(output) + 1 for _, output in sequences])
+        return [rows[:-1] for rows in logits.split([len(output) + 1 for _, output in sequences])]
     finally:
-        runner.release([seq_id])
+        runner.release(ids)
+
+
+def _score(target_runner, draft_runner, params, sequences, draft_top_n) -> tuple[torch.Tensor, torch.Tensor]:
+    standard, gumbel = [], []
+    for p_logits, q_logits in zip(teacher_forced_logits(target_runner, sequences),
+                                  teacher_forced_logits(draft_runner, sequences)):
+        row_params = RowParams.build([params] * p_logits.shape[0], p_logits.device)
+        p = shape_probs(p_logits, row_params)
+        q_ids, q_probs = compact_shaped(q_logits, row_params, draft_top_n)
+        s, g = rule_acceptance(p, q_ids, q_probs)
+        standard.append(s.cpu())
+        gumbel.append(g.cpu())
+    return torch.cat(standard), torch.cat(gumbel)
 
 
 def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, n: int, max_new_tokens: int,
             modes: dict[str, SamplingParams], draft_top_n: int = 64, batch_prompts: int = 8, seed: int = 0,
-            draft_lengths: tuple[int, ...] = (1, 2, 4, 8), progress=None) -> list[dict]:
+            draft_lengths: tuple[int, ...] = (1, 2, 4, 8), score_batch: int = 8, progress=None) -> list[dict]:
     """Sample n target trajectories per prompt in each mode (regular decoding), then score every
     position under both rules."""
     codec = load_codec(target.model_dir)
@@ -89,20 +103,13 @@ def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, n:
         standard, gumbel = [], []
         for start in range(0, len(requests), batch_prompts):
             chunk = requests[start:start + batch_prompts]
-            results = scheduler.generate(chunk)
-            for request, result in zip(chunk, results):
-                prompt_ids = codec.encode(request.prompt)
-                for seq in result.sequences:
-                    if not seq.token_ids:
-                        continue
-                    p_logits = teacher_forced_logits(target_runner, prompt_ids, seq.token_ids)
-                    q_logits = teacher_forced_logits(draft_runner, prompt_ids, seq.token_ids)
-                    row_params = RowParams.build([params] * len(seq.token_ids), p_logits.device)
-                    p = shape_probs(p_logits, row_params)
-                    q_ids, q_probs = compact_shaped(q_logits, row_params, draft_top_n)
-                    s, g = rule_acceptance(p, q_ids, q_probs)
-                    standard.append(s.cpu())
-                    gumbel.append(g.cpu())
+            sequences = [(codec.encode(request.prompt), seq.token_ids)
+                         for request, result in zip(chunk, scheduler.generate(chunk))
+                         for seq in result.sequences if seq.token_ids]
+            for first in range(0, len(sequences), score_batch):
+                s, g = _score(target_runner, draft_runner, params, sequences[first:first + score_batch], draft_top_n)
+                standard.append(s)
+                gumbel.append(g)
             if progress:
                 progress(f"{name}: {min(start + batch_prompts, len(requests))}/{len(requests)} prompts")
         s_all, g_all = torch.cat(standard), torch.cat(gumbel)
