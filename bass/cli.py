@@ -188,6 +188,47 @@ def bench_acceptance_rules(target_dir, draft_dir, problems, n, max_new_tokens, m
     click.echo(text)
 
 
+@bench.command("invariance")
+@click.option("--target", "target_dir", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--draft", "draft_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--problems", default="0:16", show_default=True, help="HumanEval problems, one request each.")
+@click.option("--max-new-tokens", default=128, show_default=True)
+@click.option("--modes", default="greedy,t0.8-p0.95", show_default=True)
+@click.option("--policies", default="0,4,auto", show_default=True, help="Draft-length policies compared.")
+@click.option("--device", default="auto", show_default=True)
+@click.option("--dtype", type=click.Choice(DTYPES + ("auto",)), default="auto", show_default=True)
+@click.option("--max-seq-len", default=1024, show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False))
+def bench_invariance(target_dir, draft_dir, problems, max_new_tokens, modes, policies, device, dtype, max_seq_len,
+                     out) -> None:
+    """Seeded requests alone vs in one batch, regular vs speculative: which sequences' tokens
+    differ, and where they first do (numerics of batch-dependent kernels)."""
+    from bass.bench.acceptance import MODES
+    from bass.bench.environment import describe
+    from bass.bench.humaneval import load_problems, select
+    from bass.bench.invariance import measure
+
+    device = resolve_device(device)
+    dtype = resolve_dtype(dtype, device)
+    chosen = select(load_problems(), problems)
+    unknown = [m for m in modes.split(",") if m and m not in MODES]
+    if unknown:
+        raise click.BadParameter(f"unknown modes {unknown}; known: {sorted(MODES)}", param_hint="--modes")
+    runner = dict(device=device, dtype=dtype, num_slots=len(chosen), max_seq_len=max_seq_len)
+    rows = measure(RunnerConfig(model_dir=target_dir, **runner),
+                   RunnerConfig(model_dir=draft_dir, **runner) if draft_dir else None,
+                   [p["prompt"] for p in chosen], modes={m: MODES[m] for m in modes.split(",") if m},
+                   policies=[p for p in policies.split(",") if p], max_new_tokens=max_new_tokens,
+                   progress=lambda msg: click.echo(msg, err=True))
+    result = {"benchmark": "invariance", "environment": describe(device), "target": str(target_dir),
+              "draft": str(draft_dir), "dtype": dtype, "problems": f"HumanEval {problems} ({len(chosen)})",
+              "results": rows}
+    text = json.dumps(result, indent=2)
+    if out:
+        Path(out).write_text(text + "\n")
+    click.echo(text)
+
+
 def _register_model_commands() -> None:
     from bass.models.commands import convert_gguf_command, fetch_models_command
 
