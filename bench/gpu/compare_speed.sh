@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# On the GPU machine, after setup.sh: the same `bass bench speed` runs for a baseline build and
+# the current one, back to back in one call, so a change is compared with its baseline on the
+# same machine. The baseline site is /tmp/site-base (prepared by this script from .whlbase/:
+# the baseline commit's wheel and its generated bass/v1). Usage:
+#   compare_speed.sh MODE BATCHES POLICIES [--services]   (e.g. t0.8-p0.95 1,8,64 0,4,auto)
+set -uo pipefail
+R=$PWD
+mode=$1 batches=$2 policies=$3; shift 3
+if [ ! -d /tmp/site-base ]; then
+  cp -r /tmp/site /tmp/site-base
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site-base \
+    .whlbase/bass_serving-*.whl 2>/dev/null
+  rm -rf /tmp/site-base/bass/v1 && cp -r .whlbase/v1 /tmp/site-base/bass/v1
+fi
+cd /tmp
+export PYTHONUNBUFFERED=1
+T=/tmp/models/qwen2.5-coder-1.5b-instruct
+D=/tmp/models/qwen2.5-coder-0.5b-instruct
+for build in base new; do
+  site=/tmp/site; [ $build = base ] && site=/tmp/site-base
+  PYTHONPATH=$site timeout 170 python3 -m bass.cli bench speed --target $T --draft $D --device cuda \
+    --dtype bfloat16 --max-seq-len 1024 --max-new-tokens 128 --problems 0:16 --peak-tflops 989 \
+    --batches $batches --policies $policies --mode $mode "$@" --out $OUT/speed-$mode-$build.json \
+    > /dev/null 2> $OUT/speed-$mode-$build.log
+done
+python3 - "$OUT" "$mode" <<'PY'
+import json, sys
+out, mode = sys.argv[1:]
+rows = {b: {(r["batch"], r["policy"]): r for r in json.load(open(f"{out}/speed-{mode}-{b}.json"))["results"]}
+        for b in ("base", "new")}
+for key in rows["new"]:
+    base, new = rows["base"].get(key), rows["new"][key]
+    print(mode, "batch", key[0], "policy", key[1], "ms/token/seq base",
+          base and base["ms_per_token_per_sequence"], "new", new["ms_per_token_per_sequence"])
+PY
