@@ -70,16 +70,28 @@ class DraftWorker:
                     runner.rewind(state, 2)
 
         device = runner.device
-        drafts: list[list[int]] = [[] for _ in items]
         active = [i for i, it in enumerate(items) if it.num_tokens > 0]
         params = RowParams.build([items[i].sampling.params for i in active], device)
         seed_keys = [items[i].sampling.seed_key for i in active]
         base = [len(states[i].committed) for i in active]
         rows = [items[i].num_tokens for i in active]
+        # Step j's winners feed step j + 1 straight from the device: the host never waits for a
+        # draft token, and copies all of them back once, at the end.
+        winners: list[tuple[list[int], torch.Tensor]] = []  # (live sequences, their tokens) per step
+        fed_from: dict[int, int] = {}  # sequence -> cache position of its first device-fed token
         for j in range(max(rows, default=0)):
             live = [n for n in range(len(active)) if rows[n] > j]
-            work = [(states[active[n]], [] if j == 0 else [drafts[active[n]][-1]]) for n in live]
-            logits = runner.forward(work, [1] * len(live))
+            live_states = [states[active[n]] for n in live]
+            if j == 0:
+                logits = runner.forward([(state, []) for state in live_states], [1] * len(live))
+            else:
+                for n, state in zip(live, live_states):
+                    fed_from.setdefault(n, runner.cached(state))
+                prev_live, prev_tokens = winners[-1]
+                if len(live) < len(prev_live):  # per-sequence lengths: some stopped drafting
+                    keep = torch.tensor([prev_live.index(n) for n in live], device=device)
+                    prev_tokens = prev_tokens[keep]
+                logits = runner.forward_fed(live_states, prev_tokens)
             if params.all_greedy:
                 tokens = logits.argmax(dim=-1)
             else:
@@ -89,6 +101,16 @@ class DraftWorker:
                 ids, probs = compact_shaped(logits, live_params, self.top_n)
                 keys = noise_keys([seed_keys[n] for n in live], [base[n] + j for n in live])
                 tokens = race_compact(ids, probs, keys.to(device, non_blocking=True))
-            for n, t in zip(live, tokens.tolist()):
-                drafts[active[n]].append(t)
+            winners.append((live, tokens))
+
+        drafts: list[list[int]] = [[] for _ in items]
+        if winners:
+            values = torch.cat([tokens for _, tokens in winners]).tolist()  # the one device-to-host copy
+            offset = 0
+            for live, _ in winners:
+                for n, t in zip(live, values[offset:offset + len(live)]):
+                    drafts[active[n]].append(t)
+                offset += len(live)
+        for n, start in fed_from.items():
+            runner.settle(states[active[n]], start, drafts[active[n]][:rows[n] - 1])
         return ProposeResponse(tokens=drafts)

@@ -39,6 +39,9 @@ class _Graph:
     batch: RaggedBatch  # static buffers the graph reads
     host: torch.Tensor  # pinned staging for one H2D copy of all inputs
     hidden: torch.Tensor | None  # static output: final hidden states of the logit rows
+    # Marks the last copy out of `host`: the host may queue replays ahead of the GPU (draft steps
+    # fed from the device), so it must not overwrite the staging buffer before the copy ran.
+    copied: torch.cuda.Event | None = None
 
 
 class DecodeGraphs:
@@ -60,12 +63,15 @@ class DecodeGraphs:
         return ((self.bucket(len(chunks)), q, rows) in self.graphs
                 and all(len(c.tokens) == q and c.logit_rows == rows for c in chunks))
 
-    def run(self, chunks: list[SequenceChunk]) -> torch.Tensor:
-        """fp32 logits for an eligible batch ([len(chunks) * logit_rows, vocab])."""
+    def run(self, chunks: list[SequenceChunk], input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """fp32 logits for an eligible batch ([len(chunks) * logit_rows, vocab]). input_ids, a
+        device tensor of every chunk's tokens in order, replaces the chunks' own token lists."""
         num, q, rows = len(chunks), len(chunks[0].tokens), chunks[0].logit_rows
         key = (self.bucket(num), q, rows)
         graph = self.graphs[key]
         self._fill(graph, chunks, *key)
+        if input_ids is not None:
+            graph.batch.input_ids[:num * q].copy_(input_ids)
         graph.graph.replay()
         return self.model.logits(graph.hidden[:num * rows])
 
@@ -109,8 +115,12 @@ class DecodeGraphs:
         tslots += [self.scratch_slot] * (pad * q)
         slots += [self.scratch_slot] * pad
         ctx += [q] * pad
+        if g.copied is not None:
+            g.copied.synchronize()
         g.host.copy_(torch.tensor(ids + pos + tslots + slots + ctx, dtype=torch.int64))
         dev = g.host.to(self.device, non_blocking=True)
+        g.copied = torch.cuda.Event()
+        g.copied.record()
         tokens, bt = bucket * q, g.batch
         bt.input_ids.copy_(dev[:tokens])
         bt.positions.copy_(dev[tokens:2 * tokens])

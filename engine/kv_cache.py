@@ -78,6 +78,16 @@ class KVCache:
         cached.extend(tokens)
         return start
 
+    def settle(self, slot: int, start: int, tokens: list[int]) -> None:
+        """Record the values of tokens that were appended as placeholders (their ids lived on
+        the device when they ran) at positions start.. ."""
+        self._check(slot)
+        cached = self._tokens[slot]
+        if start < 0 or start + len(tokens) > len(cached):
+            raise ValueError(f"cannot settle positions {start}..{start + len(tokens)} of slot {slot} "
+                             f"holding {len(cached)}")
+        cached[start:start + len(tokens)] = tokens
+
     def truncate(self, slot: int, length: int) -> None:
         """Forget positions >= length (rollback). Storage is overwritten by later appends."""
         self._check(slot)

@@ -10,7 +10,7 @@ forward runs the pending tokens. Rollback is therefore a length change, never an
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import torch
@@ -24,6 +24,9 @@ from bass.errors import InvalidRequestError, SequenceTooLongError, UnknownSequen
 from bass.worker_api import AddSequence, WorkerInfo
 
 log = logging.getLogger(__name__)
+
+# Cache entry of a token that ran from a device tensor and whose id the host does not know yet.
+PLACEHOLDER = -1
 
 
 @dataclass
@@ -130,6 +133,10 @@ class ModelRunner:
         if keep < len(cached):
             self.cache.truncate(state.slot, keep)
 
+    def cached(self, state: SequenceState) -> int:
+        """Tokens the cache holds for this sequence (committed or speculative)."""
+        return self.cache.length(state.slot)
+
     def pending(self, state: SequenceState) -> int:
         """Committed tokens this model has not run yet."""
         return len(state.committed) - self.cache.length(state.slot)
@@ -161,6 +168,24 @@ class ModelRunner:
         if self.graphs is not None and self.graphs.eligible(chunks):
             return self.graphs.run(chunks)
         return self.model.forward(RaggedBatch.build(chunks, self.device), self.cache)
+
+    def forward_fed(self, states: list[SequenceState], input_ids: torch.Tensor) -> torch.Tensor:
+        """One token per sequence whose ids are already on the device (the previous draft
+        step's winners): fp32 logits [len(states), V], with no host round trip in between, so
+        the host queues the next step while the GPU runs this one. The cache records
+        placeholders for these tokens; `settle` writes their values once the caller has copied
+        all its results to the host."""
+        chunks = []
+        for state in states:
+            start = self.cache.append(state.slot, [PLACEHOLDER])
+            chunks.append(SequenceChunk(slot=state.slot, start=start, tokens=[PLACEHOLDER], logit_rows=1))
+        if self.graphs is not None and self.graphs.eligible(chunks):
+            return self.graphs.run(chunks, input_ids=input_ids)
+        return self.model.forward(replace(RaggedBatch.build(chunks, self.device), input_ids=input_ids), self.cache)
+
+    def settle(self, state: SequenceState, start: int, tokens: Sequence[int]) -> None:
+        """The values of placeholder tokens run by forward_fed, from cache position `start`."""
+        self.cache.settle(state.slot, start, list(tokens))
 
     def warm_up(self, graph_shapes: Sequence[tuple[int, int]] = ()) -> None:
         """One tiny forward, so the first real request does not pay for lazy initialization;

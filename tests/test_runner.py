@@ -87,3 +87,33 @@ def test_rewind_recomputes_a_cached_token_with_the_same_result(runner):
     torch.testing.assert_close(again[:1], direct, atol=1e-5, rtol=1e-5)
     runner.rewind(s, 99)  # more than is cached: left as it is
     assert runner.cache.tokens(s.slot) == [5, 6, 7, 9] and runner.pending(s) == 0
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_draft_tokens_fed_from_the_device_are_settled_in_the_cache(runner, temperature):
+    """Draft steps after the first take their input ids from the previous step's device tensor;
+    afterwards the cache records the real ids (no placeholder), for ragged per-sequence k, and
+    the drafts equal those of a step-by-step draft that copies each token to the host."""
+    from bass.config import SamplingParams
+    from bass.draft_service.worker import DraftWorker
+    from bass.engine.runner import PLACEHOLDER
+    from bass.worker_api import ProposeItem, ProposeRequest, SequenceSampling
+
+    worker = DraftWorker(runner, top_n=8)
+    sampling = SequenceSampling(SamplingParams(temperature=temperature, top_p=0.9), seed_key=77)
+    request = ProposeRequest(items=[ProposeItem(1, 4, (), sampling), ProposeItem(2, 1, (), sampling),
+                                    ProposeItem(3, 3, (), sampling)],
+                             add=[AddSequence(1, (5, 6, 7)), AddSequence(2, (9, 3)), AddSequence(3, (5, 6, 7, 8))])
+    drafts = worker.propose(request).tokens
+    assert [len(d) for d in drafts] == [4, 1, 3]
+    for seq_id, d in zip((1, 2, 3), drafts):
+        state = runner.get(seq_id)
+        cached = runner.cache.tokens(state.slot)
+        assert PLACEHOLDER not in cached
+        assert cached[len(state.committed):] == d[:-1]  # the last draft token never ran
+    # The same proposals, one token at a time through the host.
+    for seq_id, d in zip((1, 2, 3), drafts):
+        state = runner.get(seq_id)
+        runner.cache.truncate(state.slot, len(state.committed) - 1)
+        step = worker.propose(ProposeRequest(items=[ProposeItem(seq_id, 1, (), sampling)])).tokens[0]
+        assert step == d[:1]
