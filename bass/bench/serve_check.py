@@ -104,36 +104,30 @@ def answer_problems(record: RequestRecord, reference: Answer) -> tuple[list[str]
 
 
 def check_run(records: list[RequestRecord], references: dict[RequestSpec, Answer | ReferenceFailure]) -> dict:
-    """Counts per kind of problem over the completed requests of one run, and a few examples."""
+    """Per kind of problem, how many completed requests of one run have it; `mismatches` counts
+    the requests with any problem (each once); a few examples say what went wrong."""
     counts = Counter()
     examples: list[str] = []
-
-    def note(kind: str, record: RequestRecord, problems: list[str]) -> None:
-        if problems:
-            counts[kind] += 1
-            if len(examples) < MAX_EXAMPLES:
-                examples.append(f"{kind}: {record.spec.prompt.id} sent at {record.sent_s:.3f} s: {problems[0]}")
+    bad = 0
 
     for r in records:
         if not r.ok:
             continue
-        note("broken_streams", r, stream_problems(r))
+        found = {"broken_streams": stream_problems(r)}
         if not r.spec.deterministic:
             counts["unchecked_unseeded"] += 1
-            continue
-        reference = references.get(r.spec)
-        if not isinstance(reference, Answer):
+        elif not isinstance(reference := references.get(r.spec), Answer):
             counts["unchecked_no_reference"] += 1
-            continue
-        kind = "greedy" if r.spec.temperature == 0 else "seeded"
-        counts[f"{kind}_checked"] += 1
-        token_problems, text_problems = answer_problems(r, reference)
-        note(f"{kind}_mismatches", r, token_problems)
-        note("text_mismatches", r, text_problems)
+        else:
+            kind = "greedy" if r.spec.temperature == 0 else "seeded"
+            counts[f"{kind}_checked"] += 1
+            found[f"{kind}_mismatches"], found["text_mismatches"] = answer_problems(r, reference)
+        problems = {k: v for k, v in found.items() if v}
+        counts.update(problems.keys())
+        bad += bool(problems)
+        for kind, what in problems.items():
+            if len(examples) < MAX_EXAMPLES:
+                examples.append(f"{kind}: {r.spec.prompt.id} sent at {r.sent_s:.3f} s: {what[0]}")
     keys = ("greedy_checked", "greedy_mismatches", "seeded_checked", "seeded_mismatches", "text_mismatches",
             "broken_streams", "unchecked_unseeded", "unchecked_no_reference")
-    out = {k: counts[k] for k in keys}
-    out["mismatches"] = out["greedy_mismatches"] + out["seeded_mismatches"] + out["text_mismatches"] + \
-        out["broken_streams"]
-    out["examples"] = examples
-    return out
+    return {**{k: counts[k] for k in keys}, "mismatches": bad, "examples": examples}

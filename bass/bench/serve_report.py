@@ -22,8 +22,9 @@ def _num(value, fmt: str = "{:.2f}") -> str:
 
 def markdown_table(result: dict) -> str:
     lines = ["| mode | load | done | errors | req/s | out tok/s | goodput/s | TTFT p50 / p99 ms | "
-             "TPOT p50 / p90 / p99 ms | ITL p50 / p99 ms | E2E p50 / p99 ms | tok/delta | mismatches |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "TPOT p50 / p90 / p99 ms | ITL p50 / p99 ms | ITL p99 with / without prefill ms | E2E p50 / p99 ms | "
+             "tok/delta | mismatches |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["runs"]:
         errors = ", ".join(f"{k} {v}" for k, v in r["errors"].items()) or "0"
         check = r.get("correctness")
@@ -33,8 +34,14 @@ def markdown_table(result: dict) -> str:
             f"{_num(r['requests_per_s'])} | {_num(r['output_tokens_per_s'], '{:.0f}')} | "
             f"{_num(r['goodput_per_s'])} | {_p(r['ttft_ms'], 'p50')} / {_p(r['ttft_ms'], 'p99')} | "
             f"{_p(r['tpot_ms'], 'p50')} / {_p(r['tpot_ms'], 'p90')} / {_p(r['tpot_ms'], 'p99')} | "
-            f"{_p(r['itl_ms'], 'p50')} / {_p(r['itl_ms'], 'p99')} | {_p(r['e2e_ms'], 'p50')} / {_p(r['e2e_ms'], 'p99')} | "
+            f"{_p(r['itl_ms'], 'p50')} / {_p(r['itl_ms'], 'p99')} | "
+            f"{_p(r['itl_ms_with_prefill'], 'p99')} / {_p(r['itl_ms_without_prefill'], 'p99')} | {_p(r['e2e_ms'], 'p50')} / {_p(r['e2e_ms'], 'p99')} | "
             f"{_num(r['tokens_per_delta'])} | {mismatches} |")
+    refs = result.get("references")
+    if refs and refs["requests"]:
+        failed = ", ".join(f"{k} {v}" for k, v in refs["failed"].items()) or "none failed"
+        lines += ["", f"References: {refs['requests']} distinct requests sent alone first ({failed}); "
+                      "mismatches = completed requests whose answer or stream was wrong."]
     return "\n".join(lines) + "\n"
 
 

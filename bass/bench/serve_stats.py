@@ -6,6 +6,9 @@
 - ITL: the gaps between consecutive deltas of one sequence, i.e. what a reader of the stream
   waits. With speculation one delta often carries several tokens, so ITL counts steps, not
   tokens; a stall (a step delayed by someone else's prefill) shows up in its tail.
+- ITL split by arrivals: a gap during which another request received its first token (so was
+  prefilled in that gap's step) counts as "with prefill", else "without"; the two tails side by
+  side show whether arrivals stall running sequences.
 - E2E: send to the end of the stream.
 - Throughput: completed requests and output tokens over the run's wall time (first scheduled
   send to last answer). Goodput: requests/s that met every SLO given.
@@ -13,6 +16,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -94,6 +98,33 @@ def distribution_ms(values_s: list[float]) -> dict | None:
             "max": round(max(ms), 3), "count": len(ms)}
 
 
+# Deltas of one step reach different streams a little apart; a first token this soon after a
+# gap's end still came from that gap's step.
+SAME_STEP_S = 0.001
+
+
+def itl_by_prefill(records: list[RequestRecord]) -> tuple[list[float], list[float]]:
+    """(gaps during which another request got its first token, the other gaps), in seconds."""
+    firsts = []  # (absolute time of a request's first token, its position in records)
+    for i, r in enumerate(records):
+        t = min((d.t_s for d in r.deltas if d.token_ids), default=None)
+        if r.ok and t is not None:
+            firsts.append((r.sent_s + t, i))
+    firsts.sort()
+    times = [t for t, _ in firsts]
+    with_prefill, without = [], []
+    for i, r in enumerate(records):
+        if not r.ok:
+            continue
+        for seq in r.token_times_by_index().values():
+            for (a, _), (b, _) in zip(seq, seq[1:]):
+                lo = bisect.bisect_right(times, r.sent_s + a)
+                hi = bisect.bisect_right(times, r.sent_s + b + SAME_STEP_S)
+                others = any(firsts[j][1] != i for j in range(lo, hi))
+                (with_prefill if others else without).append(b - a)
+    return with_prefill, without
+
+
 def summarize(records: list[RequestRecord], slo: Slo) -> dict:
     """One run's figures. Only completed requests enter the latency figures; every other
     outcome is counted under its gRPC status code."""
@@ -104,6 +135,7 @@ def summarize(records: list[RequestRecord], slo: Slo) -> dict:
     tokens = sum(x.output_tokens for x in latencies)
     good = sum(meets_slo(x, slo) for x in latencies) if slo.given else None
     last_send = max((r.sent_s for r in records), default=0.0)
+    with_prefill, without_prefill = itl_by_prefill(records)
     return {
         "requests": len(records), "completed": len(done),
         "errors": {code: count for code, count in sorted(statuses.items()) if code != "OK"},
@@ -116,6 +148,8 @@ def summarize(records: list[RequestRecord], slo: Slo) -> dict:
         "ttft_ms": distribution_ms([x.ttft_s for x in latencies if x.ttft_s is not None]),
         "tpot_ms": distribution_ms([x.tpot_s for x in latencies if x.tpot_s is not None]),
         "itl_ms": distribution_ms([g for x in latencies for g in x.itl_s]),
+        "itl_ms_with_prefill": distribution_ms(with_prefill),
+        "itl_ms_without_prefill": distribution_ms(without_prefill),
         "e2e_ms": distribution_ms([x.e2e_s for x in latencies]),
         "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms},
         "good_requests": good,
