@@ -559,7 +559,13 @@ def bench_serve(ctx, address, start_server, rates, concurrency, num_requests, du
         result = run(address, config, prompts, show_progress=progress, log=lambda m: click.echo(m, err=True))
     finally:
         stop_all(processes)
-    result = {"benchmark": "serve", "environment": describe(device), "address": address,
+    environment = describe(device)
+    if not start_server:  # the service may run beside this client: name the GPU it would share
+        import torch
+
+        if torch.cuda.is_available():
+            environment["gpu_on_client_machine"] = torch.cuda.get_device_name(0)
+    result = {"benchmark": "serve", "environment": environment, "address": address,
               "server": json.loads(json.dumps({k: asdict(server)[k] for k in ("target", "draft", "coordinator")},
                                               default=str)) if server else None,
               "prompts": {"source": prompts_file or f"HumanEval {problems or 'all'}", "count": len(prompts)},

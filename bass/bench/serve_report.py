@@ -75,7 +75,7 @@ def plot(result: dict, path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     env = result.get("environment", {})
-    fig.suptitle(f"bass bench serve: {env.get('gpu') or env.get('cpu') or ''} {env.get('commit', '')}", fontsize=10)
+    fig.suptitle(f"bass bench serve: {env.get('gpu') or env.get('gpu_on_client_machine') or env.get('cpu') or ''} {env.get('commit', '')}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
