@@ -557,6 +557,8 @@ def bench_serve(ctx, address, start_server, rates, concurrency, num_requests, du
                 _fail(e)
             address, device = processes[-1].address, server.target.device
         result = run(address, config, prompts, show_progress=progress, log=lambda m: click.echo(m, err=True))
+    except ConnectionError as e:
+        raise click.ClickException(str(e)) from None
     finally:
         stop_all(processes)
     environment = describe(device)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import socket
 import subprocess
 import sys
 import threading
@@ -362,3 +363,15 @@ def test_cli_refuses_model_flags_without_serve():
     proc = subprocess.run([sys.executable, "-m", "bass.cli", "bench", "serve", "--address", "127.0.0.1:1",
                            "--device", "cpu", "--rates", "1"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--device need --serve" in proc.stderr
+
+
+def test_a_wrong_address_fails_at_once():
+    from bass.bench.serve import _require_server
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    with pytest.raises(ConnectionError, match=f"127.0.0.1:{port}"):
+        _require_server(f"127.0.0.1:{port}", timeout_s=0.5)
+    assert time.monotonic() - t0 < 5

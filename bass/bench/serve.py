@@ -139,6 +139,7 @@ def _run_once(address: str, config: ServeBenchConfig, p: Plan, mode: str, show_p
 def run(address: str, config: ServeBenchConfig, prompts: list[Prompt], *, show_progress: bool = True,
         log=lambda message: None) -> dict:
     """All runs; returns {"config", "references", "runs": [...]} (the caller adds where it ran)."""
+    _require_server(address)
     plans = plan(config, prompts)
     references: dict = {}
     reference_wall = 0.0
@@ -153,8 +154,12 @@ def run(address: str, config: ServeBenchConfig, prompts: list[Prompt], *, show_p
     runs = []
     for p in plans:
         for mode in config.modes:
+            cpu0, wall0 = time.process_time(), time.perf_counter()
             records = _run_once(address, config, p, mode, show_progress)
-            row = {"mode": mode, "load": p.load.to_dict(), **summarize(records, config.slo)}
+            # Near 1.0 the client itself (one Python process) limits what it measures.
+            busy = (time.process_time() - cpu0) / max(time.perf_counter() - wall0, 1e-9)
+            row = {"mode": mode, "load": p.load.to_dict(), **summarize(records, config.slo),
+                   "client_cpu_busy": round(busy, 3)}
             row["correctness"] = check_run(records, references) if config.check else None
             log(f"{mode} {p.load.kind} {p.load.label}: {_one_line(row)}")
             runs.append(row)
@@ -165,6 +170,17 @@ def run(address: str, config: ServeBenchConfig, prompts: list[Prompt], *, show_p
     return {"config": _config_dict(config),
             "references": {"requests": len(references), "failed": failed, "wall_s": round(reference_wall, 2)},
             "runs": runs}
+
+
+def _require_server(address: str, timeout_s: float = 30.0) -> None:
+    """Fail at once on a wrong address (rather than count every request as UNAVAILABLE)."""
+    import grpc
+
+    with grpc.insecure_channel(address) as channel:
+        try:
+            grpc.channel_ready_future(channel).result(timeout=timeout_s)
+        except grpc.FutureTimeoutError:
+            raise ConnectionError(f"no service answers at {address} (waited {timeout_s:.0f} s)") from None
 
 
 def _spec_order(s: RequestSpec):

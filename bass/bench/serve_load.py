@@ -22,6 +22,14 @@ from bass.v1 import generation_pb2_grpc
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 2**20)]
 
 OnDone = Callable[[RequestRecord], None]
+CONNECT_TIMEOUT_S = 60.0
+
+
+async def _connect(channel, address: str) -> None:
+    try:
+        await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise ConnectionError(f"no Generation service answers at {address}") from None
 
 
 def to_request(spec: RequestSpec):
@@ -51,7 +59,7 @@ async def _stream_one(stub, spec: RequestSpec, scheduled_s: float, start: float,
 async def _open_loop(address: str, arrivals: list[Arrival], timeout_s: float, on_done: OnDone | None):
     async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
         stub = generation_pb2_grpc.GenerationStub(channel)
-        await channel.channel_ready()
+        await _connect(channel, address)
         start = time.perf_counter()
 
         async def one(a: Arrival) -> RequestRecord:
@@ -68,7 +76,7 @@ async def _closed_loop(address: str, specs: Iterator[RequestSpec], concurrency: 
                        timeout_s: float, on_done: OnDone | None):
     async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
         stub = generation_pb2_grpc.GenerationStub(channel)
-        await channel.channel_ready()
+        await _connect(channel, address)
         start = time.perf_counter()
         records: list[RequestRecord] = []
 
