@@ -505,45 +505,167 @@ def _require_model(path: Path, what: str) -> Path:
     return Path(path)
 
 
+def serve_options(f):
+    """The model and service flags of `bass serve`; `bass bench serve --serve` takes the same."""
+    for opt in reversed([
+        click.option("--target", "target_dir", type=click.Path(file_okay=False),
+                     help="Target model directory [the bundled 1.5B from `make models`]."),
+        click.option("--draft", "draft_dir", type=click.Path(file_okay=False),
+                     help="Draft model directory [the bundled 0.5B]; 'none' for regular decoding only."),
+        click.option("--port", type=int, help="Public port of the coordinator [50051]."),
+        click.option("--metrics-port", type=int, help="Serve the coordinator's Prometheus metrics on this port [off]."),
+        click.option("--device", help="cpu | cuda | auto [auto]."),
+        click.option("--dtype", type=click.Choice(DTYPES + ("auto",)), help="[auto: bfloat16 on GPU, float32 on CPU]"),
+        click.option("--num-slots", type=int, help="KV cache slots per model [64]."),
+        click.option("--max-seq-len", type=int, help="KV cache positions per sequence [2048]."),
+        scheduler_options,
+        click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
+                     help="TOML with [target], [draft], [coordinator] sections (see README)."),
+    ]):
+        f = opt(f)
+    return f
+
+
+def _serve_config(ctx: click.Context, default_port: int | None = None) -> ServeConfig:
+    """The ServeConfig that serve_options' flags (over a --config file) describe."""
+    p = ctx.params
+    cfg = load_config_file(Path(p["config_file"])) if p["config_file"] else ServeConfig()
+    workers = {k: p[k] for k in ("num_slots", "max_seq_len") if p[k] is not None}
+    dev = resolve_device(p["device"] or cfg.target.device)
+    dt = resolve_dtype(p["dtype"] or cfg.target.dtype, dev)
+    target = replace(cfg.target, device=dev, dtype=dt, **workers,
+                     model_dir=_require_model(p["target_dir"] or cfg.target.model_dir or default_model_pair()[1],
+                                              "target"))
+    draft = None
+    if p["draft_dir"] != "none":
+        base = cfg.draft or WorkerServiceConfig()
+        draft = replace(base, device=dev, dtype=dt, **workers,
+                        model_dir=_require_model(p["draft_dir"] or base.model_dir or default_model_pair()[0], "draft"))
+    coord = _with_scheduler_options(ctx, cfg.coordinator)
+    port = p["port"] if p["port"] is not None else default_port
+    coord = replace(coord, **{k: v for k, v in dict(port=port, metrics_port=p["metrics_port"]).items()
+                              if v is not None})
+    return ServeConfig(target=target, draft=draft, coordinator=coord)
+
+
 @main.command("serve")
-@click.option("--target", "target_dir", type=click.Path(file_okay=False),
-              help="Target model directory [the bundled 1.5B from `make models`].")
-@click.option("--draft", "draft_dir", type=click.Path(file_okay=False),
-              help="Draft model directory [the bundled 0.5B]; 'none' for regular decoding only.")
-@click.option("--port", type=int, help="Public port of the coordinator [50051].")
-@click.option("--metrics-port", type=int, help="Serve the coordinator's Prometheus metrics on this port [off].")
-@click.option("--device", help="cpu | cuda | auto [auto].")
-@click.option("--dtype", type=click.Choice(DTYPES + ("auto",)), help="[auto: bfloat16 on GPU, float32 on CPU]")
-@click.option("--num-slots", type=int, help="KV cache slots per model [64].")
-@click.option("--max-seq-len", type=int, help="KV cache positions per sequence [2048].")
-@scheduler_options
-@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
-              help="TOML with [target], [draft], [coordinator] sections (see README).")
+@serve_options
 @click.pass_context
-def serve(ctx, target_dir, draft_dir, port, metrics_port, device, dtype, num_slots, max_seq_len, config_file,
-          **_) -> None:
+def serve(ctx, **_) -> None:
     """Start target, draft and coordinator locally (three processes) and stop them together."""
     from bass.launcher import launch, run_until_stopped
 
     try:
-        cfg = load_config_file(Path(config_file)) if config_file else ServeConfig()
-        workers = {k: v for k, v in dict(num_slots=num_slots, max_seq_len=max_seq_len).items() if v is not None}
-        dev = resolve_device(device or cfg.target.device)
-        dt = resolve_dtype(dtype or cfg.target.dtype, dev)
-        target = replace(cfg.target, device=dev, dtype=dt, **workers,
-                         model_dir=_require_model(target_dir or cfg.target.model_dir or default_model_pair()[1], "target"))
-        draft = None
-        if draft_dir != "none":
-            base = cfg.draft or WorkerServiceConfig()
-            draft = replace(base, device=dev, dtype=dt, **workers,
-                            model_dir=_require_model(draft_dir or base.model_dir or default_model_pair()[0], "draft"))
-        coord = _with_scheduler_options(ctx, cfg.coordinator)
-        coord = replace(coord, **{k: v for k, v in dict(port=port, metrics_port=metrics_port).items() if v is not None})
-        processes = launch(ServeConfig(target=target, draft=draft, coordinator=coord), echo=click.echo)
+        processes = launch(_serve_config(ctx), echo=click.echo)
     except BassError as e:
         _fail(e)
     click.echo(f"BASS is serving on {processes[-1].address} (Ctrl-C stops all services)", err=True)
     raise SystemExit(run_until_stopped(processes))
+
+
+def _parse_loads(value: str | None, kind: str):
+    from bass.bench.serve import Load
+
+    if value is None:
+        return ()
+    try:
+        return tuple(Load(kind, float(v)) for v in value.replace(" ", "").split(",") if v)
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated numbers, e.g. 1,2,4{',inf' if kind == 'rate' else ''}")
+
+
+@bench.command("serve")
+@click.option("--address", help="host:port of a running coordinator (or --serve).")
+@click.option("--serve", "start_server", is_flag=True,
+              help="Start `bass serve` with the model flags below (port: any free one) and stop it at the end.")
+@click.option("--rates", help="Open loop: Poisson arrivals at these requests/s, e.g. 1,2,4,8,16,inf (inf: all at once).")
+@click.option("--concurrency", help="Closed loop: this many clients, each sending its next request when one ends (e.g. 1,8,64).")
+@click.option("--num-requests", type=int, help="Requests per run [100 unless --duration].")
+@click.option("--duration", type=float, help="Seconds of arrivals per run (with --num-requests: whichever ends first).")
+@click.option("--prompts-file", type=click.Path(exists=True, dir_okay=False),
+              help="JSONL, one {\"prompt\": ...} per line [HumanEval's prompts].")
+@click.option("--problems", help="HumanEval problems to use, e.g. 0:32 [all 164].")
+@click.option("-n", "n", default=1, show_default=True, help="Sequences per request.")
+# dest new_tokens: `max_new_tokens` is the server's limit (--max-new-tokens-limit) among serve_options
+@click.option("--max-new-tokens", "new_tokens", default=128, show_default=True, help="Per request.")
+@click.option("--temperature", default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--top-p", default=1.0, show_default=True)
+@click.option("--seed", default=0, show_default=True, help="Seeds arrivals, prompt order and sampled requests.")
+@click.option("--unseeded", is_flag=True, help="Sampled requests carry no seed (their answers cannot be checked).")
+@click.option("--slo-ttft-ms", type=float, help="Goodput: time to first token at most this.")
+@click.option("--slo-tpot-ms", type=float, help="Goodput: time per output token at most this.")
+@click.option("--compare-regular", is_flag=True, help="Run the same arrivals again with disable_speculation.")
+@click.option("--check/--no-check", default=True, show_default=True,
+              help="Send each distinct request alone first and compare every answer under load with it.")
+@click.option("--timeout", "timeout_s", default=600.0, show_default=True, help="Deadline per request (s).")
+@click.option("--progress/--no-progress", default=True, show_default=True)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Write serve.json, serve.md and serve.png here.")
+@serve_options
+@click.pass_context
+def bench_serve(ctx, address, start_server, rates, concurrency, num_requests, duration, prompts_file, problems, n,
+                new_tokens, temperature, top_p, seed, unseeded, slo_ttft_ms, slo_tpot_ms, compare_regular, check,
+                timeout_s, progress, out_dir, **_) -> None:
+    """Load benchmark through the public API: TTFT, TPOT, ITL, throughput, goodput, errors, correctness."""
+    from click.core import ParameterSource
+
+    from bass.bench.environment import describe
+    from bass.bench.serve import ServeBenchConfig, run
+    from bass.bench.serve_report import markdown_table, plot
+    from bass.bench.serve_stats import Slo
+    from bass.bench.serve_workload import load_prompts
+    from bass.launcher import launch, stop_all
+
+    if bool(address) == bool(start_server):
+        raise click.UsageError("give exactly one of --address or --serve")
+    model_flags = [o.name for o in serve.params if ctx.get_parameter_source(o.name) == ParameterSource.COMMANDLINE]
+    if address and model_flags:
+        raise click.UsageError(f"{', '.join('--' + f.replace('_', '-') for f in model_flags)} need --serve")
+    loads = _parse_loads(rates, "rate") + _parse_loads(concurrency, "concurrency")
+    try:
+        config = ServeBenchConfig(
+            loads=loads, num_requests=num_requests if num_requests or duration else 100, duration_s=duration, n=n,
+            max_new_tokens=new_tokens, temperature=temperature, top_p=top_p, seed=seed, seeded=not unseeded,
+            compare_regular=compare_regular, check=check, slo=Slo(slo_ttft_ms, slo_tpot_ms), timeout_s=timeout_s)
+        prompts = load_prompts(prompts_file and Path(prompts_file), problems)
+    except (ValueError, FileNotFoundError) as e:
+        raise click.UsageError(str(e)) from None
+    processes, server, device = [], None, "client"
+    try:
+        if start_server:
+            try:
+                server = _serve_config(ctx, default_port=0)
+                processes = launch(server, echo=lambda m: click.echo(m, err=True))
+            except BassError as e:
+                _fail(e)
+            address, device = processes[-1].address, server.target.device
+        result = run(address, config, prompts, show_progress=progress, log=lambda m: click.echo(m, err=True))
+    except ConnectionError as e:
+        raise click.ClickException(str(e)) from None
+    finally:
+        stop_all(processes)
+    environment = describe(device)
+    if not start_server:  # the service may run beside this client: name the GPU it would share
+        import torch
+
+        if torch.cuda.is_available():
+            environment["gpu_on_client_machine"] = torch.cuda.get_device_name(0)
+    result = {"benchmark": "serve", "environment": environment, "address": address,
+              "server": json.loads(json.dumps({k: asdict(server)[k] for k in ("target", "draft", "coordinator")},
+                                              default=str)) if server else None,
+              "prompts": {"source": prompts_file or f"HumanEval {problems or 'all'}", "count": len(prompts)},
+              **result}
+    table = markdown_table(result)
+    click.echo(table)
+    if out_dir:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "serve.json").write_text(json.dumps(result, indent=2) + "\n")
+        (out / "serve.md").write_text(table)
+        try:
+            plot(result, out / "serve.png")
+        except ImportError:
+            click.echo("matplotlib is missing: no serve.png (python -m bass.bench.serve_report serve.json draws it)",
+                       err=True)
 
 
 @main.group("eval")
