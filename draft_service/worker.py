@@ -17,6 +17,7 @@ import torch
 
 from bass.engine.runner import ModelRunner
 from bass.engine.sampling import RowParams, compact_shaped, noise_keys, race_compact
+from bass.engine.transfer import to_device
 from bass.errors import InvalidRequestError
 from bass.worker_api import ProposeRequest, ProposeResponse, WorkerInfo
 
@@ -72,15 +73,21 @@ class DraftWorker:
         device = runner.device
         active = [i for i, it in enumerate(items) if it.num_tokens > 0]
         params = RowParams.build([items[i].sampling.params for i in active], device)
-        seed_keys = [items[i].sampling.seed_key for i in active]
-        base = [len(states[i].committed) for i in active]
         rows = [items[i].num_tokens for i in active]
+        steps = max(rows, default=0)
+        keys = None
+        if not params.all_greedy:
+            # Every step's noise keys in one copy: row n, column j is (sequence n, position base + j).
+            keys = noise_keys([items[i].sampling.seed_key for i in active for _ in range(steps)],
+                              [len(states[i].committed) + j for i in active for j in range(steps)])
+            keys = to_device(keys, torch.int64, device).view(len(active), steps)
         # Step j's winners feed step j + 1 straight from the device: the host never waits for a
         # draft token, and copies all of them back once, at the end.
         winners: list[tuple[list[int], torch.Tensor]] = []  # (live sequences, their tokens) per step
         fed_from: dict[int, int] = {}  # sequence -> cache position of its first device-fed token
-        for j in range(max(rows, default=0)):
+        for j in range(steps):
             live = [n for n in range(len(active)) if rows[n] > j]
+            live_index = None if len(live) == len(active) else to_device(live, torch.int64, device)
             live_states = [states[active[n]] for n in live]
             if j == 0:
                 logits = runner.forward([(state, []) for state in live_states], [1] * len(live))
@@ -89,7 +96,7 @@ class DraftWorker:
                     fed_from.setdefault(n, runner.cached(state))
                 prev_live, prev_tokens = winners[-1]
                 if len(live) < len(prev_live):  # per-sequence lengths: some stopped drafting
-                    keep = torch.tensor([prev_live.index(n) for n in live], device=device)
+                    keep = to_device([prev_live.index(n) for n in live], torch.int64, device)
                     prev_tokens = prev_tokens[keep]
                 logits = runner.forward_fed(live_states, prev_tokens)
             if params.all_greedy:
@@ -97,10 +104,10 @@ class DraftWorker:
             else:
                 # The target's race at this position, run over the draft's top-N window with
                 # the same keyed noise: the proposal the target most likely keeps.
-                live_params = params if len(live) == len(active) else params.take(torch.tensor(live, device=device))
+                live_params = params if live_index is None else params.take(live_index)
+                step_keys = keys[:, j] if live_index is None else keys[live_index, j]
                 ids, probs = compact_shaped(logits, live_params, self.top_n)
-                keys = noise_keys([seed_keys[n] for n in live], [base[n] + j for n in live])
-                tokens = race_compact(ids, probs, keys.to(device, non_blocking=True))
+                tokens = race_compact(ids, probs, step_keys)
             winners.append((live, tokens))
 
         drafts: list[list[int]] = [[] for _ in items]

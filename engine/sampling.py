@@ -18,6 +18,7 @@ from typing import Sequence
 import torch
 
 from bass.config import SamplingParams
+from bass.engine.transfer import to_device
 
 _M32 = 0xFFFFFFFF
 # Mixed into every noise key, so this randomness never coincides with another use of the seed.
@@ -81,9 +82,9 @@ class RowParams:
     @classmethod
     def build(cls, params: list[SamplingParams], device: torch.device | str) -> "RowParams":
         return cls(
-            temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
-            top_k=torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
-            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
+            temperature=to_device([p.temperature for p in params], torch.float32, device),
+            top_k=to_device([p.top_k for p in params], torch.int64, device),
+            top_p=to_device([p.top_p for p in params], torch.float32, device),
             all_greedy=all(p.greedy for p in params),
             any_greedy=any(p.greedy for p in params),
             any_truncation=any(p.top_k > 0 or p.top_p < 1 for p in params if not p.greedy),
@@ -216,7 +217,9 @@ def compact_shaped(logits: torch.Tensor, rows: RowParams, top_n: int) -> tuple[t
         mass_before = probs.cumsum(dim=-1) - probs
         keep = keep & (mass_before < rows.top_p[:, None] * kept_mass[:, None])
         keep[:, 0] = True
-        probs = probs * keep
+        # Like truncation_cut: every token tied with the last one kept stays.
+        cut = top.gather(-1, (keep.sum(-1, keepdim=True) - 1))
+        probs = probs * (top >= cut)
     if rows.any_greedy:
         first = torch.zeros_like(probs)
         first[:, 0] = 1.0

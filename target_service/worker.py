@@ -12,6 +12,7 @@ import torch
 
 from bass.engine.runner import ModelRunner
 from bass.engine.sampling import RowParams, noise_keys, race
+from bass.engine.transfer import to_device
 from bass.engine.verification import accept_matching_prefix
 from bass.worker_api import Verdict, VerifyRequest, VerifyResponse, WorkerInfo
 
@@ -24,7 +25,7 @@ def pad_rows(rows: torch.Tensor, counts: list[int], width: int) -> torch.Tensor:
     out = rows.new_zeros(len(counts), width, *rows.shape[1:])
     seq = [b for b, c in enumerate(counts) for _ in range(c)]
     offset = [j for c in counts for j in range(c)]
-    out[torch.tensor(seq, device=rows.device), torch.tensor(offset, device=rows.device)] = rows
+    out[to_device(seq, torch.int64, rows.device), to_device(offset, torch.int64, rows.device)] = rows
     return out
 
 
@@ -65,23 +66,25 @@ class TargetWorker:
         counts = [len(it.draft_tokens) for it in items]
         max_k = max(counts)
         rows_per_seq = [c + 1 for c in counts]
-        logits = runner.forward([(s, list(it.draft_tokens)) for s, it in zip(states, items)], rows_per_seq)
-
-        # Row j of sequence b decides the token at position len(committed) + j: every row races
-        # with its own keyed noise, so a position is decided the same way whatever k was.
+        # Everything the host knows is queued for the GPU before the forward, so nothing after
+        # it waits on a copy: the one sync is reading the verdicts back.
         params = [it.sampling.params for it in items]
         row_params = RowParams.build([p for p, n in zip(params, rows_per_seq) for _ in range(n)], device)
         keys = None
         if not row_params.all_greedy:
-            keys = noise_keys([it.sampling.seed_key for it, n in zip(items, rows_per_seq) for _ in range(n)],
-                              [len(s.committed) + j for s, n in zip(states, rows_per_seq) for j in range(n)])
-            keys = keys.to(device, non_blocking=True)
+            # Row j of sequence b decides the token at position len(committed) + j: every row races
+            # with its own keyed noise, so a position is decided the same way whatever k was.
+            keys = to_device(noise_keys([it.sampling.seed_key for it, n in zip(items, rows_per_seq) for _ in range(n)],
+                                        [len(s.committed) + j for s, n in zip(states, rows_per_seq) for j in range(n)]),
+                             torch.int64, device)
+        drafts = to_device([list(it.draft_tokens) + [0] * (max_k - len(it.draft_tokens)) for it in items],
+                           torch.int64, device).view(len(items), max_k)
+        draft_lens = to_device(counts, torch.int64, device)
+        logits = runner.forward([(s, list(it.draft_tokens)) for s, it in zip(states, items)], rows_per_seq)
         target_tokens = pad_rows(race(logits, row_params, keys), rows_per_seq, max_k + 1)
-        drafts = torch.tensor([list(it.draft_tokens) + [0] * (max_k - len(it.draft_tokens)) for it in items],
-                              dtype=torch.int64, device=device).view(len(items), max_k)
-        accepted, tokens = accept_matching_prefix(target_tokens, drafts,
-                                                  torch.tensor(counts, dtype=torch.int64, device=device))
-        return self._commit(states, accepted.tolist(), tokens.tolist())
+        accepted, tokens = accept_matching_prefix(target_tokens, drafts, draft_lens)
+        verdicts = torch.cat([accepted[:, None], tokens], dim=1).tolist()  # one copy back
+        return self._commit(states, [v[0] for v in verdicts], [v[1:] for v in verdicts])
 
     def _commit(self, states, accepted: list[int], tokens: list[list[int]]) -> VerifyResponse:
         verdicts = []
