@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 
 from bass.config import CoordinatorConfig
@@ -12,6 +14,8 @@ from bass.coordinator.servicer import SERVICE_NAME, GenerationServicer
 from bass.coordinator.tokenizer import load_codec
 from bass.errors import InvalidRequestError
 from bass.grpc_server import RunningServer, start_server, wait_for_stop_signal
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -29,12 +33,17 @@ class Coordinator:
         sending), new requests UNAVAILABLE, running ones get grace_s (default: the config's
         shutdown_grace_s) to finish and the rest UNAVAILABLE, then the server stops."""
         grace_s = self.engine.config.shutdown_grace_s if grace_s is None else grace_s
+        started = time.monotonic()
         self.server.health.enter_graceful_shutdown()
-        self.engine.shutdown(grace_s)
+        cut = self.engine.shutdown(grace_s)
         # Every request is answered by now; the second lets the handlers send those answers.
         self.server.stop(1.0)
         if self.metrics is not None:
             self.metrics.stop()
+        for worker in (self.engine.target, self.engine.draft):
+            if worker is not None:
+                worker.close()
+        log.info("stopped in %.2f s (%d requests cut short)", time.monotonic() - started, cut)
 
     def wait_for_signal(self) -> None:
         """Serve until SIGINT/SIGTERM, then stop gracefully."""
