@@ -40,7 +40,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -73,6 +73,7 @@ class Soak:
         self.work = Path(tempfile.mkdtemp(prefix="bass-soak-"))
         self.client_ok = 0
         self.lock = threading.Lock()
+        self.errors: dict[str, set] = defaultdict(set)  # status name -> distinct messages clients got
 
     # -- plumbing --------------------------------------------------------------------------------
     def check(self, name: str, ok: bool, detail) -> None:
@@ -129,6 +130,24 @@ class Soak:
                 return float(line.rsplit(" ", 1)[1])
         return 0.0
 
+    def watch_gauge(self, name: str, stop: threading.Event) -> list[tuple[float, float]]:
+        """Samples (time, value) of a gauge every 20 ms until `stop` is set (on a thread)."""
+        samples: list[tuple[float, float]] = []
+
+        def run() -> None:
+            while not stop.is_set():
+                try:
+                    samples.append((time.monotonic(), self.metric(name)))
+                except OSError:
+                    pass
+                time.sleep(0.02)
+        threading.Thread(target=run, daemon=True).start()
+        return samples
+
+    @staticmethod
+    def first_up_after(samples: list[tuple[float, float]], t: float) -> float:
+        return next((when - t for when, value in samples if when >= t and value == 1), math.inf)
+
     # -- one request -------------------------------------------------------------------------------
     def ask(self, stub, rng: random.Random) -> tuple[str, float, int]:
         """A random request from the prompt set; returns (outcome, latency, draft tokens);
@@ -151,6 +170,8 @@ class Soak:
                 got = {s.index: list(s.token_ids) for s in r.sequences}
                 draft_tokens = r.stats.draft_tokens
         except grpc.RpcError as e:
+            with self.lock:
+                self.errors[e.code().name].add((e.details() or "")[:100])
             return e.code().name, time.monotonic() - t0, 0
         ok = got == {k: self.reference[i] for k in range(n)}
         if ok:
@@ -218,6 +239,7 @@ class Soak:
         box = {}
         runner = threading.Thread(target=lambda: box.setdefault("r", self.load(self.args.clients // 2, None, stop)))
         runner.start()
+        gauge = self.watch_gauge("bass_draft_available", stop)
         time.sleep(3)
         killed = time.monotonic()
         self.draft.stop(grace_s=0)
@@ -231,19 +253,21 @@ class Soak:
         outcomes = Counter(o for _, o, _, _ in results)
         during = [r for r in results if killed + 0.5 < r[0] - r[2] and r[0] < back]
         attached = [r[0] for r in results if r[0] - r[2] > back and r[3] > 0]
-        reattach = (min(attached) - back) if attached else math.inf
+        first_speculative = (min(attached) - back) if attached else math.inf
+        reattach = self.first_up_after(gauge, back)
         self.figures["draft_outage"] = {
             "outage_s": self.args.outage_s, "requests": len(results), "outcomes": dict(outcomes),
             "requests_while_down": len(during),
             "speculative_while_down": sum(1 for r in during if r[3] > 0),
-            "reattached_after_s": round(reattach, 2),
+            "reattached_after_s": round(reattach, 2), "first_speculative_answer_after_s": round(first_speculative, 2),
             "bound_s": self.args.reconnect_s + 1.0}
         self.check("draft outage: no request failed, answers exact", outcomes == Counter({"ok": len(results)}),
                    dict(outcomes))
         self.check("draft outage: regular decoding while down", during and all(r[3] == 0 for r in during),
                    f"{len(during)} requests while down")
         self.check("draft re-attached within reconnect_interval_s + 1 s", reattach <= self.args.reconnect_s + 1.0,
-                   f"{reattach:.2f} s after it served (interval {self.args.reconnect_s} s)")
+                   f"bass_draft_available 1 again {reattach:.2f} s after it served, first speculative answer "
+                   f"{first_speculative:.2f} s after (interval {self.args.reconnect_s} s)")
 
     def phase_target(self) -> None:
         print("target: killed under load, restarted", flush=True)
@@ -251,6 +275,7 @@ class Soak:
         box = {}
         runner = threading.Thread(target=lambda: box.setdefault("r", self.load(self.args.clients // 2, None, stop)))
         runner.start()
+        gauge = self.watch_gauge("bass_target_available", stop)
         time.sleep(3)
         killed = time.monotonic()
         self.target.stop(grace_s=0)
@@ -263,21 +288,24 @@ class Soak:
         results = box["r"]
         outcomes = Counter(o for _, o, _, _ in results)
         served = [r[0] for r in results if r[0] > back and r[1] == "ok"]
-        recovered = (min(served) - back) if served else math.inf
+        first_answer = (min(served) - back) if served else math.inf
+        recovered = self.first_up_after(gauge, back)
         refused_while_down = [r for r in results if killed + 0.5 < r[0] < back]
         self.figures["target_outage"] = {
             "outage_s": self.args.outage_s, "requests": len(results), "outcomes": dict(outcomes),
             "answers_while_down": len(refused_while_down),
             "slowest_refusal_while_down_s": round(max((r[2] for r in refused_while_down if r[1] != "ok"),
                                                       default=0), 3),
-            "served_again_after_s": round(recovered, 2), "bound_s": self.args.reconnect_s + 1.0}
+            "served_again_after_s": round(recovered, 2), "first_answer_after_s": round(first_answer, 2),
+            "bound_s": self.args.reconnect_s + 1.0}
         self.check("target outage: only exact answers or UNAVAILABLE", set(outcomes) <= {"ok", "UNAVAILABLE"},
                    dict(outcomes))
         self.check("target outage: refused at once while down",
                    all(r[1] == "UNAVAILABLE" and r[2] < 1.0 for r in refused_while_down) and refused_while_down,
                    f"{len(refused_while_down)} answers while down")
         self.check("target served again within reconnect_interval_s + 1 s", recovered <= self.args.reconnect_s + 1.0,
-                   f"{recovered:.2f} s after it served (interval {self.args.reconnect_s} s)")
+                   f"bass_target_available 1 again {recovered:.2f} s after it served, first answer {first_answer:.2f} s "
+                   f"after (interval {self.args.reconnect_s} s)")
 
     def fuzz_cases(self, rng: random.Random) -> list[tuple[str, bytes, set]]:
         """(kind, serialized request, acceptable status names)."""
@@ -447,15 +475,24 @@ class Soak:
         stop.set()
         runner.join()
         results = box["r"]
-        before = [r for r in results if r[0] < sent]
-        after = [r for r in results if r[0] >= sent]
-        outcomes = Counter(o for _, o, _, _ in after)
-        self.figures["sigterm"] = {"grace_s": grace, "not_serving_after_s": round(not_serving, 3),
-                                   "exit_code": code, "exited_after_s": round(exited, 2),
-                                   "answers_before": len(before), "answers_after_sigterm": dict(outcomes)}
+        done_before = [r for r in results if r[0] < sent]
+        running = [r for r in results if r[0] >= sent and r[0] - r[2] < sent]  # in flight at SIGTERM
+        later = [r for r in results if r[0] - r[2] >= sent]  # sent after SIGTERM
+        self.figures["sigterm"] = {
+            "grace_s": grace, "not_serving_after_s": round(not_serving, 3), "exit_code": code,
+            "exited_after_s": round(exited, 2), "answers_before": len(done_before),
+            "in_flight_at_sigterm": dict(Counter(r[1] for r in running)),
+            "sent_after_sigterm": dict(Counter(r[1] for r in later))}
         self.check("sigterm: NOT_SERVING at once", not_serving < 0.5, f"{not_serving:.3f} s")
-        self.check("sigterm: only exact answers or UNAVAILABLE", set(outcomes) <= {"ok", "UNAVAILABLE"}
-                   and all(o == "ok" for _, o, _, _ in before), dict(outcomes))
+        self.check("sigterm: requests in flight finish exactly or get UNAVAILABLE",
+                   all(r[1] == "ok" for r in done_before) and running
+                   and all(r[1] in ("ok", "UNAVAILABLE") for r in running),
+                   self.figures["sigterm"]["in_flight_at_sigterm"])
+        # A call that reaches the server in the instant it closes its transport may be cut by
+        # gRPC itself (CANCELLED) rather than answered by the coordinator; neither runs.
+        self.check("sigterm: requests sent after it are refused", all(r[1] in ("UNAVAILABLE", "CANCELLED")
+                                                                     for r in later),
+                   self.figures["sigterm"]["sent_after_sigterm"])
         self.check("sigterm: exit 0 within grace + 1 s", code == 0 and exited <= grace + 1.0,
                    f"exit code {code} after {exited:.2f} s")
 
@@ -473,7 +510,8 @@ class Soak:
                   "command": "python bench/soak.py " + " ".join(sys.argv[1:]),
                   "settings": {k: v for k, v in vars(self.args).items() if k != "out"},
                   "seconds": round(time.monotonic() - started, 1), "passed": not failed,
-                  "figures": self.figures, "checks": self.checks}
+                  "figures": self.figures, "checks": self.checks,
+                  "client_errors": {k: sorted(v)[:5] for k, v in self.errors.items()}}
         text = json.dumps(result, indent=2, default=str)
         if self.args.out:
             Path(self.args.out).write_text(text + "\n")
