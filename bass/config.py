@@ -27,11 +27,19 @@ def _finite(x: float) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
+# Temperatures below this are greedy (temperature 0). At 1e-5 a logit gap of 1e-4 is already a
+# factor e^10; what lies below can only be a tie or an overflow (logits / 1e-38 is inf).
+GREEDY_TEMPERATURE = 1e-5
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How one sequence turns logits into a token; shapes target and draft distributions alike.
 
-    temperature 0 means greedy. top_k 0 and top_p 1.0 mean "off".
+    temperature 0 means greedy, and so does any temperature below GREEDY_TEMPERATURE: dividing
+    logits by a temperature that small overflows float32 (inf / inf = NaN probabilities), and
+    long before that the distribution is already one-hot, so the greedy limit is what such a
+    request means. top_k 0 and top_p 1.0 mean "off"; a top_k beyond the vocabulary keeps it all.
     """
 
     __pydantic_config__ = {"extra": "forbid"}  # config files: unknown keys are errors
@@ -43,6 +51,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         _require(_finite(self.temperature) and self.temperature >= 0, "temperature",
                  f"must be a finite number >= 0, got {self.temperature!r}")
+        if self.temperature < GREEDY_TEMPERATURE:
+            object.__setattr__(self, "temperature", 0.0)  # the greedy limit (see the docstring)
         _require(isinstance(self.top_k, int) and self.top_k >= 0, "top_k",
                  f"must be an integer >= 0 (0 = off), got {self.top_k!r}")
         _require(_finite(self.top_p) and 0 < self.top_p <= 1, "top_p",
@@ -225,9 +235,18 @@ class CoordinatorConfig:
     host: str = "127.0.0.1"
     port: int = 50051
     metrics_port: int | None = None  # Prometheus /metrics over HTTP on `host`; None = off, 0 = any free port
-    max_waiting: int = 256  # requests queued for a place in the batch before RESOURCE_EXHAUSTED
+    max_waiting: int = 256  # requests queued for a place in the batch before RESOURCE_EXHAUSTED (hard limit)
     max_concurrent_rpcs: int = 512
     reconnect_interval_s: float = 2.0
+    # SIGTERM: health turns NOT_SERVING and new calls get UNAVAILABLE at once; running requests
+    # get this long to finish, the rest are answered UNAVAILABLE, and the process exits.
+    shutdown_grace_s: float = 20.0
+    # Largest public request the server accepts (gRPC's default, 4 MiB): a prompt that fits
+    # max_seq_len is far smaller, so a larger message is refused before it is even parsed. The
+    # internal worker links have their own, larger limit (bass/grpc_server.py).
+    max_request_bytes: int = 4 * 1024 * 1024
+    max_stop_strings: int = 16  # stop strings per request
+    max_stop_string_bytes: int = 256  # UTF-8 bytes per stop string
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:
@@ -236,7 +255,15 @@ class CoordinatorConfig:
         _require(0 <= self.port < 65536, "coordinator.port", f"must be in [0, 65535], got {self.port}")
         _require(self.metrics_port is None or 0 <= self.metrics_port < 65536, "coordinator.metrics_port",
                  f"must be in [0, 65535], got {self.metrics_port}")
-        _require(self.max_waiting >= 0, "max_waiting", f"must be >= 0, got {self.max_waiting}")
+        # >= 1: every request waits in the queue, however briefly, before the loop admits it
+        _require(self.max_waiting >= 1, "max_waiting", f"must be >= 1, got {self.max_waiting}")
+        _require(_finite(self.shutdown_grace_s) and self.shutdown_grace_s >= 0, "shutdown_grace_s",
+                 f"must be a number >= 0, got {self.shutdown_grace_s!r}")
+        _require(1024 <= self.max_request_bytes <= 1 << 30, "max_request_bytes",
+                 f"must be in [1024, 2**30], got {self.max_request_bytes}")
+        _require(self.max_stop_strings >= 0, "max_stop_strings", f"must be >= 0, got {self.max_stop_strings}")
+        _require(self.max_stop_string_bytes >= 1, "max_stop_string_bytes",
+                 f"must be >= 1, got {self.max_stop_string_bytes}")
         _require(self.max_concurrent_rpcs >= 1, "max_concurrent_rpcs", f"must be >= 1, got {self.max_concurrent_rpcs}")
         _require(_finite(self.reconnect_interval_s) and self.reconnect_interval_s > 0, "reconnect_interval_s",
                  f"must be > 0, got {self.reconnect_interval_s}")

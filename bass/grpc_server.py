@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import grpc
@@ -23,10 +24,19 @@ from bass.errors import (CapacityError, InvalidRequestError, RequestCancelled, U
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-SERVER_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                  ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                  ("grpc.so_reuseport", 0)]
+# The internal links between the coordinator and its workers carry whole prompts and compact q
+# rows for a batch, hence a large limit. The public API passes its own, smaller receive limit
+# (CoordinatorConfig.max_request_bytes) to start_server.
+WORKER_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+def server_options(max_receive_bytes: int = WORKER_MAX_MESSAGE_BYTES) -> list[tuple[str, int]]:
+    return [("grpc.max_receive_message_length", max_receive_bytes),
+            ("grpc.max_send_message_length", WORKER_MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0)]
+
+
+SERVER_OPTIONS = server_options()
 
 
 def status_for(exc: BaseException) -> grpc.StatusCode:
@@ -43,14 +53,65 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+@dataclass
+class RateLimitedLog:
+    """At most one log line per `interval_s`, saying how many were left out since the last one:
+    what any client can cause (e.g. sending garbage) must not be able to flood the log."""
+
+    interval_s: float = 10.0
+    _last: float = -float("inf")
+    _suppressed: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def warning(self, message: str, *args) -> bool:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._last < self.interval_s:
+                self._suppressed += 1
+                return False
+            suppressed, self._suppressed, self._last = self._suppressed, 0, now
+        more = f" ({suppressed} more like it in the last {self.interval_s:.0f} s not logged)" if suppressed else ""
+        log.warning(message + more, *args)
+        return True
+
+
+@dataclass(frozen=True)
+class _Undecodable:
+    """Stands in for a request whose bytes do not parse, so that the handler's guard answers
+    INVALID_ARGUMENT with one log line instead of gRPC logging a traceback and answering INTERNAL."""
+
+    error: str
+
+
+def _tolerant(deserializer: Callable | None) -> Callable | None:
+    if deserializer is None:
+        return None
+
+    def parse(data: bytes):
+        try:
+            return deserializer(data)
+        except Exception as exc:  # noqa: BLE001 - any parse failure is the client's malformed message
+            return _Undecodable(f"{type(exc).__name__}: {exc}")
+    return parse
+
+
 class ErrorInterceptor(grpc.ServerInterceptor):
     """Turn exceptions escaping a handler into a status code and a message."""
+
+    def __init__(self) -> None:
+        self.undecodable_log = RateLimitedLog()
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
         method = handler_call_details.method
+
+        def undecodable(request, context) -> None:
+            self.undecodable_log.warning("%s: undecodable request from %s: %s", method, context.peer(),
+                                         request.error)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request: cannot be decoded as the message {method} "
+                                                            f"takes ({request.error})")
 
         def guard(behavior: Callable, streaming: bool):
             def fail(exc: Exception, context):
@@ -63,6 +124,8 @@ class ErrorInterceptor(grpc.ServerInterceptor):
 
             if streaming:
                 def stream(request, context):
+                    if isinstance(request, _Undecodable):
+                        undecodable(request, context)
                     try:
                         yield from behavior(request, context)
                     except grpc.RpcError:
@@ -72,6 +135,8 @@ class ErrorInterceptor(grpc.ServerInterceptor):
                 return stream
 
             def unary(request, context):
+                if isinstance(request, _Undecodable):
+                    undecodable(request, context)
                 try:
                     return behavior(request, context)
                 except grpc.RpcError:
@@ -82,10 +147,12 @@ class ErrorInterceptor(grpc.ServerInterceptor):
 
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(guard(handler.unary_unary, False),
-                                                       handler.request_deserializer, handler.response_serializer)
+                                                       _tolerant(handler.request_deserializer),
+                                                       handler.response_serializer)
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(guard(handler.unary_stream, True),
-                                                        handler.request_deserializer, handler.response_serializer)
+                                                        _tolerant(handler.request_deserializer),
+                                                        handler.response_serializer)
         return handler
 
 
@@ -106,23 +173,27 @@ class RunningServer:
         self.health.enter_graceful_shutdown()
         self.server.stop(grace_s).wait()
 
-    def wait_for_signal(self, on_stop: Callable[[], None] | None = None, grace_s: float = 5.0) -> None:
+    def wait_for_signal(self, grace_s: float = 5.0) -> None:
         """Block until SIGINT/SIGTERM, then shut down gracefully."""
-        stop = threading.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
-        stop.wait()
-        log.info("shutting down")
-        if on_stop:
-            on_stop()
+        wait_for_stop_signal()
         self.stop(grace_s)
 
 
+def wait_for_stop_signal() -> None:
+    """Block (the main thread) until SIGINT or SIGTERM."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    log.info("shutting down")
+
+
 def start_server(register: Iterable[Callable[[grpc.Server], None]], service_names: Iterable[str], *,
-                 host: str = "127.0.0.1", port: int = 0, max_workers: int = 16, engine: object = None) -> RunningServer:
+                 host: str = "127.0.0.1", port: int = 0, max_workers: int = 16, engine: object = None,
+                 max_receive_bytes: int = WORKER_MAX_MESSAGE_BYTES) -> RunningServer:
     """Build, bind (port 0 = any free port) and start a server with health and reflection."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), interceptors=[ErrorInterceptor()],
-                         options=SERVER_OPTIONS)
+                         options=server_options(max_receive_bytes))
     names = tuple(service_names)
     for add in register:
         add(server)

@@ -36,8 +36,9 @@ def _jsonable(config) -> str:
 
 
 class ServiceProcess:
-    def __init__(self, name: str, args: list[str]):
+    def __init__(self, name: str, args: list[str], stop_timeout_s: float = 10.0):
         self.name = name
+        self.stop_timeout_s = stop_timeout_s  # SIGTERM, then SIGKILL if still alive after this
         self.proc = subprocess.Popen([sys.executable, "-m", "bass.cli", *args], stdout=subprocess.PIPE,
                                      text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self.address: str | None = None
@@ -68,11 +69,11 @@ class ServiceProcess:
         self.address, self.ready_message = result["address"], result
         return self.address
 
-    def stop(self, grace_s: float = 10.0) -> None:
+    def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(grace_s)
+                self.proc.wait(self.stop_timeout_s)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
@@ -96,7 +97,9 @@ def launch(config: ServeConfig, echo: Callable[[str], None] = print) -> list[Ser
             echo(ready_line("draft", draft_address))
         coord_cfg = replace(config.coordinator, target_address=target_address, draft_address=draft_address,
                             tokenizer_dir=config.coordinator.tokenizer_dir or config.target.model_dir)
-        coordinator = ServiceProcess("coordinator", ["coordinator", "--config-json", _jsonable(coord_cfg)])
+        # The coordinator lets running requests finish for shutdown_grace_s, then exits within a second.
+        coordinator = ServiceProcess("coordinator", ["coordinator", "--config-json", _jsonable(coord_cfg)],
+                                     stop_timeout_s=coord_cfg.shutdown_grace_s + 5)
         started.append(coordinator)
         coordinator.wait_ready()
         echo(json.dumps(coordinator.ready_message))

@@ -3,7 +3,9 @@
 Handlers call `submit` (validation and tokenization happen on the caller's thread) and read
 events from the returned handle: token deltas for streams, then exactly one terminal event
 (Done or Failed). The loop thread owns the Scheduler; handlers talk to it only through a
-command queue, so no lock guards scheduler state.
+command queue, so no lock guards scheduler state. One small lock guards what handler threads
+share with the loop: the count of queued requests (a hard limit, reserved before any work) and
+of requests not yet answered (what a graceful shutdown waits for).
 """
 
 from __future__ import annotations
@@ -11,12 +13,13 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass, field, replace
 from typing import Union
 
 from bass.config import CoordinatorConfig
 from bass.coordinator.metrics import CoordinatorMetrics
-from bass.coordinator.requests import FinishReason, GenerationRequest, GenerationResult
+from bass.coordinator.requests import FinishReason, GenerationRequest, GenerationResult, check_request_size
 from bass.coordinator.scheduler import RequestRun, Scheduler
 from bass.coordinator.tokenizer import Codec
 from bass.errors import BassError, CapacityError, RequestCancelled, WorkerUnavailableError
@@ -53,6 +56,7 @@ class RequestHandle:
     events: "queue.Queue[Event]" = field(default_factory=queue.Queue)
     sent_chars: dict[int, int] = field(default_factory=dict)
     closed: bool = False  # a terminal event was sent
+    queued: bool = True  # holds a place in the queue (until admitted into the batch, or answered)
 
     def __iter__(self):
         """Events until (and including) the terminal one."""
@@ -74,6 +78,14 @@ class CoordinatorEngine:
         self._waiting = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="bass-scheduler", daemon=True)
+        # Shared with handler threads (see the module docstring).
+        self._lock = threading.Condition()
+        self._queued = 0  # requests accepted and not yet admitted into the batch (<= max_waiting)
+        self._open = 0  # requests accepted and not yet answered
+        self._accepting = True
+        # The most UTF-8 bytes one token stands for (None: unknown): bounds a text prompt's
+        # size before it is tokenized (computed once, here, from the vocabulary).
+        self._max_token_bytes: int | None = getattr(codec, "max_token_bytes", None)
 
     # -- called from RPC threads -------------------------------------------------------------------
     def start(self) -> "CoordinatorEngine":
@@ -81,23 +93,76 @@ class CoordinatorEngine:
         self._thread.start()
         return self
 
+    def shutdown(self, grace_s: float) -> int:
+        """Stop admitting (new requests get UNAVAILABLE), give the running ones up to grace_s to
+        finish, then stop, answering the rest UNAVAILABLE. Returns how many were cut short."""
+        deadline = time.monotonic() + grace_s
+        with self._lock:
+            self._accepting = False
+            self._lock.wait_for(lambda: self._open == 0, timeout=max(0.0, deadline - time.monotonic()))
+            left = self._open
+        if left:
+            log.warning("shutting down: %d requests did not finish within %.1f s; answering them UNAVAILABLE",
+                        left, grace_s)
+        self.stop()
+        return left
+
     def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the loop and answer every request still open with UNAVAILABLE: handler threads
+        wait on their event queues, and a gRPC server's threads are not daemons, so a request
+        left unanswered would keep the process from ever exiting."""
+        with self._lock:
+            self._accepting = False
         self._stop.set()
         self._commands.put(("wake", None))
         self._thread.join(timeout_s)
+        gone = WorkerUnavailableError("the coordinator is shutting down; retry (another replica may serve)")
+        while True:  # submitted but never seen by the loop
+            try:
+                kind, handle = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "submit":
+                self._close(handle, Failed(gone))
+        for handle in list(self._handles.values()):
+            self._close(handle, Failed(gone))
+        self._handles.clear()
 
     @property
     def ready(self) -> bool:
         return self.scheduler is not None
 
+    @property
+    def queued(self) -> int:
+        """Requests holding a place in the queue (never more than max_waiting)."""
+        return self._queued
+
     def submit(self, request: GenerationRequest, stream: bool = False) -> RequestHandle:
         scheduler = self.scheduler
         if scheduler is None:
             raise WorkerUnavailableError(f"the target worker at {self.config.target_address} is unavailable")
-        if self._waiting + self._commands.qsize() >= self.config.max_waiting + self.config.scheduler.max_batch_size:
-            raise CapacityError(f"the queue is full ({self.config.max_waiting} requests waiting); retry later")
-        handle = RequestHandle(run=scheduler.prepare(request), stream=stream)
+        # Sizes first: they cost nothing, whereas tokenizing an oversized prompt costs minutes.
+        check_request_size(request, scheduler.max_seq_len, self._max_token_bytes, self.config)
+        # The place in the queue is taken under the lock, before any work, so that the limit
+        # holds however many handler threads submit at once.
+        with self._lock:
+            if not self._accepting:
+                raise WorkerUnavailableError("the coordinator is shutting down; retry (another replica may serve)")
+            if self._queued >= self.config.max_waiting:
+                raise CapacityError(f"the queue is full ({self.config.max_waiting} requests waiting); retry later")
+            self._queued += 1
+            self._open += 1
+        try:
+            handle = RequestHandle(run=scheduler.prepare(request), stream=stream)
+        except BaseException:
+            with self._lock:
+                self._queued -= 1
+                self._open -= 1
+                self._lock.notify_all()
+            raise
         self._commands.put(("submit", handle))
+        if self._stop.is_set():  # stop() may have drained the commands before this one arrived
+            self._close(handle, Failed(WorkerUnavailableError("the coordinator is shutting down")))
         return handle
 
     def cancel(self, handle: RequestHandle) -> None:
@@ -115,12 +180,14 @@ class CoordinatorEngine:
             self._drain_commands(block=not scheduler.has_work, timeout=0.5)
             if not scheduler.has_work:
                 self._guarded(scheduler, scheduler.flush_releases)  # free slots while idle
+                self.metrics.batch(0, 0, scheduler.draft_up)
                 continue
             before = replace(scheduler.step_stats)
             finished = self._guarded(scheduler, scheduler.step)
             if finished is not None:
                 self.metrics.step(before, scheduler.step_stats)
                 self._publish(scheduler, finished)
+            self._leave_queue_if_admitted()
             self._waiting = len(scheduler.waiting)
             self.metrics.batch(len(scheduler.running), self._waiting, scheduler.draft_up)
 
@@ -149,8 +216,11 @@ class CoordinatorEngine:
             return
         self.metrics.target_available.set(1)
         log.info("target ready: %s (%d slots)", info.model_name, info.num_slots)
-        self.scheduler = Scheduler(self.target, self.draft, self.codec, self.config.scheduler,
-                                   reconnect_interval_s=self.config.reconnect_interval_s)
+        scheduler = Scheduler(self.target, self.draft, self.codec, self.config.scheduler,
+                              reconnect_interval_s=self.config.reconnect_interval_s)
+        # The draft's state is known now (the scheduler probed it), not only after a first step.
+        self.metrics.draft_available.set(int(scheduler.draft_up))
+        self.scheduler = scheduler
 
     def _drain_commands(self, block: bool, timeout: float) -> None:
         try:
@@ -214,11 +284,30 @@ class CoordinatorEngine:
             if handle is not None:
                 self._close(handle, Failed(error))
 
+    def _leave_queue_if_admitted(self) -> None:
+        """Give back the queue places of requests the last step admitted into the batch."""
+        admitted = [h for h in list(self._handles.values()) if h.queued and h.run.started is not None]
+        if admitted:
+            with self._lock:
+                for handle in admitted:
+                    if handle.queued:
+                        handle.queued = False
+                        self._queued -= 1
+
     def _close(self, handle: RequestHandle, event: Event) -> None:
-        if not handle.closed:
+        # Called from the loop, and from stop() and submit() on other threads: the lock makes
+        # "exactly one terminal event" and the counts hold whoever gets here first.
+        with self._lock:
+            if handle.closed:
+                return
             handle.closed = True
-            handle.events.put(event)
-            if isinstance(event, Done):
-                self.metrics.request_done(event.result)
-            else:
-                self.metrics.request_failed(event.error)
+            if handle.queued:
+                handle.queued = False
+                self._queued -= 1
+            self._open -= 1
+            self._lock.notify_all()
+        handle.events.put(event)
+        if isinstance(event, Done):
+            self.metrics.request_done(event.result)
+        else:
+            self.metrics.request_failed(event.error)

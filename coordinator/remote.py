@@ -13,6 +13,11 @@ from bass.v1 import worker_pb2 as pb
 from bass.v1 import worker_pb2_grpc
 from bass.worker_api import ProposeRequest, ProposeResponse, VerifyRequest, VerifyResponse, WorkerInfo
 
+# Info is the coordinator's reconnect probe (engine and scheduler both call it every
+# reconnect_interval_s while a worker is down); it answers without waiting for the model, so a
+# few seconds is plenty, and a worker whose host vanished must not stall the loop for long.
+PROBE_TIMEOUT_S = 5.0
+
 
 class _RemoteWorker:
     stub_class: type
@@ -20,7 +25,11 @@ class _RemoteWorker:
     def __init__(self, address: str, timeout_s: float = 120.0):
         self.address = address
         self.timeout_s = timeout_s
-        self.channel = grpc.insecure_channel(address, options=SERVER_OPTIONS)
+        self._broken = False
+        self._open()
+
+    def _open(self) -> None:
+        self.channel = grpc.insecure_channel(self.address, options=SERVER_OPTIONS)
         self.stub = self.stub_class(self.channel)
 
     def _call(self, method: str, request, timeout_s: float | None = None):
@@ -30,11 +39,21 @@ class _RemoteWorker:
             code = e.code()
             if code == grpc.StatusCode.INVALID_ARGUMENT:
                 raise InvalidRequestError(f"{self.address}", e.details()) from None
+            self._broken = True
             raise WorkerUnavailableError(f"worker at {self.address}: {method} failed with {code.name}: "
                                          f"{e.details()}") from None
 
     def info(self, timeout_s: float | None = None) -> WorkerInfo:
-        return wire.info_from_proto(self._call("Info", pb.InfoRequest(), timeout_s))
+        """Also the reconnect probe: after a failure it opens a fresh channel first. A channel
+        that failed to connect waits out gRPC's exponential reconnect backoff (1 s growing to
+        120 s) and fails every call at once meanwhile, so a worker back after a long outage was
+        found up to minutes late; a new channel connects at once, so a worker is found on the
+        first probe after it serves."""
+        if self._broken:
+            self.channel.close()
+            self._open()
+            self._broken = False
+        return wire.info_from_proto(self._call("Info", pb.InfoRequest(), timeout_s or PROBE_TIMEOUT_S))
 
     def release(self, seq_ids: Sequence[int]) -> None:
         self._call("Release", pb.ReleaseRequest(seq_ids=list(seq_ids)))

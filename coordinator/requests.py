@@ -5,9 +5,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from bass.config import SamplingParams
 from bass.errors import InvalidRequestError
+
+if TYPE_CHECKING:
+    from bass.config import CoordinatorConfig
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,37 @@ class GenerationRequest:
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise InvalidRequestError("stop_token_ids", "must be non-negative integers")
+
+
+def check_request_size(request: GenerationRequest, max_seq_len: int, max_token_bytes: int | None,
+                       config: "CoordinatorConfig") -> None:
+    """Refuse what cannot fit before doing any work on it (tokenizing a 60 MB prompt took minutes
+    and gigabytes only to be refused for its length afterwards).
+
+    A text prompt of B UTF-8 bytes tokenizes to at least B / max_token_bytes tokens (no token
+    stands for more text than that), so one over max_token_bytes x (max_seq_len -
+    max_new_tokens) bytes can never fit; token id prompts are counted directly."""
+    room = max_seq_len - request.max_new_tokens
+    if room < 1:
+        raise InvalidRequestError("max_new_tokens", f"{request.max_new_tokens} leaves no room for a prompt "
+                                  f"within max_seq_len {max_seq_len}")
+    if request.prompt_ids is not None and len(request.prompt_ids) > room:
+        raise InvalidRequestError("prompt_token_ids", f"{len(request.prompt_ids)} tokens + max_new_tokens "
+                                  f"({request.max_new_tokens}) exceeds max_seq_len {max_seq_len}")
+    if request.prompt is not None and max_token_bytes:
+        limit = room * max_token_bytes
+        size = len(request.prompt.encode("utf-8", "surrogatepass"))
+        if size > limit:
+            raise InvalidRequestError("prompt", f"{size} bytes cannot fit: with max_new_tokens "
+                                      f"{request.max_new_tokens} and max_seq_len {max_seq_len} a prompt holds at "
+                                      f"most {room} tokens of at most {max_token_bytes} bytes each")
+    if len(request.stop) > config.max_stop_strings:
+        raise InvalidRequestError("stop", f"{len(request.stop)} stop strings exceed the limit of "
+                                  f"{config.max_stop_strings}")
+    for s in request.stop:
+        if len(s.encode("utf-8", "surrogatepass")) > config.max_stop_string_bytes:
+            raise InvalidRequestError("stop", f"a stop string of {len(s.encode('utf-8', 'surrogatepass'))} bytes "
+                                      f"exceeds the limit of {config.max_stop_string_bytes} bytes")
 
 
 class FinishReason(str, Enum):

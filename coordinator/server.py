@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 
 from bass.config import CoordinatorConfig
@@ -11,7 +13,9 @@ from bass.coordinator.remote import RemoteDraftWorker, RemoteTargetWorker
 from bass.coordinator.servicer import SERVICE_NAME, GenerationServicer
 from bass.coordinator.tokenizer import load_codec
 from bass.errors import InvalidRequestError
-from bass.grpc_server import RunningServer, start_server
+from bass.grpc_server import RunningServer, start_server, wait_for_stop_signal
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -24,11 +28,27 @@ class Coordinator:
     def address(self) -> str:
         return self.server.address
 
-    def stop(self, grace_s: float = 5.0) -> None:
-        self.server.stop(grace_s)
-        self.engine.stop()
+    def stop(self, grace_s: float | None = None) -> None:
+        """Graceful stop (SIGTERM): health NOT_SERVING at once (load balancers and Kubernetes stop
+        sending), new requests UNAVAILABLE, running ones get grace_s (default: the config's
+        shutdown_grace_s) to finish and the rest UNAVAILABLE, then the server stops."""
+        grace_s = self.engine.config.shutdown_grace_s if grace_s is None else grace_s
+        started = time.monotonic()
+        self.server.health.enter_graceful_shutdown()
+        cut = self.engine.shutdown(grace_s)
+        # Every request is answered by now; the second lets the handlers send those answers.
+        self.server.stop(1.0)
         if self.metrics is not None:
             self.metrics.stop()
+        for worker in (self.engine.target, self.engine.draft):
+            if worker is not None:
+                worker.close()
+        log.info("stopped in %.2f s (%d requests cut short)", time.monotonic() - started, cut)
+
+    def wait_for_signal(self) -> None:
+        """Serve until SIGINT/SIGTERM, then stop gracefully."""
+        wait_for_stop_signal()
+        self.stop()
 
 
 def serve(config: CoordinatorConfig) -> Coordinator:
@@ -41,7 +61,8 @@ def serve(config: CoordinatorConfig) -> Coordinator:
     engine = CoordinatorEngine(target, draft, load_codec(config.tokenizer_dir), config).start()
     servicer = GenerationServicer(engine)
     server = start_server([servicer.register], [SERVICE_NAME], host=config.host, port=config.port,
-                          max_workers=config.max_concurrent_rpcs, engine=engine)
+                          max_workers=config.max_concurrent_rpcs, engine=engine,
+                          max_receive_bytes=config.max_request_bytes)
     coordinator = Coordinator(server=server, engine=engine)
     if config.metrics_port is not None:
         try:

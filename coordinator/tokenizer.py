@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import cached_property
 from pathlib import Path
 from typing import Protocol, Sequence
 
@@ -24,6 +25,15 @@ class HFCodec:
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self._tok.decode(list(token_ids), skip_special_tokens=True)
+
+    @cached_property
+    def max_token_bytes(self) -> int:
+        """The most UTF-8 bytes of text any one token decodes to (special tokens included, since
+        a prompt may spell them). A prompt of B bytes therefore needs at least
+        B / max_token_bytes tokens, which bounds its length before tokenizing it. A token that
+        is part of a character decodes to U+FFFD (3 bytes), which only loosens the bound."""
+        pieces = self._tok.batch_decode([[i] for i in range(len(self._tok))])
+        return max(1, max(len(p.encode("utf-8")) for p in pieces))
 
 
 class IdsOnlyCodec:

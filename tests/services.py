@@ -37,7 +37,8 @@ class Services:
 
 def start_services(target_dir: Path, draft_dir: Path, *, policy: str = "bass", num_slots: int = 16,
                    max_batch_size: int = 16, max_waiting: int = 64, max_seq_len: int = 1024,
-                   metrics_port: int | None = None) -> Services:
+                   metrics_port: int | None = None, **coordinator) -> Services:
+    """`coordinator`: more CoordinatorConfig fields (e.g. reconnect_interval_s, max_request_bytes)."""
     common = dict(num_slots=num_slots, max_seq_len=max_seq_len)
     target_cfg = WorkerServiceConfig(model_dir=target_dir, **common)
     draft_cfg = WorkerServiceConfig(model_dir=draft_dir, **common)
@@ -45,7 +46,8 @@ def start_services(target_dir: Path, draft_dir: Path, *, policy: str = "bass", n
     draft = draft_server.serve(draft_cfg)
     coordinator = coordinator_server.serve(CoordinatorConfig(
         target_address=target.address, draft_address=draft.address, tokenizer_dir=target_dir, port=0,
-        max_waiting=max_waiting, reconnect_interval_s=0.2, metrics_port=metrics_port,
+        max_waiting=max_waiting, metrics_port=metrics_port,
         scheduler=SchedulerConfig(max_batch_size=max_batch_size, max_n=8, max_new_tokens=512,
-                                  draft_length=DraftLengthConfig.parse(policy))))
+                                  draft_length=DraftLengthConfig.parse(policy)),
+        **{"reconnect_interval_s": 0.2, **coordinator}))
     return Services(target_cfg, draft_cfg, target, draft, coordinator)

