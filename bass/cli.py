@@ -161,13 +161,15 @@ def bench_acceptance(target_dir, draft_dir, problems, n, max_new_tokens, draft_l
 @click.option("--max-new-tokens", default=64, show_default=True)
 @click.option("--modes", default="t0.8-p0.95,t0.2-p0.95", show_default=True)
 @click.option("--draft-top-n", default=64, show_default=True, help="Size of the draft's compact q.")
+@click.option("--draft-vocabs", default="0", show_default=True,
+              help="Draft LM heads to score, by how many of the first token ids they cover (0 = all).")
 @click.option("--batch-prompts", default=8, show_default=True, help="Prompts sampled together in one batch.")
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
 @click.option("--max-seq-len", default=1024, show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the JSON here too.")
-def bench_acceptance_rules(target_dir, draft_dir, problems, n, max_new_tokens, modes, draft_top_n, batch_prompts,
-                           device, dtype, max_seq_len, out) -> None:
+def bench_acceptance_rules(target_dir, draft_dir, problems, n, max_new_tokens, modes, draft_top_n, draft_vocabs,
+                           batch_prompts, device, dtype, max_seq_len, out) -> None:
     """Exact acceptance odds of the standard rule and of the Gumbel coupling on the same target
     trajectories (HumanEval prompts)."""
     from bass.bench.acceptance import MODES
@@ -183,7 +185,8 @@ def bench_acceptance_rules(target_dir, draft_dir, problems, n, max_new_tokens, m
     rows = measure(RunnerConfig(model_dir=target_dir, **runner), RunnerConfig(model_dir=draft_dir, **runner),
                    [p["prompt"] for p in chosen], n=n, max_new_tokens=max_new_tokens,
                    modes={m: MODES[m] for m in modes.split(",") if m}, draft_top_n=draft_top_n,
-                   batch_prompts=batch_prompts, progress=lambda msg: click.echo(msg, err=True))
+                   draft_vocabs=tuple(int(v) for v in draft_vocabs.split(",")), batch_prompts=batch_prompts,
+                   progress=lambda msg: click.echo(msg, err=True))
     result = {"benchmark": "acceptance-rules", "environment": describe(device), "target": str(target_dir),
               "draft": str(draft_dir), "dtype": dtype, "problems": f"HumanEval {problems} ({len(chosen)})",
               "results": rows}

@@ -66,5 +66,9 @@ def test_measure_on_tiny_models(llama_target, llama_draft):
     assert same["positions"] == 3 * 2 * 6
     assert same["alpha_standard"] > 0.999 and same["alpha_gumbel"] > 0.999
     other = measure(cfg(llama_target), cfg(llama_draft), prompts, n=2, max_new_tokens=6, modes=modes,
-                    batch_prompts=2)[0]
+                    batch_prompts=2, draft_vocabs=(0, 16))[0]
     assert 0 <= other["alpha_gumbel"] <= other["alpha_standard"] < 0.999
+    # A draft that can only propose ids < 16 loses what the target puts on the others.
+    assert other["n"] == 2
+    small = other["draft_vocab"]["16"]
+    assert small["positions"] == other["positions"] and small["alpha_standard"] < other["alpha_standard"]

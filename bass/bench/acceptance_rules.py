@@ -72,24 +72,31 @@ def teacher_forced_logits(runner: ModelRunner, sequences: list[tuple[list[int], 
         runner.release(ids)
 
 
-def _score(target_runner, draft_runner, params, sequences, draft_top_n) -> tuple[torch.Tensor, torch.Tensor]:
-    standard, gumbel = [], []
+def _score(target_runner, draft_runner, params, sequences, draft_top_n,
+           draft_vocabs: tuple[int, ...]) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """Per draft vocabulary size N (0 = all): (standard, gumbel) acceptance at every position,
+    the draft's logits restricted to token ids < N (an LM head over the N first ids)."""
+    out = {n: ([], []) for n in draft_vocabs}
     for p_logits, q_logits in zip(teacher_forced_logits(target_runner, sequences),
                                   teacher_forced_logits(draft_runner, sequences)):
         row_params = RowParams.build([params] * p_logits.shape[0], p_logits.device)
         p = shape_probs(p_logits, row_params)
-        q_ids, q_probs = compact_shaped(q_logits, row_params, draft_top_n)
-        s, g = rule_acceptance(p, q_ids, q_probs)
-        standard.append(s.cpu())
-        gumbel.append(g.cpu())
-    return torch.cat(standard), torch.cat(gumbel)
+        for n in draft_vocabs:
+            q_ids, q_probs = compact_shaped(q_logits[:, :n] if n else q_logits, row_params, draft_top_n)
+            s, g = rule_acceptance(p, q_ids, q_probs)
+            out[n][0].append(s.cpu())
+            out[n][1].append(g.cpu())
+    return {n: (torch.cat(s), torch.cat(g)) for n, (s, g) in out.items()}
 
 
 def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, n: int, max_new_tokens: int,
             modes: dict[str, SamplingParams], draft_top_n: int = 64, batch_prompts: int = 8, seed: int = 0,
-            draft_lengths: tuple[int, ...] = (1, 2, 4, 8), score_batch: int = 8, progress=None) -> list[dict]:
+            draft_lengths: tuple[int, ...] = (1, 2, 4, 8), score_batch: int = 8, draft_vocabs: tuple[int, ...] = (0,),
+            progress=None) -> list[dict]:
     """Sample n target trajectories per prompt in each mode (regular decoding), then score every
-    position under both rules."""
+    position under both rules, for each draft vocabulary size in draft_vocabs (0 = the whole
+    vocabulary; N: a draft whose LM head covers token ids < N, as in FR-Spec, which stays
+    lossless since the target decides every token)."""
     codec = load_codec(target.model_dir)
     target_runner, draft_runner = ModelRunner(target), ModelRunner(draft)
     rows = []
@@ -100,27 +107,34 @@ def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, n:
                                               draft_length=DraftLengthConfig.parse("0")))
         requests = [GenerationRequest(prompt=p, n=n, max_new_tokens=max_new_tokens, sampling=params, seed=seed + i)
                     for i, p in enumerate(prompts)]
-        standard, gumbel = [], []
+        scores = {vocab: ([], []) for vocab in draft_vocabs}
         for start in range(0, len(requests), batch_prompts):
             chunk = requests[start:start + batch_prompts]
             sequences = [(codec.encode(request.prompt), seq.token_ids)
                          for request, result in zip(chunk, scheduler.generate(chunk))
                          for seq in result.sequences if seq.token_ids]
             for first in range(0, len(sequences), score_batch):
-                s, g = _score(target_runner, draft_runner, params, sequences[first:first + score_batch], draft_top_n)
-                standard.append(s)
-                gumbel.append(g)
+                part = _score(target_runner, draft_runner, params, sequences[first:first + score_batch], draft_top_n,
+                              draft_vocabs)
+                for vocab, (s, g) in part.items():
+                    scores[vocab][0].append(s)
+                    scores[vocab][1].append(g)
             if progress:
                 progress(f"{name}: {min(start + batch_prompts, len(requests))}/{len(requests)} prompts")
-        s_all, g_all = torch.cat(standard), torch.cat(gumbel)
-        a_s, a_g = s_all.mean().item(), g_all.mean().item()
         row = {"mode": name, "temperature": params.temperature, "top_p": params.top_p, "prompts": len(prompts),
-               "n": n, "max_new_tokens": max_new_tokens, "draft_top_n": draft_top_n, "positions": len(s_all),
-               "alpha_standard": round(a_s, 4), "alpha_gumbel": round(a_g, 4),
-               "gumbel_over_standard": round(a_g / a_s, 4),
-               "tokens_per_step": {str(k): {"standard": round(tokens_per_step(a_s, k), 3),
-                                            "gumbel": round(tokens_per_step(a_g, k), 3)} for k in draft_lengths},
-               "wall_time_s": round(time.perf_counter() - started, 1)}
+               "n": n, "max_new_tokens": max_new_tokens, "draft_top_n": draft_top_n}
+        for vocab in draft_vocabs:
+            s_all, g_all = torch.cat(scores[vocab][0]), torch.cat(scores[vocab][1])
+            a_s, a_g = s_all.mean().item(), g_all.mean().item()
+            result = {"positions": len(s_all), "alpha_standard": round(a_s, 4), "alpha_gumbel": round(a_g, 4),
+                      "gumbel_over_standard": round(a_g / a_s, 4),
+                      "tokens_per_step": {str(k): {"standard": round(tokens_per_step(a_s, k), 3),
+                                                   "gumbel": round(tokens_per_step(a_g, k), 3)} for k in draft_lengths}}
+            if vocab:
+                row.setdefault("draft_vocab", {})[str(vocab)] = result
+            else:
+                row.update(result)
+        row["wall_time_s"] = round(time.perf_counter() - started, 1)
         log.info("%s", row)
         rows.append(row)
     return rows

@@ -72,6 +72,21 @@ def timed(call, repeats: int, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
+def profile(path: str, title: str, call_propose, call_verify) -> None:
+    """Where a call's time goes: GPU kernels and host ops, 5 calls of each kind, appended to path."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with open(path, "a") as out:
+        for name, call in (("propose", call_propose), ("verify", call_verify)):
+            with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    call()
+                torch.cuda.synchronize()
+            out.write(f"== {title}: {name} (5 calls)\n")
+            out.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--batches", default="1,8,64")
@@ -80,11 +95,17 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--label", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--draft-vocab", type=int, default=0,
+                    help="Give the draft an LM head over the first N token ids only (FR-Spec style; 0 = all).")
+    ap.add_argument("--profile", help="Also write a torch profile of 5 calls of each kind (batch 8) to this file.")
     args = ap.parse_args()
     k, rows = args.k, []
     for batch in [int(b) for b in args.batches.split(",")]:
         target, draft = TargetWorker(runner_for("qwen2.5-coder-1.5b", batch, args.context, 8)), \
             DraftWorker(runner_for("qwen2.5-coder-0.5b", batch, args.context, 8))
+        if args.draft_vocab:
+            weights = draft.runner.model.weights
+            weights.lm_head = weights.lm_head[:args.draft_vocab].contiguous()
         target.warm_up()
         draft.warm_up()
         fill(target.runner, batch, args.context)
@@ -115,7 +136,9 @@ def main() -> None:
                 restore(target.runner, saved_target)
 
             propose_ms, verify_ms = timed(call_propose, args.repeats), timed(call_verify, args.repeats)
-            row = {"build": args.label, "batch": batch, "k": k, "mode": mode, "context": args.context,
+            if args.profile and batch == 8:
+                profile(args.profile, f"{args.label} batch {batch} {mode}", call_propose, call_verify)
+            row = {"build": args.label, "draft_vocab": args.draft_vocab, "batch": batch, "k": k, "mode": mode, "context": args.context,
                    "propose_ms": round(propose_ms, 4), "propose_ms_per_draft_token": round(propose_ms / k, 4),
                    "verify_ms": round(verify_ms, 4)}
             print(json.dumps(row), flush=True)
