@@ -13,7 +13,7 @@ import threading
 import time
 from concurrent import futures
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -95,6 +95,32 @@ def _tolerant(deserializer: Callable | None) -> Callable | None:
     return parse
 
 
+def report_failure(method: str, exc: Exception) -> grpc.StatusCode:
+    """The status an exception from a handler maps to, logged: a traceback only for INTERNAL
+    (a bug), one info line for the rest (the caller's error or a known condition)."""
+    code = status_for(exc)
+    if code == grpc.StatusCode.INTERNAL:
+        log.exception("%s failed", method, exc_info=exc)
+    else:
+        log.info("%s: %s: %s", method, code.name, exc)
+    return code
+
+
+class _UndecodableFrame(Exception):
+    """Raised out of a request stream at a frame that does not parse (see _Undecodable)."""
+
+    def __init__(self, frame: _Undecodable):
+        super().__init__(frame.error)
+        self.frame = frame
+
+
+def _decoded(frames: Iterable) -> Iterator:
+    for frame in frames:
+        if isinstance(frame, _Undecodable):
+            raise _UndecodableFrame(frame)
+        yield frame
+
+
 class ErrorInterceptor(grpc.ServerInterceptor):
     """Turn exceptions escaping a handler into a status code and a message."""
 
@@ -115,12 +141,7 @@ class ErrorInterceptor(grpc.ServerInterceptor):
 
         def guard(behavior: Callable, streaming: bool):
             def fail(exc: Exception, context):
-                code = status_for(exc)
-                if code == grpc.StatusCode.INTERNAL:
-                    log.exception("%s failed", method)
-                else:
-                    log.info("%s: %s: %s", method, code.name, exc)
-                context.abort(code, str(exc) or type(exc).__name__)
+                context.abort(report_failure(method, exc), str(exc) or type(exc).__name__)
 
             if streaming:
                 def stream(request, context):
@@ -145,6 +166,24 @@ class ErrorInterceptor(grpc.ServerInterceptor):
                     fail(exc, context)
             return unary
 
+        def bidi(behavior: Callable):
+            # A request stream (a worker Session): a frame that does not parse ends the stream
+            # with INVALID_ARGUMENT, as it ends a unary call.
+            def stream(requests, context):
+                try:
+                    yield from behavior(_decoded(requests), context)
+                except grpc.RpcError:
+                    raise
+                except _UndecodableFrame as exc:
+                    undecodable(exc.frame, context)
+                except Exception as exc:  # noqa: BLE001 - mapped to a status
+                    context.abort(report_failure(method, exc), str(exc) or type(exc).__name__)
+            return stream
+
+        if handler.stream_stream:
+            return grpc.stream_stream_rpc_method_handler(bidi(handler.stream_stream),
+                                                         _tolerant(handler.request_deserializer),
+                                                         handler.response_serializer)
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(guard(handler.unary_unary, False),
                                                        _tolerant(handler.request_deserializer),
@@ -200,7 +239,8 @@ def start_server(register: Iterable[Callable[[grpc.Server], None]], service_name
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(names + (health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    # host may be a whole `unix:PATH` address: a Unix socket has no port.
+    bound = server.add_insecure_port(host if host.startswith("unix:") else f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot listen on {host}:{port}")
     server.start()

@@ -8,6 +8,7 @@ import grpc
 
 from bass import wire
 from bass.errors import InvalidRequestError, WorkerUnavailableError
+from bass.coordinator.remote_session import Session, SessionError
 from bass.grpc_server import SERVER_OPTIONS
 from bass.v1 import worker_pb2 as pb
 from bass.v1 import worker_pb2_grpc
@@ -20,12 +21,20 @@ PROBE_TIMEOUT_S = 5.0
 
 
 class _RemoteWorker:
+    """transport: "session" (the default) sends Propose, Verify, Release and Reset as frames on one
+    long-lived stream (coordinator/remote_session.py), "unary" as one RPC each. Info, the reconnect
+    probe, is always a unary call of its own, with its own short timeout."""
+
     stub_class: type
 
-    def __init__(self, address: str, timeout_s: float = 120.0):
+    def __init__(self, address: str, timeout_s: float = 120.0, transport: str = "session"):
+        if transport not in ("session", "unary"):
+            raise ValueError(f"transport must be 'session' or 'unary', got {transport!r}")
         self.address = address
         self.timeout_s = timeout_s
+        self.transport = transport
         self._broken = False
+        self._session: Session | None = None
         self._open()
 
     def _open(self) -> None:
@@ -33,24 +42,37 @@ class _RemoteWorker:
         self.stub = self.stub_class(self.channel)
 
     def _call(self, method: str, request, timeout_s: float | None = None):
+        if self.transport == "session" and method != "Info":
+            return self._session_call(method, request)
         try:
             return getattr(self.stub, method)(request, timeout=timeout_s or self.timeout_s)
         except grpc.RpcError as e:
-            code = e.code()
-            if code == grpc.StatusCode.INVALID_ARGUMENT:
-                raise InvalidRequestError(f"{self.address}", e.details()) from None
-            self._broken = True
-            raise WorkerUnavailableError(f"worker at {self.address}: {method} failed with {code.name}: "
-                                         f"{e.details()}") from None
+            raise self._failed(method, e.code(), e.details()) from None
+
+    def _session_call(self, method: str, request):
+        if self._session is None or self._session.ended:
+            self._session = Session(self.stub.Session, self.timeout_s)
+        try:
+            return self._session.call(method.lower(), request)
+        except SessionError as e:
+            raise self._failed(method, e.code, e.details) from None
+
+    def _failed(self, method: str, code: grpc.StatusCode, details: str | None) -> Exception:
+        """The same errors whatever the transport: INVALID_ARGUMENT is the caller's, anything else
+        makes the worker unavailable until a probe (info) finds it again."""
+        if code == grpc.StatusCode.INVALID_ARGUMENT:
+            return InvalidRequestError(f"{self.address}", details or "")
+        self._broken = True
+        return WorkerUnavailableError(f"worker at {self.address}: {method} failed with {code.name}: {details}")
 
     def info(self, timeout_s: float | None = None) -> WorkerInfo:
         """Also the reconnect probe: after a failure it opens a fresh channel first. A channel
         that failed to connect waits out gRPC's exponential reconnect backoff (1 s growing to
         120 s) and fails every call at once meanwhile, so a worker back after a long outage was
         found up to minutes late; a new channel connects at once, so a worker is found on the
-        first probe after it serves."""
+        first probe after it serves. The session, bound to the old channel, goes with it."""
         if self._broken:
-            self.channel.close()
+            self.close()
             self._open()
             self._broken = False
         return wire.info_from_proto(self._call("Info", pb.InfoRequest(), timeout_s or PROBE_TIMEOUT_S))
@@ -62,6 +84,9 @@ class _RemoteWorker:
         self._call("Reset", pb.ResetRequest())
 
     def close(self) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None
         self.channel.close()
 
 

@@ -10,6 +10,9 @@ SERVICE_NAME = "bass.v1.DraftWorker"
 
 
 class DraftServicer(WorkerServicerBase, worker_pb2_grpc.DraftWorkerServicer):
+    service_name = SERVICE_NAME
+    step_call = "propose"
+
     def Propose(self, request, context):
         step = wire.propose_request_from_proto(request)
         with self.lock:

@@ -10,6 +10,9 @@ SERVICE_NAME = "bass.v1.TargetWorker"
 
 
 class TargetServicer(WorkerServicerBase, worker_pb2_grpc.TargetWorkerServicer):
+    service_name = SERVICE_NAME
+    step_call = "verify"
+
     def Verify(self, request, context):
         step = wire.verify_request_from_proto(request)
         with self.lock:

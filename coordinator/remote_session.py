@@ -1,0 +1,96 @@
+"""The client end of a worker's `Session` stream: one call at a time as frames on one stream.
+
+Why (issue #13): a unary call per step pays a new RPC on both ends and a hop onto a pool thread
+on the server; on the stream the server's handler thread is already waiting for the next frame.
+bench/rpc_overhead.py measures both.
+
+The caller's thread waits for the reply itself (no reader thread: every extra thread in the
+chain is one more that sleeps and must be woken). A reply iterator has no timeout, so a watchdog
+thread cancels the stream when a call has waited longer than its timeout; it checks a few times
+per timeout and is never woken by the calls themselves.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+
+import grpc
+
+from bass.v1 import worker_pb2 as pb
+
+_END = object()  # put on the request queue: half-close the stream
+
+
+class SessionError(Exception):
+    """The call failed: `code` is the gRPC status it would have ended a unary call with."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, stream_ended: bool):
+        super().__init__(details)
+        self.code, self.details, self.stream_ended = code, details, stream_ended
+
+
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+class Session:
+    def __init__(self, session_method, timeout_s: float):
+        self.timeout_s = timeout_s
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._replies = session_method(iter(self._requests.get, _END))
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()  # one call at a time: a reply answers the last frame sent
+        self._waiting_since: float | None = None
+        self._timeout_for: float = timeout_s
+        self._closed = threading.Event()
+        self._timed_out = False
+        self.ended = False  # the stream is over: open a new Session
+        threading.Thread(target=self._watch, name="bass-session-watchdog", daemon=True).start()
+
+    def call(self, kind: str, message, timeout_s: float | None = None):
+        """Send one call (`kind`: the WorkerCall body) and return the answer's message.
+        Raises SessionError."""
+        with self._lock:
+            if self.ended:
+                raise SessionError(grpc.StatusCode.UNAVAILABLE, "the session has ended", True)
+            call_id = next(self._ids)
+            self._timeout_for = timeout_s or self.timeout_s
+            self._waiting_since = time.monotonic()
+            self._requests.put(pb.WorkerCall(call_id=call_id, **{kind: message}))
+            try:
+                reply = next(self._replies)
+            except grpc.RpcError as e:
+                self.ended = True
+                if self._timed_out:
+                    raise SessionError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                       f"no answer within {self._timeout_for:g} s", True) from None
+                raise SessionError(e.code(), e.details() or "", True) from None
+            except StopIteration:
+                self.ended = True
+                raise SessionError(grpc.StatusCode.UNAVAILABLE, "the worker ended the session", True) from None
+            finally:
+                self._waiting_since = None
+            if reply.call_id != call_id:  # cannot happen with one call at a time; never use a stray answer
+                self.close()
+                raise SessionError(grpc.StatusCode.INTERNAL, f"answer to call {reply.call_id}, expected {call_id}",
+                                   True)
+            body = reply.WhichOneof("body")
+            if body == "error":
+                raise SessionError(_CODES.get(reply.error.code, grpc.StatusCode.UNKNOWN), reply.error.message, False)
+            return getattr(reply, body)
+
+    def close(self) -> None:
+        self.ended = True
+        self._closed.set()
+        self._requests.put(_END)
+        self._replies.cancel()
+
+    def _watch(self) -> None:
+        while not self._closed.wait(min(1.0, self.timeout_s / 4)):
+            since = self._waiting_since
+            if since is not None and time.monotonic() - since > self._timeout_for:
+                self._timed_out = True
+                self._replies.cancel()  # wakes the waiting caller with CANCELLED
+                return

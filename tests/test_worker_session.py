@@ -1,0 +1,198 @@
+"""The worker Session stream (coordinator/remote_session.py, bass/worker_session.py) against a
+real gRPC server over a stand-in worker: same answers and same errors as the unary calls, a
+worker dying mid-call or hanging fails the call promptly, and a probe reconnects."""
+
+import threading
+import time
+
+import grpc
+import pytest
+
+from bass.config import SamplingParams
+from bass.coordinator.remote import RemoteDraftWorker, RemoteTargetWorker
+from bass.errors import InvalidRequestError, UnknownSequenceError, WorkerUnavailableError
+from bass.grpc_server import start_server
+from bass.target_service.servicer import SERVICE_NAME, TargetServicer
+from bass.v1 import worker_pb2 as pb
+from bass.worker_api import SequenceSampling, Verdict, VerifyItem, VerifyRequest, VerifyResponse, WorkerInfo
+
+SAMPLING = SequenceSampling(SamplingParams(), seed_key=3)
+
+
+class _Runner:
+    def __init__(self):
+        self.sequences = {}
+        self.cache = type("Cache", (), {"free_slots": 8})()
+
+
+class FakeTarget:
+    """Verify accepts every draft token and adds seq_id; seq_id 0 is a bad request, 404 unknown,
+    500 a bug, and 77 blocks until `release_hang` is set."""
+
+    def __init__(self):
+        self.runner = _Runner()
+        self.release_hang = threading.Event()
+        self.entered_hang = threading.Event()
+        self.released, self.resets = [], 0
+
+    def info(self):
+        return WorkerInfo("fake", 1000, 8, 64, "float32", "cpu")
+
+    def verify(self, request):
+        for item in request.items:
+            if item.seq_id == 0:
+                raise InvalidRequestError("items[0].seq_id", "must be > 0")
+            if item.seq_id == 404:
+                raise UnknownSequenceError(404)
+            if item.seq_id == 500:
+                raise RuntimeError("a bug")
+            if item.seq_id == 77:
+                self.entered_hang.set()
+                self.release_hang.wait(30)
+        return VerifyResponse([Verdict(len(i.draft_tokens), [*i.draft_tokens, i.seq_id]) for i in request.items],
+                              compute_s=0.001)
+
+    def release(self, seq_ids):
+        self.released.extend(seq_ids)
+
+    def reset(self):
+        self.resets += 1
+
+
+def serve(worker, port=0):
+    return start_server([TargetServicer(worker).register], [SERVICE_NAME], port=port, engine=worker)
+
+
+def request(*seq_ids):
+    return VerifyRequest(items=[VerifyItem(s, (s + 1, s + 2), SAMPLING) for s in seq_ids])
+
+
+@pytest.fixture
+def worker():
+    return FakeTarget()
+
+
+@pytest.fixture
+def server(worker):
+    s = serve(worker)
+    yield s
+    worker.release_hang.set()
+    s.stop(0)
+
+
+def test_session_answers_like_unary_calls_on_one_stream(server, worker):
+    session, unary = RemoteTargetWorker(server.address), RemoteTargetWorker(server.address, transport="unary")
+    try:
+        for ids in [(1, 2, 3), (9,), ()]:
+            assert session.verify(request(*ids)) == unary.verify(request(*ids))
+        stream = session._session
+        session.release([4, 5])
+        session.reset()
+        assert session.info() == unary.info() == worker.info()
+        assert session._session is stream and not stream.ended, "every call rode the same stream"
+        assert worker.released == [4, 5] and worker.resets == 1
+    finally:
+        session.close()
+        unary.close()
+
+
+@pytest.mark.parametrize("transport", ["session", "unary"])
+def test_errors_map_as_for_unary_calls(server, transport):
+    client = RemoteTargetWorker(server.address, transport=transport)
+    try:
+        with pytest.raises(InvalidRequestError, match="seq_id"):
+            client.verify(request(0))
+        assert client.verify(request(1)).verdicts[0].tokens == [2, 3, 1], "a bad request leaves the worker usable"
+        for bad in (404, 500):
+            with pytest.raises(WorkerUnavailableError, match="NOT_FOUND" if bad == 404 else "INTERNAL"):
+                client.verify(request(bad))
+            assert client._broken
+            client.info()  # the probe, as the scheduler does before using the worker again
+            assert client.verify(request(2)).verdicts[0].tokens == [3, 4, 2]
+    finally:
+        client.close()
+
+
+def test_error_frames_carry_the_unary_status_codes(server):
+    channel = grpc.insecure_channel(server.address)
+    try:
+        from bass.v1 import worker_pb2_grpc
+        stub = worker_pb2_grpc.TargetWorkerStub(channel)
+        calls = [pb.WorkerCall(call_id=i + 1, verify=pb.VerifyRequest(items=[pb.VerifyItem(seq_id=s)]))
+                 for i, s in enumerate((0, 404, 500, 1))]
+        calls.append(pb.WorkerCall(call_id=9, propose=pb.ProposeRequest()))  # a target does not propose
+        replies = list(stub.Session(iter(calls), timeout=10))
+        assert [r.call_id for r in replies] == [1, 2, 3, 4, 9]
+        codes = [grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INTERNAL]
+        for reply, code in zip(replies, codes):
+            assert reply.WhichOneof("body") == "error" and reply.error.code == code.value[0]
+            with pytest.raises(grpc.RpcError) as unary:
+                stub.Verify(pb.VerifyRequest(items=[pb.VerifyItem(seq_id={0: 0, 1: 404, 2: 500}[codes.index(code)])]))
+            assert unary.value.code() == code
+        assert replies[3].verify.verdicts[0].tokens == [1]
+        assert replies[4].error.code == grpc.StatusCode.UNIMPLEMENTED.value[0]
+    finally:
+        channel.close()
+
+
+def test_undecodable_frame_ends_the_stream_invalid_argument(server):
+    channel = grpc.insecure_channel(server.address)
+    try:
+        session = channel.stream_stream("/bass.v1.TargetWorker/Session")  # raw bytes both ways
+        with pytest.raises(grpc.RpcError) as info:
+            list(session(iter([b"\xff\xff\xff"]), timeout=10))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "decoded" in info.value.details()
+    finally:
+        channel.close()
+
+
+def test_worker_dying_mid_call_fails_it_promptly_then_a_probe_reconnects(worker):
+    server = serve(worker)
+    port = server.port
+    client = RemoteTargetWorker(server.address)
+    try:
+        assert client.verify(request(1)).verdicts[0].accepted == 2
+        outcome = {}
+
+        def hang():
+            try:
+                client.verify(request(77))
+            except WorkerUnavailableError as exc:
+                outcome["error"], outcome["at"] = exc, time.monotonic()
+
+        caller = threading.Thread(target=hang)
+        caller.start()
+        assert worker.entered_hang.wait(10)
+        stopped = time.monotonic()
+        server.server.stop(0)  # the process dies: its streams are cut, the handler is still in the model
+        caller.join(10)
+        assert "error" in outcome and outcome["at"] - stopped < 2.0
+        with pytest.raises(WorkerUnavailableError):
+            client.info()  # nothing listens
+        worker.release_hang.set()
+        server = serve(FakeTarget(), port=port)  # back on the same address
+        assert client.info().model_name == "fake"
+        assert client.verify(request(5)).verdicts[0].tokens == [6, 7, 5]
+    finally:
+        client.close()
+        server.stop(0)
+
+
+def test_a_hung_worker_times_the_call_out(server, worker):
+    client = RemoteTargetWorker(server.address, timeout_s=0.5)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(WorkerUnavailableError, match="DEADLINE_EXCEEDED"):
+            client.verify(request(77))
+        assert 0.5 <= time.monotonic() - t0 < 3.0
+        worker.release_hang.set()
+        client.info()
+        assert client.verify(request(3)).verdicts[0].accepted == 2
+    finally:
+        client.close()
+
+
+def test_draft_client_defaults_to_the_session():
+    assert RemoteDraftWorker("127.0.0.1:1").transport == "session"
+    with pytest.raises(ValueError):
+        RemoteTargetWorker("127.0.0.1:1", transport="carrier-pigeon")
