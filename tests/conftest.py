@@ -57,6 +57,7 @@ def build_scheduler(target: Path, draft: Path | None = None, draft_length: str =
 
     return build_local_scheduler(
         runner(target, target_slots or num_slots), runner(draft, num_slots) if draft else None,
-        scheduler=SchedulerConfig(max_batch_size=max_batch_size, max_n=max_n, max_prefill_tokens_per_step=prefill_budget,
+        scheduler=SchedulerConfig(max_batch_size=max_batch_size, max_n=max_n,
+                                  max_prefill_tokens_per_step=prefill_budget,
                                   draft_length=DraftLengthConfig.parse(draft_length)),
         draft_top_n=draft_top_n)

@@ -341,7 +341,8 @@ def test_cli_serve_writes_json_table_and_plot(llama_target, llama_draft, tmp_pat
     proc = subprocess.run(
         [sys.executable, "-m", "bass.cli", "bench", "serve", "--serve", "--target", str(llama_target), "--draft",
          str(llama_draft), "--device", "cpu", "--num-slots", "8", "--max-seq-len", "1024", "--draft-length", "4",
-         "--max-prefill-tokens-per-step", "300", "--rates", "20,inf", "--num-requests", "4", "--problems", "0:2", "--max-new-tokens", "8",
+         "--max-prefill-tokens-per-step", "300",
+         "--rates", "20,inf", "--num-requests", "4", "--problems", "0:2", "--max-new-tokens", "8",
          "--compare-regular", "--slo-ttft-ms", "60000", "--no-progress", "--out", str(out)],
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
