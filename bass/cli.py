@@ -459,13 +459,16 @@ def scheduler_options(f):
         click.option("--max-n", type=int, help="Largest n a request may ask for [16]."),
         click.option("--max-new-tokens-limit", "max_new_tokens", type=int, help="Largest max_new_tokens [2048]."),
         click.option("--max-waiting", type=int, help="Queued requests before RESOURCE_EXHAUSTED [256]."),
+        click.option("--max-prefill-tokens-per-step", type=int,
+                     help="Prompt tokens prefilled per step, target and draft together; a longer prompt goes "
+                          "alone [512]."),
     ]):
         f = opt(f)
     return f
 
 
 def _with_scheduler_options(ctx, cfg: CoordinatorConfig) -> CoordinatorConfig:
-    sched = _explicit(ctx, ["max_batch_size", "max_n", "max_new_tokens"])
+    sched = _explicit(ctx, ["max_batch_size", "max_n", "max_new_tokens", "max_prefill_tokens_per_step"])
     if ctx.params.get("draft_length") is not None:
         sched["draft_length"] = ctx.params["draft_length"]
     return replace(cfg, scheduler=replace(cfg.scheduler, **sched), **_explicit(ctx, ["max_waiting"]))

@@ -177,12 +177,20 @@ class SchedulerConfig:
     max_batch_size: int = 64
     max_n: int = 16
     max_new_tokens: int = 2048
+    # Prompt tokens prefilled per step, target and draft together. A worker prefills new
+    # sequences before the step's forward, so every running sequence waits for that prefill:
+    # this bounds the wait, spreading a burst of arrivals over several steps. A prompt longer
+    # than the budget is still admitted, alone in its step, so nothing starves.
+    max_prefill_tokens_per_step: int = 512
     draft_length: DraftLengthConfig = field(default_factory=DraftLengthConfig)
 
     def __post_init__(self) -> None:
         _require(self.max_batch_size >= 1, "max_batch_size", f"must be >= 1, got {self.max_batch_size}")
         _require(self.max_n >= 1, "max_n", f"must be >= 1, got {self.max_n}")
         _require(self.max_new_tokens >= 1, "max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
+        budget = self.max_prefill_tokens_per_step
+        _require(isinstance(budget, int) and not isinstance(budget, bool) and budget >= 1,
+                 "max_prefill_tokens_per_step", f"must be an integer >= 1, got {budget!r}")
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,23 @@ class RequestRun:
         return self.submitted + budget / 1000 if budget else None
 
 
+@dataclass
+class PrefillBudget:
+    """Prompt tokens the workers may prefill in one step, both workers together. A worker
+    prefills its new sequences before the step's forward, so every running sequence waits
+    for all of it: bounding it bounds the stall an arrival (or a burst) causes. Whatever comes
+    first in a step is taken even over the limit, alone, so a long prompt is never starved."""
+
+    limit: int
+    used: int = 0
+
+    def take(self, tokens: int) -> bool:
+        if self.used and self.used + tokens > self.limit:
+            return False
+        self.used += tokens
+        return True
+
+
 class Scheduler:
     def __init__(self, target: TargetWorkerAPI, draft: DraftWorkerAPI | None, codec: Codec,
                  config: SchedulerConfig = SchedulerConfig(), *, reconnect_interval_s: float = 2.0,
@@ -199,12 +216,13 @@ class Scheduler:
         """One speculative step for the whole batch; returns the requests that finished
         (each exactly once). Raises WorkerUnavailableError if the target fails."""
         finished = self._expire_budgets()
-        self._admit()
+        prefill = PrefillBudget(self.config.max_prefill_tokens_per_step)
+        self._admit(prefill)
         if not self.running:
             return finished
         step_started = self.clock()
         batch = self.running
-        lengths = self._draft_lengths(batch)  # may attach sequences to the draft (self._draft_add)
+        lengths = self._draft_lengths(batch, prefill)  # may attach sequences to the draft (self._draft_add)
         # Step times feed the draft-length policy only when they are steady-state costs: no
         # prefill of new sequences, and no draft catching up on tokens it skipped (k = 0 steps).
         clean_verify, clean_draft = not self._target_add, not self._draft_add and self._drafted_last_step
@@ -336,13 +354,19 @@ class Scheduler:
             self._finish(req)
         return expired
 
-    def _admit(self) -> None:
+    def _admit(self, prefill: PrefillBudget) -> None:
+        """Admit waiting requests in arrival order while slots, the batch limit and the step's
+        prefill budget allow. The first request that does not fit stops admission (FIFO: a
+        long prompt is not overtaken by shorter ones behind it)."""
         self._maybe_reconnect_draft()
         while self.waiting:
             run = self.waiting[0]
             n = len(run.sequences)
             if (len(self.running) + n > self.config.max_batch_size
                     or self._slots_held + n > self.slot_capacity):
+                break
+            # Only the root is prefilled; its other sequences fork its cache (a copy, no forward).
+            if not prefill.take(len(run.prompt_ids)):
                 break
             self.waiting.popleft()
             run.started = self.clock()
@@ -354,12 +378,12 @@ class Scheduler:
             self.running.extend(run.sequences)
             self._slots_held += n
 
-    def _draft_lengths(self, batch: list[SequenceRun]) -> list[int]:
+    def _draft_lengths(self, batch: list[SequenceRun], prefill: PrefillBudget) -> list[int]:
         if not self.draft_up:
             return [0] * len(batch)
         wanted = self.policy.lengths([s.seq_id for s in batch])
         self._attach_to_draft([s for s, k in zip(batch, wanted)
-                               if k > 0 and not s.drafted and s.request.request.speculate])
+                               if k > 0 and not s.drafted and s.request.request.speculate], prefill)
         out = []
         for seq, k in zip(batch, wanted):
             # Drafts may run past max_new_tokens (the stop check cuts the committed tokens
@@ -369,18 +393,26 @@ class Scheduler:
             out.append(min(k, room) if seq.drafted else 0)
         return out
 
-    def _attach_to_draft(self, seqs: list[SequenceRun]) -> None:
+    def _attach_to_draft(self, seqs: list[SequenceRun], prefill: PrefillBudget) -> None:
         """Give sequences to the draft worker the first time speculation wants them, not at
         admission: where the policy picks regular decoding (large batches, slow drafts) the
         draft would prefill every new sequence in vain. Fresh sequences of one request share
         their root's prefill, as on the target; others bring their prompt and output so far
-        (after a draft restart, or when speculation resumes)."""
+        (after a draft restart, or when speculation resumes).
+
+        Their prefill shares the step's budget with the target's admissions, which go first
+        (a new request's first token before a running one's speed-up); a sequence left out
+        decodes without drafts (its tokens are the target's either way) and joins in a later
+        step, in batch order."""
         for seq in seqs:  # batch order: a request's root comes before its other sequences
             root = seq.request.sequences[0]
             if seq is not root and not seq.output and root.drafted and not root.output:
-                self._draft_add.append(AddSequence(seq.seq_id, parent_id=root.seq_id))
+                add = AddSequence(seq.seq_id, parent_id=root.seq_id)
             else:
-                self._draft_add.append(AddSequence(seq.seq_id, tuple(seq.request.prompt_ids + seq.output)))
+                add = AddSequence(seq.seq_id, tuple(seq.request.prompt_ids + seq.output))
+            if not prefill.take(len(add.prompt_ids)):
+                break
+            self._draft_add.append(add)
             seq.drafted = True
             seq.unsent_to_draft.clear()
 

@@ -341,6 +341,7 @@ def test_cli_serve_writes_json_table_and_plot(llama_target, llama_draft, tmp_pat
     proc = subprocess.run(
         [sys.executable, "-m", "bass.cli", "bench", "serve", "--serve", "--target", str(llama_target), "--draft",
          str(llama_draft), "--device", "cpu", "--num-slots", "8", "--max-seq-len", "1024", "--draft-length", "4",
+         "--max-prefill-tokens-per-step", "300",
          "--rates", "20,inf", "--num-requests", "4", "--problems", "0:2", "--max-new-tokens", "8",
          "--compare-regular", "--slo-ttft-ms", "60000", "--no-progress", "--out", str(out)],
         capture_output=True, text=True, timeout=300)
@@ -353,6 +354,7 @@ def test_cli_serve_writes_json_table_and_plot(llama_target, llama_draft, tmp_pat
     assert result["config"]["max_new_tokens"] == 8
     assert result["server"]["coordinator"]["scheduler"]["max_new_tokens"] == 2048
     assert result["server"]["coordinator"]["scheduler"]["draft_length"]["fixed"] == 4
+    assert result["server"]["coordinator"]["scheduler"]["max_prefill_tokens_per_step"] == 300
     assert [r["mode"] for r in result["runs"]] == ["speculative", "regular"] * 2
     assert all(r["completed"] == 4 and r["correctness"]["mismatches"] == 0 for r in result["runs"])
     assert (out / "serve.md").read_text().count("| speculative |") == 2 and "| speculative | inf |" in proc.stdout

@@ -73,3 +73,19 @@ def test_a_config_file_without_device_or_dtype_means_auto(llama_target, tmp_path
     assert (cfg.target.runner_config().device, cfg.target.runner_config().dtype) == ("cpu", "float32")
     with pytest.raises(Exception, match="device"):
         WorkerServiceConfig(model_dir=llama_target, device="tpu")
+
+
+def test_the_prefill_budget_is_validated_and_read_from_a_config_file(tmp_path):
+    from bass.config import SchedulerConfig, load_config_file
+    from bass.errors import InvalidRequestError
+
+    assert SchedulerConfig().max_prefill_tokens_per_step == 512
+    for bad in (0, -3, True, 2.5, "64"):
+        with pytest.raises(InvalidRequestError, match="max_prefill_tokens_per_step"):
+            SchedulerConfig(max_prefill_tokens_per_step=bad)
+    path = tmp_path / "bass.toml"
+    path.write_text("[coordinator.scheduler]\nmax_prefill_tokens_per_step = 64\n")
+    assert load_config_file(path).coordinator.scheduler.max_prefill_tokens_per_step == 64
+    path.write_text("[coordinator.scheduler]\nmax_prefill_tokens_per_step = 0\n")
+    with pytest.raises(InvalidRequestError, match="max_prefill_tokens_per_step"):
+        load_config_file(path)

@@ -153,3 +153,27 @@ def test_seeded_text_survives_a_crowded_batch_and_a_draft_restart(llama_target, 
     result = scheduler.generate([SEEDED])[0]
     assert scheduler.draft.calls > 3 and result.stats.draft_tokens > 0
     assert _tokens(result) == reference
+
+
+@pytest.mark.parametrize("policy", ["4", "auto"])
+def test_tokens_do_not_depend_on_the_prefill_budget(llama_target, llama_draft, policy):
+    """A budget below every prompt admits one request per step and leaves each one's draft
+    prefill to a later step, so sequences decode without drafts at first and join the draft
+    at different points. Greedy and seeded tokens stay those of each request sent alone with
+    regular decoding."""
+    requests = [SEEDED] + [
+        GenerationRequest(prompt_ids=tuple(range(1, 8 + 5 * i)), n=2, max_new_tokens=10 + 3 * i, seed=i,
+                          sampling=SamplingParams(temperature=0.9 if i % 2 else 0.0, top_p=0.95), ignore_eos=True)
+        for i in range(4)]
+    alone = [_tokens(build_scheduler(llama_target, None, "0").generate([r])[0]) for r in requests]
+    s = build_scheduler(llama_target, llama_draft, policy, prefill_budget=5)
+    runs = [s.submit(r) for r in requests]
+    admitted = []
+    while s.has_work:
+        waiting = len(s.waiting)
+        s.step()
+        admitted.append(waiting - len(s.waiting))
+    assert admitted[:len(runs)] == [1] * len(runs)
+    assert [_tokens(r.result) for r in runs] == alone
+    if policy == "4":
+        assert all(r.result.stats.draft_tokens > 0 for r in runs)

@@ -203,3 +203,94 @@ def test_sequences_join_the_draft_only_when_speculation_wants_them(llama_target,
     else:
         assert [a.prompt_ids for a in roots] == [PROMPT] and len(forks) == 1
     assert [i.num_tokens for i in first.items] == [3, 3]
+
+
+# -- the prefill budget ------------------------------------------------------------------------------
+class RecordingTarget:
+    """The in-process target worker, recording the prompt lengths each Verify call adds
+    (a fork counts 0: it copies its parent's cache and runs nothing)."""
+
+    def __init__(self, inner):
+        self.inner, self.adds = inner, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def verify(self, request):
+        self.adds.append([len(a.prompt_ids) for a in request.add])
+        return self.inner.verify(request)
+
+
+def prompts_of(lengths):
+    return [tuple(range(3 + 7 * i, 3 + 7 * i + n)) for i, n in enumerate(lengths)]
+
+
+def test_the_prefill_budget_spreads_a_burst_over_steps(llama_target):
+    """Six 8-token prompts at once under a budget of 20: two per step, in arrival order, and
+    every answer is token for token what it is when all six are prefilled in one step."""
+    reqs = [GenerationRequest(prompt_ids=p, max_new_tokens=10, ignore_eos=True) for p in prompts_of([8] * 6)]
+    unbounded = build_scheduler(llama_target, None, "0", prefill_budget=10_000)
+    unbounded.target = RecordingTarget(unbounded.target)
+    want = unbounded.generate(reqs)
+    assert unbounded.target.adds[0] == [8] * 6  # the stall this bounds: all six before one forward
+    s = build_scheduler(llama_target, None, "0", prefill_budget=20)
+    s.target = RecordingTarget(s.target)
+    runs = [s.submit(r) for r in reqs]
+    admitted = []
+    while s.has_work:
+        before = {id(r) for r in runs if r.started is None}
+        s.step()
+        admitted.append([i for i, r in enumerate(runs) if id(r) in before and r.started is not None])
+    assert admitted[:3] == [[0, 1], [2, 3], [4, 5]]
+    assert s.target.adds[:3] == [[8, 8]] * 3
+    assert [[q.token_ids for q in r.result.sequences] for r in runs] == [[q.token_ids for q in w.sequences]
+                                                                         for w in want]
+
+
+def test_a_prompt_over_the_budget_goes_alone_and_is_not_overtaken(llama_target):
+    """Budget 10: the 30-token prompt is admitted (alone, in the next step), and the short
+    prompts behind it wait for it although the first step had room for two of them."""
+    reqs = [GenerationRequest(prompt_ids=p, n=2 if i == 1 else 1, max_new_tokens=12, ignore_eos=True)
+            for i, p in enumerate(prompts_of([4, 30, 4, 4, 4]))]
+    s = build_scheduler(llama_target, None, "0", prefill_budget=10)
+    s.target = RecordingTarget(s.target)
+    results = s.generate(reqs)
+    # the long request's second sequence is a fork of its first: no prefill of its own
+    assert s.target.adds[:4] == [[4], [30, 0], [4, 4], [4]]
+    alone = [build_scheduler(llama_target, None, "0").generate([r])[0] for r in reqs]
+    assert [[q.token_ids for q in r.sequences] for r in results] == [[q.token_ids for q in a.sequences]
+                                                                     for a in alone]
+
+
+def test_the_draft_prefill_shares_the_step_budget(llama_target):
+    """With speculation the draft prefills a joining sequence too; both together stay within
+    the budget (a single item over it goes alone), so speculation does not double the stall:
+    the step that admits a request leaves its draft prefill to later steps. Sequences left out
+    meanwhile decode without drafts; the draft (= the target) still holds exactly the right
+    cache once they join: every proposal is accepted, and the text is regular decoding's."""
+    budget = 20
+    reqs = [GenerationRequest(prompt_ids=p, n=n, max_new_tokens=16, ignore_eos=True)
+            for p, n in zip(prompts_of([12, 6]), (2, 1))]
+    s = build_scheduler(llama_target, llama_target, "3", prefill_budget=budget)
+    s.target, s.draft = RecordingTarget(s.target), RecordingDraft(s.draft)
+    draft_adds = []
+    original = s._attach_to_draft
+
+    def attach(seqs, prefill):
+        before = len(s._draft_add)
+        original(seqs, prefill)
+        draft_adds.append([len(a.prompt_ids) for a in s._draft_add[before:]])
+
+    s._attach_to_draft = attach
+    results = s.generate(reqs)
+    steps = list(zip(s.target.adds, draft_adds))
+    assert steps[0] == ([12, 0, 6], [])  # both requests admitted; no draft prefill on top of them
+    for target_adds, drafts in steps:
+        prefilled = [n for n in target_adds + drafts if n]
+        assert sum(prefilled) <= budget or len(prefilled) == 1
+    assert sum(len(d) for d in draft_adds) == 3  # every sequence joined the draft, once
+    regular = [build_scheduler(llama_target, None).generate([r])[0] for r in reqs]
+    assert [[q.token_ids for q in r.sequences] for r in results] == [[q.token_ids for q in w.sequences]
+                                                                     for w in regular]
+    for r in results:
+        assert r.stats.draft_tokens > 0 and r.stats.accepted_tokens == r.stats.draft_tokens
