@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import logging
 import secrets
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -216,8 +217,14 @@ class Scheduler:
         """One speculative step for the whole batch; returns the requests that finished
         (each exactly once). Raises WorkerUnavailableError if the target fails."""
         finished = self._expire_budgets()
-        prefill = PrefillBudget(self.config.max_prefill_tokens_per_step)
+        # The budget protects running sequences from an arrival's prefill. With none running,
+        # nobody waits on admission, so the first wave of a burst is admitted whole; the draft's
+        # prefill (which delays those new sequences' first tokens) keeps to the budget.
+        limit = self.config.max_prefill_tokens_per_step
+        prefill = PrefillBudget(limit if self.running else sys.maxsize)
         self._admit(prefill)
+        if prefill.limit != limit:
+            prefill = PrefillBudget(limit, used=prefill.used)
         if not self.running:
             return finished
         step_started = self.clock()

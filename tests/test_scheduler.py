@@ -226,15 +226,18 @@ def prompts_of(lengths):
 
 
 def test_the_prefill_budget_spreads_a_burst_over_steps(llama_target):
-    """Six 8-token prompts at once under a budget of 20: two per step, in arrival order, and
-    every answer is token for token what it is when all six are prefilled in one step."""
+    """Six 8-token prompts at once, while a request runs, under a budget of 20: two per step,
+    in arrival order, and every answer is token for token what it is when all six are
+    prefilled in one step. With nothing running, the first wave is admitted whole."""
     reqs = [GenerationRequest(prompt_ids=p, max_new_tokens=10, ignore_eos=True) for p in prompts_of([8] * 6)]
-    unbounded = build_scheduler(llama_target, None, "0", prefill_budget=10_000)
+    unbounded = build_scheduler(llama_target, None, "0", prefill_budget=20)
     unbounded.target = RecordingTarget(unbounded.target)
     want = unbounded.generate(reqs)
-    assert unbounded.target.adds[0] == [8] * 6  # the stall this bounds: all six before one forward
+    assert unbounded.target.adds[0] == [8] * 6  # nothing was running: nobody to stall
     s = build_scheduler(llama_target, None, "0", prefill_budget=20)
     s.target = RecordingTarget(s.target)
+    s.submit(GenerationRequest(prompt_ids=(1, 2), max_new_tokens=30, ignore_eos=True))
+    s.step()  # it runs; from now on an arrival's prefill would stall it
     runs = [s.submit(r) for r in reqs]
     admitted = []
     while s.has_work:
@@ -242,21 +245,26 @@ def test_the_prefill_budget_spreads_a_burst_over_steps(llama_target):
         s.step()
         admitted.append([i for i, r in enumerate(runs) if id(r) in before and r.started is not None])
     assert admitted[:3] == [[0, 1], [2, 3], [4, 5]]
-    assert s.target.adds[:3] == [[8, 8]] * 3
+    assert s.target.adds[1:4] == [[8, 8]] * 3
     assert [[q.token_ids for q in r.result.sequences] for r in runs] == [[q.token_ids for q in w.sequences]
                                                                          for w in want]
 
 
 def test_a_prompt_over_the_budget_goes_alone_and_is_not_overtaken(llama_target):
-    """Budget 10: the 30-token prompt is admitted (alone, in the next step), and the short
-    prompts behind it wait for it although the first step had room for two of them."""
+    """Budget 10, a request running: the 30-token prompt is admitted (alone, in the next step),
+    and the short prompts behind it wait for it although the first step had room for two."""
     reqs = [GenerationRequest(prompt_ids=p, n=2 if i == 1 else 1, max_new_tokens=12, ignore_eos=True)
             for i, p in enumerate(prompts_of([4, 30, 4, 4, 4]))]
     s = build_scheduler(llama_target, None, "0", prefill_budget=10)
     s.target = RecordingTarget(s.target)
-    results = s.generate(reqs)
+    s.submit(GenerationRequest(prompt_ids=(1, 2), max_new_tokens=30, ignore_eos=True))
+    s.step()
+    runs = [s.submit(r) for r in reqs]
+    while s.has_work:
+        s.step()
+    results = [r.result for r in runs]
     # the long request's second sequence is a fork of its first: no prefill of its own
-    assert s.target.adds[:4] == [[4], [30, 0], [4, 4], [4]]
+    assert s.target.adds[1:5] == [[4], [30, 0], [4, 4], [4]]
     alone = [build_scheduler(llama_target, None, "0").generate([r])[0] for r in reqs]
     assert [[q.token_ids for q in r.sequences] for r in results] == [[q.token_ids for q in a.sequences]
                                                                      for a in alone]
