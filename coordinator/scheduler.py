@@ -389,6 +389,12 @@ class Scheduler:
         if not self.draft_up:
             return [0] * len(batch)
         wanted = self.policy.lengths([s.seq_id for s in batch])
+        if not any(s.drafted for s in batch):
+            # Nothing is speculating yet (a first wave, speculation turned back on, a draft
+            # restart): everyone joins at once. Joining a few per step would leave the rest
+            # decoding without drafts, and steps with mixed lengths run without CUDA graphs:
+            # on the H100 at batch 64 that cost 48 steps instead of 37 for 128 tokens.
+            prefill = PrefillBudget(sys.maxsize)
         self._attach_to_draft([s for s, k in zip(batch, wanted)
                                if k > 0 and not s.drafted and s.request.request.speculate], prefill)
         out = []

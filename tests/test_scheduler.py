@@ -271,11 +271,12 @@ def test_a_prompt_over_the_budget_goes_alone_and_is_not_overtaken(llama_target):
 
 
 def test_the_draft_prefill_shares_the_step_budget(llama_target):
-    """With speculation the draft prefills a joining sequence too; both together stay within
-    the budget (a single item over it goes alone), so speculation does not double the stall:
-    the step that admits a request leaves its draft prefill to later steps. Sequences left out
-    meanwhile decode without drafts; the draft (= the target) still holds exactly the right
-    cache once they join: every proposal is accepted, and the text is regular decoding's."""
+    """While sequences speculate, the draft prefill of newcomers shares the step's budget with
+    admission (a single item over it goes alone), so speculation does not double an arrival's
+    stall: the step that admits requests leaves their draft prefill to later steps. Sequences
+    left out meanwhile decode without drafts; the draft (= the target) still holds exactly the
+    right cache once they join: every proposal is accepted, and the text is regular decoding's.
+    With nothing speculating yet, everyone joins at once (nobody to stall)."""
     budget = 20
     reqs = [GenerationRequest(prompt_ids=p, n=n, max_new_tokens=16, ignore_eos=True)
             for p, n in zip(prompts_of([12, 6]), (2, 1))]
@@ -290,13 +291,19 @@ def test_the_draft_prefill_shares_the_step_budget(llama_target):
         draft_adds.append([len(a.prompt_ids) for a in s._draft_add[before:]])
 
     s._attach_to_draft = attach
-    results = s.generate(reqs)
-    steps = list(zip(s.target.adds, draft_adds))
+    first = s.submit(GenerationRequest(prompt_ids=(1, 2, 3), max_new_tokens=40, ignore_eos=True))
+    s.step()
+    assert draft_adds == [[3]] and first.sequences[0].drafted  # the first wave joins at once
+    runs = [s.submit(r) for r in reqs]
+    while s.has_work:
+        s.step()
+    results = [r.result for r in runs]
+    steps = list(zip(s.target.adds, draft_adds))[1:]
     assert steps[0] == ([12, 0, 6], [])  # both requests admitted; no draft prefill on top of them
     for target_adds, drafts in steps:
         prefilled = [n for n in target_adds + drafts if n]
         assert sum(prefilled) <= budget or len(prefilled) == 1
-    assert sum(len(d) for d in draft_adds) == 3  # every sequence joined the draft, once
+    assert sum(len(d) for d in draft_adds[1:]) == 3  # every new sequence joined the draft, once
     regular = [build_scheduler(llama_target, None).generate([r])[0] for r in reqs]
     assert [[q.token_ids for q in r.sequences] for r in results] == [[q.token_ids for q in w.sequences]
                                                                      for w in regular]
