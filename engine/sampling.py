@@ -211,13 +211,14 @@ def compact_shaped(logits: torch.Tensor, rows: RowParams, top_n: int) -> tuple[t
     if rows.any_truncation:
         rank = torch.arange(n, device=logits.device)[None, :]
         keep = (rows.top_k[:, None] == 0) | (rank < rows.top_k[:, None])
-        probs = probs * keep
+        by_rank = probs * keep
         # The top-p cut is relative to the mass top_k kept: all of it (1) without top_k.
-        kept_mass = torch.where(rows.top_k > 0, probs.sum(-1), torch.ones_like(rows.top_p))
-        mass_before = probs.cumsum(dim=-1) - probs
+        kept_mass = torch.where(rows.top_k > 0, by_rank.sum(-1), torch.ones_like(rows.top_p))
+        mass_before = by_rank.cumsum(dim=-1) - by_rank
         keep = keep & (mass_before < rows.top_p[:, None] * kept_mass[:, None])
         keep[:, 0] = True
-        # Like truncation_cut: every token tied with the last one kept stays.
+        # As in truncation_cut: the set is every token at or above the last one kept by rank,
+        # so tokens tied with it stay (within the window).
         cut = top.gather(-1, (keep.sum(-1, keepdim=True) - 1))
         probs = probs * (top >= cut)
     if rows.any_greedy:

@@ -139,3 +139,16 @@ def test_compact_shaped_is_the_compact_of_the_shaped_distribution(top_n):
 def test_sampling_params_validate(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         SamplingParams(**bad)
+
+
+def test_compact_shaped_keeps_ties_like_the_full_path():
+    """bf16-rounded logits tie often; a top-k cut through a run of equal values keeps all of
+    them in both paths (the set is a function of the values, not of a sort's tie order)."""
+    torch.manual_seed(0)
+    logits = (torch.randn(8, 5000) * 4).to(torch.bfloat16).float()
+    params = rows(*[SamplingParams(temperature=0.8, top_p=0.95), SamplingParams(temperature=1.0, top_k=20),
+                    SamplingParams(temperature=0.0), SamplingParams(temperature=0.6, top_p=0.5)] * 2)
+    want = _dense(*compact(shape_probs(logits, params), 64), 5000)
+    got = _dense(*compact_shaped(logits, params, 64), 5000)
+    torch.testing.assert_close(got.sort(-1, descending=True).values, want.sort(-1, descending=True).values,
+                               atol=1e-6, rtol=1e-4)
