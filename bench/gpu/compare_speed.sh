@@ -7,12 +7,7 @@
 set -uo pipefail
 R=$PWD
 mode=$1 batches=$2 policies=$3; shift 3
-if [ ! -d /tmp/site-base ]; then
-  cp -r /tmp/site /tmp/site-base
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site-base \
-    .whlbase/bass_serving-*.whl 2>/dev/null
-  rm -rf /tmp/site-base/bass/v1 && cp -r .whlbase/v1 /tmp/site-base/bass/v1
-fi
+source $R/bench/gpu/base_site.sh
 cd /tmp
 export PYTHONUNBUFFERED=1
 T=/tmp/models/qwen2.5-coder-1.5b-instruct

@@ -5,12 +5,7 @@
 # one with a 32k-token draft LM head (FR-Spec style), with a profile of batch 8. JSON under $OUT.
 set -uo pipefail
 R=$PWD
-if [ ! -d /tmp/site-base ]; then
-  cp -r /tmp/site /tmp/site-base
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site-base \
-    .whlbase/bass_serving-*.whl 2>/dev/null
-  rm -rf /tmp/site-base/bass/v1 && cp -r .whlbase/v1 /tmp/site-base/bass/v1
-fi
+source $R/bench/gpu/base_site.sh
 cd /tmp
 export PYTHONUNBUFFERED=1
 PYTHONPATH=/tmp/site timeout 150 python3 -m pytest -q -p no:cacheprovider $R/tests/test_gpu.py \
