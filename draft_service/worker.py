@@ -3,8 +3,8 @@
 The first forward runs each sequence's pending committed tokens (a ragged batch); each later
 forward feeds one token per sequence still drafting. A sampled draft token is the winner of
 the target's Gumbel race at that position (same keyed noise) run over the draft's own
-distribution, restricted to its top-N tokens: nothing but the tokens goes back, since the
-verifier only compares them with its own.
+distribution, its top-k / top-p cut found among its top-N tokens: nothing but the tokens goes
+back, since the verifier only compares them with its own.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Sequence
 import torch
 
 from bass.engine.runner import ModelRunner
-from bass.engine.sampling import RowParams, compact_shaped, noise_keys, race_compact
+from bass.engine.sampling import RowParams, draft_race, noise_keys
 from bass.engine.transfer import to_device
 from bass.errors import InvalidRequestError
 from bass.worker_api import ProposeRequest, ProposeResponse, WorkerInfo
@@ -24,7 +24,7 @@ from bass.worker_api import ProposeRequest, ProposeResponse, WorkerInfo
 
 class DraftWorker:
     def __init__(self, runner: ModelRunner, top_n: int = 64):
-        """top_n: the window of the draft's most likely tokens its race runs over."""
+        """top_n: the window of the draft's most likely tokens its top-k / top-p cut is found in."""
         if top_n < 1:
             raise InvalidRequestError("draft_top_n", f"must be >= 1, got {top_n}")
         self.runner = runner
@@ -99,15 +99,9 @@ class DraftWorker:
                     keep = to_device([prev_live.index(n) for n in live], torch.int64, device)
                     prev_tokens = prev_tokens[keep]
                 logits = runner.forward_fed(live_states, prev_tokens)
-            if params.all_greedy:
-                tokens = logits.argmax(dim=-1)
-            else:
-                # The target's race at this position, run over the draft's top-N window with
-                # the same keyed noise: the proposal the target most likely keeps.
-                live_params = params if live_index is None else params.take(live_index)
-                step_keys = keys[:, j] if live_index is None else keys[live_index, j]
-                ids, probs = compact_shaped(logits, live_params, self.top_n)
-                tokens = race_compact(ids, probs, step_keys)
+            live_params = params if live_index is None else params.take(live_index)
+            step_keys = None if keys is None else keys[:, j] if live_index is None else keys[live_index, j]
+            tokens = draft_race(logits, live_params, step_keys, self.top_n)
             winners.append((live, tokens))
 
         drafts: list[list[int]] = [[] for _ in items]

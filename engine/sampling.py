@@ -74,6 +74,9 @@ class RowParams:
     temperature: torch.Tensor  # [R] float32, 0 = greedy
     top_k: torch.Tensor  # [R] int64, 0 = off
     top_p: torch.Tensor  # [R] float32
+    divisor: torch.Tensor  # [R] float32: what the logits are divided by (1 for greedy rows)
+    greedy: torch.Tensor  # [R] bool
+    truncating: torch.Tensor  # [R] bool: a sampled row with top-k or top-p
     all_greedy: bool
     any_greedy: bool
     any_truncation: bool
@@ -81,26 +84,29 @@ class RowParams:
 
     @classmethod
     def build(cls, params: list[SamplingParams], device: torch.device | str) -> "RowParams":
+        # Two copies to the device, one per dtype: each copy is a host round of its own.
+        floats = to_device([[p.temperature for p in params], [p.temperature if not p.greedy else 1.0 for p in params],
+                            [p.top_p for p in params]], torch.float32, device)
+        truncating = [not p.greedy and (p.top_k > 0 or p.top_p < 1) for p in params]
+        ints = to_device([[p.top_k for p in params], [p.greedy for p in params], truncating], torch.int64, device)
         return cls(
-            temperature=to_device([p.temperature for p in params], torch.float32, device),
-            top_k=to_device([p.top_k for p in params], torch.int64, device),
-            top_p=to_device([p.top_p for p in params], torch.float32, device),
+            temperature=floats[0], divisor=floats[1], top_p=floats[2],
+            top_k=ints[0], greedy=ints[1].bool(), truncating=ints[2].bool(),
             all_greedy=all(p.greedy for p in params),
             any_greedy=any(p.greedy for p in params),
-            any_truncation=any(p.top_k > 0 or p.top_p < 1 for p in params if not p.greedy),
+            any_truncation=any(truncating),
             max_top_k=max((p.top_k for p in params), default=0),
         )
 
     def take(self, index: torch.Tensor) -> "RowParams":
         """The rows at `index` (flags stay conservative: they may over-report)."""
-        return replace(self, temperature=self.temperature[index], top_k=self.top_k[index],
-                       top_p=self.top_p[index])
+        return replace(self, temperature=self.temperature[index], top_k=self.top_k[index], top_p=self.top_p[index],
+                       divisor=self.divisor[index], greedy=self.greedy[index], truncating=self.truncating[index])
 
 
 def _scaled(logits: torch.Tensor, rows: RowParams) -> torch.Tensor:
     """fp32 logits / temperature (greedy rows unscaled)."""
-    temperature = torch.where(rows.temperature > 0, rows.temperature, torch.ones_like(rows.temperature))
-    return logits.float() / temperature[:, None]
+    return logits.float() / rows.divisor[:, None]
 
 
 def truncation_cut(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -155,40 +161,63 @@ def race(logits: torch.Tensor, rows: RowParams, row_keys: torch.Tensor | None) -
     logits plus the keyed noise of (row key, token), an exact sample of the shaped distribution
     (the Gumbel-max trick). The token is therefore a function of the distribution and the key
     alone: whoever proposed what, and whatever else shares the batch. row_keys (int64 [R],
-    from noise_keys) may be None when every row is greedy. On a GPU one Triton launch runs it
-    (kernels/triton_sampling.py); this is its reference.
+    from noise_keys) may be None when every row is greedy.
     """
     if rows.all_greedy:
         return logits.argmax(dim=-1)
-    greedy = rows.temperature == 0
-    temperature = torch.where(greedy, torch.ones_like(rows.temperature), rows.temperature)
-    cut = torch.full_like(temperature, float("-inf"))
+    cut = None
     if rows.any_truncation:
-        truncating = ((rows.top_k > 0) | (rows.top_p < 1)) & ~greedy
-        cut = torch.where(truncating, truncation_cut(logits.float() / temperature[:, None], rows.top_k, rows.top_p),
-                          cut)
+        cut = truncation_cut(_scaled(logits, rows), rows.top_k, rows.top_p)
+    return _race_with_cut(logits, rows, cut, row_keys)
+
+
+def draft_race(logits: torch.Tensor, rows: RowParams, row_keys: torch.Tensor | None, window: int) -> torch.Tensor:
+    """The draft's proposal: the target's race at the same position (same keyed noise) run over
+    the draft's own distribution, so it picks the target's token as often as the two
+    distributions allow. The top-k / top-p cut is found among the draft's `window` most likely
+    tokens only (no sort of the vocabulary): any proposal rule is lossless, since the target
+    decides every token, so the draft's cut only has to be close, not exact."""
+    if rows.all_greedy:
+        return logits.argmax(dim=-1)
+    cut = window_cut(_scaled(logits, rows), rows.top_k, rows.top_p, window) if rows.any_truncation else None
+    return _race_with_cut(logits, rows, cut, row_keys)
+
+
+def window_cut(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, window: int) -> torch.Tensor:
+    """truncation_cut computed from each row's `window` largest values: equal to it when the cut
+    falls inside the window, else the window's smallest value (the window bounds the set)."""
+    top = scaled.topk(min(window, scaled.shape[-1]), dim=-1).values  # sorted, descending
+    probs = torch.exp(top - torch.logsumexp(scaled, dim=-1, keepdim=True))
+    rank = torch.arange(top.shape[-1], device=scaled.device)[None, :]
+    by_k = (top_k[:, None] == 0) | (rank < top_k[:, None])
+    by_rank = probs * by_k
+    # The top-p cut is relative to the mass top_k kept: all of it (1) without top_k.
+    kept_mass = torch.where(top_k > 0, by_rank.sum(-1), torch.ones_like(top_p))
+    keep = by_k & (by_rank.cumsum(dim=-1) - by_rank < top_p[:, None] * kept_mass[:, None])
+    return top.gather(-1, (keep.sum(-1, keepdim=True).clamp_(min=1) - 1)).squeeze(-1)
+
+
+def _race_with_cut(logits: torch.Tensor, rows: RowParams, cut: torch.Tensor | None,
+                   row_keys: torch.Tensor) -> torch.Tensor:
+    """Argmax of logits / divisor (+ Gumbel noise for sampled rows) over the tokens at or above
+    the row's cut (rows that do not truncate keep everything). One Triton launch on a GPU
+    (kernels/triton_sampling.py); this is also its reference."""
+    no_cut = torch.full_like(rows.divisor, float("-inf"))
+    cut = no_cut if cut is None else torch.where(rows.truncating, cut, no_cut)
     if logits.is_cuda:
         from bass.kernels.triton_sampling import gumbel_race
 
-        return gumbel_race(logits, temperature, cut, row_keys, greedy)
+        return gumbel_race(logits, rows.divisor, cut, row_keys, rows.greedy)
     out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
     vocab_ids = torch.arange(logits.shape[-1], device=logits.device)[None, :]
     step = max(1, _ROW_CHUNK_ELEMENTS // logits.shape[-1])
     for start in range(0, logits.shape[0], step):
         part = slice(start, start + step)
-        scaled = logits[part].float() / temperature[part, None]
-        noise = torch.where(greedy[part, None], 0.0, gumbel_noise(row_keys[part], vocab_ids))
+        scaled = logits[part].float() / rows.divisor[part, None]
+        noise = torch.where(rows.greedy[part, None], 0.0, gumbel_noise(row_keys[part], vocab_ids))
         scores = torch.where(scaled >= cut[part, None], scaled + noise, float("-inf"))
         out[part] = scores.argmax(dim=-1)
     return out
-
-
-def race_compact(ids: torch.Tensor, probs: torch.Tensor, row_keys: torch.Tensor) -> torch.Tensor:
-    """The same race run over a compact distribution (the draft's top-N window): int64 [R]. With
-    the same keys the draft's choice agrees with the target's as often as the two distributions
-    allow, which is all acceptance needs; what the target emits never depends on it."""
-    scores = torch.log(probs) + gumbel_noise(row_keys, ids)  # log 0 = -inf: never chosen
-    return ids.gather(-1, scores.argmax(dim=-1, keepdim=True)).squeeze(-1)
 
 
 def compact_shaped(logits: torch.Tensor, rows: RowParams, top_n: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,7 +4,7 @@ import torch
 from scipy import stats as sps
 
 from bass.config import SamplingParams
-from bass.engine.sampling import (RowParams, compact, compact_shaped, gumbel_noise, noise_keys, race, race_compact,
+from bass.engine.sampling import (RowParams, compact, compact_shaped, draft_race, gumbel_noise, noise_keys, race,
                                   shape_probs)
 from stats import chi_square_pvalue
 
@@ -81,13 +81,21 @@ def test_race_rows_do_not_depend_on_the_batch():
     assert together[1] == logits[1].argmax() and together[4] == logits[4].argmax()  # greedy rows
 
 
-def test_race_compact_follows_the_compact_distribution():
-    ids = torch.tensor([[4, 9, 2, 7]])
-    probs = torch.tensor([[0.5, 0.3, 0.2, 0.0]])
-    trials = 20000
-    picks = race_compact(ids.expand(trials, -1), probs.expand(trials, -1), noise_keys(range(trials), [0] * trials))
-    assert not (picks == 7).any()
-    assert chi_square_pvalue(picks.numpy(), torch.zeros(10).index_put_((ids[0],), probs[0]).numpy()) > 1e-4
+def test_draft_race_is_the_targets_race_when_the_cut_is_inside_its_window():
+    """With the top-k / top-p cut inside the window, the draft's cut is the exact one, so on the
+    same logits and keys the draft proposes exactly the target's token; with a window smaller
+    than the cut, it proposes only among the window's tokens."""
+    torch.manual_seed(4)
+    logits = torch.randn(6, 300) * 3
+    params = rows(SamplingParams(temperature=0.8, top_p=0.9), SamplingParams(temperature=1.0, top_k=7), SamplingParams(),
+                  SamplingParams(temperature=1.0), SamplingParams(temperature=0.5, top_p=0.6),
+                  SamplingParams(temperature=1.2, top_k=3, top_p=0.8))
+    for seed in range(20):
+        keys = noise_keys([seed * 10 + i for i in range(6)], [5] * 6)
+        assert torch.equal(draft_race(logits, params, keys, 300), race(logits, params, keys))
+    narrow = rows(*[SamplingParams(temperature=1.0, top_p=0.99)] * 2000)
+    picks = draft_race(logits[:1].expand(2000, -1), narrow, noise_keys(range(2000), [1] * 2000), 4)
+    assert set(picks.tolist()) <= set(logits[0].topk(4).indices.tolist())
 
 
 def test_top_p_keeps_every_token_tied_at_the_cut():

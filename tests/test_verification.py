@@ -7,7 +7,7 @@ import torch
 
 from bass.bench.acceptance_rules import rule_acceptance
 from bass.config import SamplingParams
-from bass.engine.sampling import RowParams, compact, noise_keys, race, race_compact
+from bass.engine.sampling import RowParams, compact, noise_keys, race
 from bass.engine.verification import accept_matching_prefix
 from stats import chi_square_pvalue
 
@@ -29,13 +29,14 @@ DRAFTS = {
 
 def run_step(p_rows, q_full, trials, top_n=V, first_seed=0):
     """One speculative step for `trials` independent sequences (one seed each) at positions
-    0..K: the draft races over its compact q, the target over p, both with the same keyed
-    noise; returns (accepted, tokens, target_tokens)."""
+    0..K: the draft races over its compact q (its top_n tokens), the target over p, both with
+    the same keyed noise; returns (accepted, tokens, target_tokens)."""
     seeds = list(range(first_seed, first_seed + trials))
     rows = RowParams.build([SamplingParams(temperature=1.0)] * trials, "cpu")
     q_ids, q_probs = compact(q_full, top_n)  # [K, N]
-    drafts = torch.stack([race_compact(q_ids[j].expand(trials, -1), q_probs[j].expand(trials, -1),
-                                       noise_keys(seeds, [j] * trials)) for j in range(K)], 1)
+    q_log = torch.zeros_like(q_full).scatter_(-1, q_ids, q_probs).log()  # -inf off the draft's support
+    drafts = torch.stack([race(q_log[j].expand(trials, -1), rows, noise_keys(seeds, [j] * trials))
+                          for j in range(K)], 1)
     target = torch.stack([race(p_rows[j].log().expand(trials, -1), rows, noise_keys(seeds, [j] * trials))
                           for j in range(K + 1)], 1)
     accepted, tokens = accept_matching_prefix(target, drafts, torch.full((trials,), K))
