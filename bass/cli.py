@@ -10,7 +10,7 @@ import time
 
 import click
 
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from bass.config import (ATTENTION_BACKENDS, DTYPES, CoordinatorConfig, DraftLengthConfig, RunnerConfig,

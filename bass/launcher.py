@@ -14,9 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import asdict, replace
-from pathlib import Path
 from typing import IO, Callable
 
 from bass.config import ServeConfig

@@ -2,7 +2,6 @@
 seeded request draws the same tokens whatever else shares its batch."""
 
 import pytest
-import torch
 
 from bass.config import RunnerConfig, SamplingParams
 from bass.coordinator.requests import GenerationRequest

@@ -16,8 +16,6 @@ import json
 import logging
 import math
 import signal
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import asdict

@@ -1,7 +1,6 @@
 """Profile regular sampled decoding (T = 0.8, top-p 0.95, batch 8) in-process: top ops by CPU and CUDA time."""
 import sys
 
-import torch
 from torch.profiler import ProfilerActivity, profile
 
 from bass.config import DraftLengthConfig, RunnerConfig, SamplingParams, SchedulerConfig
