@@ -180,6 +180,7 @@ class CoordinatorEngine:
             self._drain_commands(block=not scheduler.has_work, timeout=0.5)
             if not scheduler.has_work:
                 self._guarded(scheduler, scheduler.flush_releases)  # free slots while idle
+                scheduler.check_draft()
                 self.metrics.batch(0, 0, scheduler.draft_up)
                 continue
             before = replace(scheduler.step_stats)

@@ -331,6 +331,22 @@ class Scheduler:
             seq.drafted = False
             seq.unsent_to_draft.clear()
 
+    def check_draft(self) -> None:
+        """While idle: probe the draft every reconnect_interval_s, so that its availability (and
+        the gauge showing it) stays current without traffic: a draft that died is noticed, a
+        restarted one re-attached. Never raises: the draft is optional."""
+        if not self.wants_draft or self.clock() < self._next_probe:
+            return
+        if not self.draft_up:
+            self._maybe_reconnect_draft()
+            return
+        try:
+            self.draft.info()
+        except Exception as exc:  # noqa: BLE001 - speculation is optional; never fail for it
+            self._draft_failed(exc)
+        else:
+            self._next_probe = self.clock() + self.reconnect_interval_s
+
     def _maybe_reconnect_draft(self) -> None:
         if self.draft_up or not self.wants_draft or self.clock() < self._next_probe:
             return

@@ -388,6 +388,12 @@ def test_draft_available_gauge_is_right_before_any_request(llama_target, llama_d
         time.sleep(0.3)  # the idle loop has run
         assert registry.get_sample_value("bass_draft_available") == 1.0
         assert registry.get_sample_value("bass_target_available") == 1.0
+        # Idle: the draft dies and comes back with no request in between; the gauge follows
+        # within the interval (0.2 s) plus a probe and a turn of the idle loop (0.5 s).
+        s.draft.stop(grace_s=0)
+        assert _gauge_becomes(registry, "bass_draft_available", 0.0, within_s=1.5)
+        s.restart_draft()
+        assert _gauge_becomes(registry, "bass_draft_available", 1.0, within_s=1.5)
         s.draft.stop(grace_s=0)
         with BassClient(s.address) as client:
             client.generate(PROMPT, max_new_tokens=4)
@@ -395,6 +401,15 @@ def test_draft_available_gauge_is_right_before_any_request(llama_target, llama_d
         assert registry.get_sample_value("bass_draft_available") == 0.0
     finally:
         s.stop()
+
+
+def _gauge_becomes(registry, name: str, value: float, within_s: float) -> bool:
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        if registry.get_sample_value(name) == value:
+            return True
+        time.sleep(0.02)
+    return False
 
 
 def test_generate_defaults_to_auto_device_like_serve(monkeypatch, llama_target):
