@@ -59,7 +59,8 @@ def _parse_draft_length(_ctx, _param, value: str) -> DraftLengthConfig:
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--draft-length", default="auto", show_default=True, callback=_parse_draft_length,
               help="auto | bass | adaptive | fixed | an integer k (0 = regular decoding).")
-@click.option("--draft-top-n", default=64, show_default=True, help="Size of the draft's compact q.")
+@click.option("--draft-top-n", default=64, show_default=True,
+              help="The draft finds its top-k / top-p cut among its N most likely tokens.")
 @click.option("--device", default="auto", show_default=True,
               help="auto | cpu | cuda | cuda:N (auto: the GPU where there is one, as `bass serve`).")
 @click.option("--dtype", type=click.Choice(DTYPES + ("auto",)), default="auto", show_default=True,
@@ -160,7 +161,8 @@ def bench_acceptance(target_dir, draft_dir, problems, n, max_new_tokens, draft_l
 @click.option("-n", "n", default=1, show_default=True, help="Sequences per prompt.")
 @click.option("--max-new-tokens", default=64, show_default=True)
 @click.option("--modes", default="t0.8-p0.95,t0.2-p0.95", show_default=True)
-@click.option("--draft-top-n", default=64, show_default=True, help="Size of the draft's compact q.")
+@click.option("--draft-top-n", default=64, show_default=True,
+              help="The draft's q for scoring: its N most likely tokens, top-k / top-p cut among them.")
 @click.option("--draft-vocabs", default="0", show_default=True,
               help="Draft LM heads to score, by how many of the first token ids they cover (0 = all).")
 @click.option("--batch-prompts", default=8, show_default=True, help="Prompts sampled together in one batch.")
@@ -444,7 +446,7 @@ def target_service(ctx, **_) -> None:
 
 @main.command("draft-service")
 @worker_options
-@click.option("--draft-top-n", type=int, help="Size of the compact q sent per draft token [64].")
+@click.option("--draft-top-n", type=int, help="The draft finds its top-k / top-p cut among its N most likely tokens [64].")
 @click.pass_context
 def draft_service(ctx, **_) -> None:
     """Serve the draft model (bass.v1.DraftWorker)."""

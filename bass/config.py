@@ -207,7 +207,7 @@ class WorkerServiceConfig:
     attention: str = "auto"
     host: str = "127.0.0.1"
     port: int = 0  # 0 = any free port
-    draft_top_n: int = 64  # compact-q size; draft service only
+    draft_top_n: int = 64  # the draft finds its top-k/top-p cut among its N most likely tokens; draft only
     graph_max_draft: int = GRAPH_MAX_DRAFT  # target service: draft lengths whose verification is graph-captured
 
     def __post_init__(self) -> None:
