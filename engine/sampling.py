@@ -1,4 +1,5 @@
-"""Turning logits into tokens: distribution shaping, keyed Gumbel noise, the token race, compact q.
+"""Turning logits into tokens: distribution shaping, keyed Gumbel noise, the token race; and the
+compact q (a row's top-N shaped distribution) that acceptance measurements compare rules on.
 
 Shaping (temperature, top-k, top-p) is the single definition of "the distribution a sequence
 samples from"; regular decoding, the draft and the verifier all call it. A sampled token is the
