@@ -206,12 +206,13 @@ def bench_acceptance_rules(target_dir, draft_dir, problems, n, max_new_tokens, m
 @click.option("--max-new-tokens", default=128, show_default=True)
 @click.option("--modes", default="greedy,t0.8-p0.95", show_default=True)
 @click.option("--policies", default="0,4,auto", show_default=True, help="Draft-length policies compared.")
+@click.option("--batch-invariant", is_flag=True, help="Run the target in its batch-invariant mode.")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--dtype", type=click.Choice(DTYPES + ("auto",)), default="auto", show_default=True)
 @click.option("--max-seq-len", default=1024, show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False))
-def bench_invariance(target_dir, draft_dir, problems, max_new_tokens, modes, policies, device, dtype, max_seq_len,
-                     out) -> None:
+def bench_invariance(target_dir, draft_dir, problems, max_new_tokens, modes, policies, batch_invariant, device,
+                     dtype, max_seq_len, out) -> None:
     """Seeded requests alone vs in one batch, regular vs speculative: which sequences' tokens
     differ, and where they first do (numerics of batch-dependent kernels)."""
     from bass.bench.acceptance import MODES
@@ -226,13 +227,13 @@ def bench_invariance(target_dir, draft_dir, problems, max_new_tokens, modes, pol
     if unknown:
         raise click.BadParameter(f"unknown modes {unknown}; known: {sorted(MODES)}", param_hint="--modes")
     runner = dict(device=device, dtype=dtype, num_slots=len(chosen), max_seq_len=max_seq_len)
-    rows = measure(RunnerConfig(model_dir=target_dir, **runner),
+    rows = measure(RunnerConfig(model_dir=target_dir, batch_invariant=batch_invariant, **runner),
                    RunnerConfig(model_dir=draft_dir, **runner) if draft_dir else None,
                    [p["prompt"] for p in chosen], modes={m: MODES[m] for m in modes.split(",") if m},
                    policies=[p for p in policies.split(",") if p], max_new_tokens=max_new_tokens,
                    progress=lambda msg: click.echo(msg, err=True))
     result = {"benchmark": "invariance", "environment": describe(device), "target": str(target_dir),
-              "draft": str(draft_dir), "dtype": dtype, "problems": f"HumanEval {problems} ({len(chosen)})",
+              "draft": str(draft_dir), "dtype": dtype, "batch_invariant": batch_invariant, "problems": f"HumanEval {problems} ({len(chosen)})",
               "results": rows}
     text = json.dumps(result, indent=2)
     if out:
@@ -438,10 +439,12 @@ def _serve_worker(kind: str, cfg: WorkerServiceConfig) -> None:
 
 @main.command("target-service")
 @worker_options
+@click.option("--batch-invariant", is_flag=True, default=None,
+              help="Compute each row the same way whatever the batch (tokens do not move with load; slower).")
 @click.pass_context
 def target_service(ctx, **_) -> None:
     """Serve the target model (bass.v1.TargetWorker)."""
-    _serve_worker("target", _worker_config(ctx, "target"))
+    _serve_worker("target", _worker_config(ctx, "target", ["batch_invariant"]))
 
 
 @main.command("draft-service")
@@ -539,6 +542,9 @@ def serve_options(f):
         click.option("--dtype", type=click.Choice(DTYPES + ("auto",)), help="[auto: bfloat16 on GPU, float32 on CPU]"),
         click.option("--num-slots", type=int, help="KV cache slots per model [64]."),
         click.option("--max-seq-len", type=int, help="KV cache positions per sequence [2048]."),
+        click.option("--batch-invariant", is_flag=True, default=None,
+                     help="Target computes each row the same way whatever the batch: seeded and greedy "
+                          "tokens do not move with load (slower)."),
         scheduler_options,
         click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
                      help="TOML with [target], [draft], [coordinator] sections (see README)."),
@@ -557,6 +563,8 @@ def _serve_config(ctx: click.Context, default_port: int | None = None) -> ServeC
     target = replace(cfg.target, device=dev, dtype=dt, **workers,
                      model_dir=_require_model(p["target_dir"] or cfg.target.model_dir or default_model_pair()[1],
                                               "target"))
+    if p["batch_invariant"]:
+        target = replace(target, batch_invariant=True)
     draft = None
     if p["draft_dir"] != "none":
         base = cfg.draft or WorkerServiceConfig()

@@ -99,6 +99,10 @@ class RunnerConfig:
     # Verification graphs are captured at start for draft lengths up to this; longer drafts
     # (e.g. the "bass" rule's up to 32) run eagerly unless this is raised.
     graph_max_draft: int = GRAPH_MAX_DRAFT
+    # Compute every row the same way whatever the batch (engine/model.py): seeded and greedy
+    # tokens then do not move with load in bf16 either. For the target, whose tokens are the
+    # output; slower (one GEMM tiling for all shapes instead of cuBLAS's choice).
+    batch_invariant: bool = False
 
     @property
     def attention_backend(self) -> str:
@@ -209,6 +213,7 @@ class WorkerServiceConfig:
     port: int = 0  # 0 = any free port
     draft_top_n: int = 64  # the draft finds its top-k/top-p cut among its N most likely tokens; draft only
     graph_max_draft: int = GRAPH_MAX_DRAFT  # target service: draft lengths whose verification is graph-captured
+    batch_invariant: bool = False  # target service: rows computed the same way whatever the batch (slower)
 
     def __post_init__(self) -> None:
         if self.model_dir is not None:
@@ -228,7 +233,7 @@ class WorkerServiceConfig:
         _require(self.model_dir is not None, "model_dir", "is required")
         return RunnerConfig(model_dir=self.model_dir, device=device, dtype=dtype, num_slots=self.num_slots,
                             max_seq_len=self.max_seq_len, attention=self.attention,
-                            graph_max_draft=self.graph_max_draft)
+                            graph_max_draft=self.graph_max_draft, batch_invariant=self.batch_invariant)
 
 
 @dataclass(frozen=True)

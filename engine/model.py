@@ -8,6 +8,7 @@ tokens of the batch at once; only attention sees the sequences' boundaries.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -111,10 +112,23 @@ def rope_inv_freq(config: TransformerConfig) -> torch.Tensor:
 
 class Transformer:
     def __init__(self, config: TransformerConfig, weights: TransformerWeights, *, max_seq_len: int,
-                 attention: str = "pad"):
+                 attention: str = "pad", batch_invariant: bool = False):
+        """batch_invariant: every row's values are computed the same way whatever the batch
+        around it (one GEMM tiling without split-K, attention with one launch plan and no
+        split-KV), so a sequence's logits, and so its tokens, do not depend on what it is
+        batched with or on how many tokens each step runs. Costs speed; see RunnerConfig."""
         self.config = config
         self.weights = weights
         self.attend = attention_kernel(attention)
+        self.linear = F.linear
+        if batch_invariant:
+            from bass.kernels.triton_matmul import linear_invariant
+
+            self.linear = linear_invariant
+            if attention == "triton":
+                # The launch heuristics pick row blocks by query length and split the key range
+                # by batch size; one plan for every step keeps each row's reduction order.
+                self.attend = functools.partial(self.attend, block_m=64, num_splits=1)
         # With the Triton attention kernel (so Triton is there), the elementwise groups run as
         # fused Triton kernels too; the references compute the same values in PyTorch.
         if attention == "triton":
@@ -149,7 +163,7 @@ class Transformer:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits of final hidden rows (the LM head, kept out of CUDA graphs so that their
         static outputs are [R, hidden] rather than [R, vocab])."""
-        return F.linear(hidden, self.weights.lm_head).float()
+        return self.linear(hidden, self.weights.lm_head).float()
 
     @torch.inference_mode()
     def hidden(self, batch: RaggedBatch, cache: KVCache) -> torch.Tensor:
@@ -164,11 +178,11 @@ class Transformer:
         x = self.weights.embed[batch.input_ids]
         h, x = self.add_norm(x, None, layers[0].input_norm, eps)
         for i, layer in enumerate(layers):
-            q = self.rope_into_cache(F.linear(h, layer.qkv, layer.qkv_bias), cos, sin, cache.k[i], cache.v[i],
+            q = self.rope_into_cache(self.linear(h, layer.qkv, layer.qkv_bias), cos, sin, cache.k[i], cache.v[i],
                                      batch.token_slots, batch.positions, c.num_heads, c.num_kv_heads)
             attn = self.attend(q, cache.k[i], cache.v[i], batch, self.scale)
-            h, x = self.add_norm(F.linear(attn.reshape(-1, q_size), layer.o, layer.o_bias), x, layer.post_norm, eps)
-            mlp = F.linear(self.silu_mul(F.linear(h, layer.gate_up)), layer.down)
+            h, x = self.add_norm(self.linear(attn.reshape(-1, q_size), layer.o, layer.o_bias), x, layer.post_norm, eps)
+            mlp = self.linear(self.silu_mul(self.linear(h, layer.gate_up)), layer.down)
             if i + 1 < len(layers):
                 h, x = self.add_norm(mlp, x, layers[i + 1].input_norm, eps)
             else:

@@ -125,3 +125,29 @@ def test_warm_up_captures_every_serving_shape(llama_target, llama_draft):
         scheduler = Scheduler(s.target, s.draft, s.codec, SchedulerConfig(draft_length=DraftLengthConfig.parse(k)))
         scheduler.generate([GenerationRequest(prompt_ids=(5, 17, 33), n=8, max_new_tokens=24, ignore_eos=True)])
     assert (len(target.graphs), len(draft.graphs)) == before
+
+
+def test_batch_invariant_target_gives_the_same_tokens_alone_and_crowded_in_bf16(llama_target, llama_draft):
+    """The target in batch-invariant mode (bf16, Triton GEMMs and attention with one plan): a
+    seeded and a greedy request give the same tokens alone with regular decoding, alone with
+    k = 4, and inside a crowded batch."""
+    from bass.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
+    from bass.local import build_local_scheduler
+
+    cfg = dict(device="cuda", dtype="bfloat16", num_slots=32, max_seq_len=256, attention="triton")
+    mine = [GenerationRequest(prompt_ids=(5, 17, 33), n=2, max_new_tokens=40, seed=3, ignore_eos=True,
+                              sampling=SamplingParams(temperature=0.8, top_p=0.95)),
+            GenerationRequest(prompt_ids=(7, 8, 9, 10), max_new_tokens=40, ignore_eos=True)]
+    others = [GenerationRequest(prompt_ids=tuple(range(1, 4 + i)), n=2, max_new_tokens=30, ignore_eos=True,
+                                sampling=SamplingParams(temperature=1.0)) for i in range(10)]
+
+    def run(policy, requests):
+        s = build_local_scheduler(RunnerConfig(model_dir=llama_target, batch_invariant=True, **cfg),
+                                  RunnerConfig(model_dir=llama_draft, **cfg),
+                                  scheduler=SchedulerConfig(draft_length=DraftLengthConfig.parse(policy)))
+        return [[x.token_ids for x in r.sequences] for r in s.generate(requests)]
+
+    alone = [run("0", [r])[0] for r in mine]
+    assert [run("4", [r])[0] for r in mine] == alone
+    crowded = run("4", others[:5] + mine + others[5:])
+    assert crowded[5:7] == alone

@@ -1,0 +1,74 @@
+"""The batch-invariant mode: a linear layer whose rows do not depend on the rows around them
+(Triton, interpreter on the CPU), and the model and services that use it for the target."""
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # Triton picks its interpreter when first imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from bass.config import RunnerConfig, SamplingParams, WorkerServiceConfig  # noqa: E402
+from bass.coordinator.requests import GenerationRequest  # noqa: E402
+from bass.kernels.triton_matmul import linear_invariant  # noqa: E402
+from conftest import build_scheduler  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_linear_matches_f_linear(with_bias):
+    torch.manual_seed(0)
+    x, w = torch.randn(37, 130, device=DEVICE), torch.randn(70, 130, device=DEVICE)
+    bias = torch.randn(70, device=DEVICE) if with_bias else None
+    want = torch.nn.functional.linear(x, w, bias)
+    got = linear_invariant(x, w, bias)
+    # fp32 inputs: the GPU's dot may use tf32 (about 3e-4 relative), the interpreter exact fp32.
+    torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3)
+    assert linear_invariant(x.view(37, 1, 130), w, bias).shape == (37, 1, 70)
+
+
+def test_a_row_is_the_same_in_any_batch():
+    torch.manual_seed(1)
+    dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+    x, w = torch.randn(70, 256, device=DEVICE).to(dtype), torch.randn(96, 256, device=DEVICE).to(dtype)
+    full = linear_invariant(x, w)
+    for rows in (slice(5, 6), slice(0, 8), slice(3, 40), slice(64, 70)):
+        assert torch.equal(linear_invariant(x[rows], w), full[rows])
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="cuBLAS's shape-dependent choices: GPU")
+def test_rows_are_invariant_where_cublas_is_not_bf16_real_shapes():
+    """At the 1.5B's MLP shape, bf16: the kernel's rows at batch 1, 8, 40 and 320 are bitwise
+    those of the whole batch, and close to F.linear."""
+    torch.manual_seed(2)
+    x = torch.randn(320, 1536, device="cuda").to(torch.bfloat16)
+    w = (torch.randn(8960, 1536, device="cuda") * 0.02).to(torch.bfloat16)
+    full = linear_invariant(x, w)
+    for rows in (1, 8, 40):
+        assert torch.equal(linear_invariant(x[:rows], w), full[:rows])
+    ref = torch.nn.functional.linear(x.float(), w.float())
+    assert ((full.float() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+def test_the_service_config_carries_the_mode(tmp_path):
+    cfg = WorkerServiceConfig(model_dir=tmp_path, device="cpu", dtype="float32", batch_invariant=True)
+    assert cfg.runner_config().batch_invariant
+    assert not WorkerServiceConfig(model_dir=tmp_path, device="cpu", dtype="float32").runner_config().batch_invariant
+
+
+def test_model_output_is_unchanged_by_the_mode(llama_target, llama_draft):
+    """Greedy and seeded sampled tokens with the target in batch-invariant mode equal those of
+    the default mode (fp32 on the CPU, where both compute the same sums), speculative and regular."""
+    requests = [GenerationRequest(prompt_ids=(5, 17, 33, 200), max_new_tokens=10, ignore_eos=True),
+                GenerationRequest(prompt_ids=(9, 4), n=2, max_new_tokens=10, seed=3, ignore_eos=True,
+                                  sampling=SamplingParams(temperature=0.9, top_p=0.95))]
+    plain = build_scheduler(llama_target, llama_draft, "3").generate(requests)
+    invariant = build_scheduler(llama_target, llama_draft, "3", batch_invariant=True)
+    assert invariant.target.runner.model.linear is linear_invariant
+    got = invariant.generate(requests)
+    assert [[s.token_ids for s in r.sequences] for r in got] == [[s.token_ids for s in r.sequences] for r in plain]
+    assert sum(r.stats.draft_tokens for r in got) > 0
+    assert RunnerConfig(model_dir=llama_target).batch_invariant is False
