@@ -72,3 +72,28 @@ def test_measure_on_tiny_models(llama_target, llama_draft):
     assert other["n"] == 2
     small = other["draft_vocab"]["16"]
     assert small["positions"] == other["positions"] and small["alpha_standard"] < other["alpha_standard"]
+
+
+def test_cli_writes_both_rules_per_mode_and_draft_vocabulary(llama_target, llama_draft, tmp_path, monkeypatch):
+    import gzip
+    import json
+
+    from click.testing import CliRunner
+
+    from bass.cli import main
+
+    data = tmp_path / "HumanEval.jsonl.gz"
+    with gzip.open(data, "wt") as f:
+        for i, prompt in enumerate(["def add(a, b):", "import os\n"]):
+            f.write(json.dumps({"task_id": f"t/{i}", "prompt": prompt, "test": "", "entry_point": "f"}) + "\n")
+    monkeypatch.setenv("BASS_HUMANEVAL", str(data))
+    out = tmp_path / "rules.json"
+    result = CliRunner().invoke(main, ["bench", "acceptance-rules", "--target", str(llama_target), "--draft",
+                                       str(llama_draft), "--problems", "0:2", "-n", "2", "--max-new-tokens", "5",
+                                       "--draft-vocabs", "0,32", "--batch-prompts", "2", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())["results"]
+    assert [r["mode"] for r in rows] == ["t0.8-p0.95", "t0.2-p0.95"]
+    for r in rows:
+        assert r["positions"] == 2 * 2 * 5 and set(r["draft_vocab"]) == {"32"}
+        assert 0 <= r["alpha_gumbel"] <= r["alpha_standard"] <= 1
