@@ -233,23 +233,31 @@ class Soak:
         self.check("load: every answer exact, none refused", outcomes == Counter({"ok": len(results)}),
                    self.figures["load"])
 
-    def phase_draft(self) -> None:
-        print("draft: killed under load, restarted", flush=True)
+    def outage_under_load(self, gauge_name: str, kill_and_restart):
+        """Half the clients load the coordinator while `kill_and_restart` takes a worker down for
+        the outage and brings it back; returns (results, gauge samples, killed at, back at)."""
         stop = threading.Event()
         box = {}
         runner = threading.Thread(target=lambda: box.setdefault("r", self.load(self.args.clients // 2, None, stop)))
         runner.start()
-        gauge = self.watch_gauge("bass_draft_available", stop)
+        gauge = self.watch_gauge(gauge_name, stop)
         time.sleep(3)
         killed = time.monotonic()
-        self.draft.stop(grace_s=0)
-        time.sleep(self.args.outage_s)
-        self.draft = draft_server.serve(replace(self.draft_cfg, port=self.draft.port))
+        kill_and_restart()
         back = time.monotonic()
         time.sleep(max(6.0, 2 * self.args.reconnect_s + 2))
         stop.set()
         runner.join()
-        results = box["r"]
+        return box["r"], gauge, killed, back
+
+    def phase_draft(self) -> None:
+        print("draft: killed under load, restarted", flush=True)
+        def restart():
+            self.draft.stop(grace_s=0)
+            time.sleep(self.args.outage_s)
+            self.draft = draft_server.serve(replace(self.draft_cfg, port=self.draft.port))
+
+        results, gauge, killed, back = self.outage_under_load("bass_draft_available", restart)
         outcomes = Counter(o for _, o, _, _ in results)
         during = [r for r in results if killed + 0.5 < r[0] - r[2] and r[0] < back]
         attached = [r[0] for r in results if r[0] - r[2] > back and r[3] > 0]
@@ -271,21 +279,12 @@ class Soak:
 
     def phase_target(self) -> None:
         print("target: killed under load, restarted", flush=True)
-        stop = threading.Event()
-        box = {}
-        runner = threading.Thread(target=lambda: box.setdefault("r", self.load(self.args.clients // 2, None, stop)))
-        runner.start()
-        gauge = self.watch_gauge("bass_target_available", stop)
-        time.sleep(3)
-        killed = time.monotonic()
-        self.target.stop(grace_s=0)
-        time.sleep(self.args.outage_s)
-        self.target = target_server.serve(replace(self.target_cfg, port=self.target.port))
-        back = time.monotonic()
-        time.sleep(max(6.0, 2 * self.args.reconnect_s + 2))
-        stop.set()
-        runner.join()
-        results = box["r"]
+        def restart():
+            self.target.stop(grace_s=0)
+            time.sleep(self.args.outage_s)
+            self.target = target_server.serve(replace(self.target_cfg, port=self.target.port))
+
+        results, gauge, killed, back = self.outage_under_load("bass_target_available", restart)
         outcomes = Counter(o for _, o, _, _ in results)
         served = [r[0] for r in results if r[0] > back and r[1] == "ok"]
         first_answer = (min(served) - back) if served else math.inf
