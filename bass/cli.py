@@ -109,6 +109,14 @@ def generate(target_dir, draft_dir, prompt, prompt_ids, n, max_new_tokens, tempe
 
 
 
+def _emit_result(result: dict, out: str | None) -> None:
+    """A benchmark's JSON: printed, and written to `out` too when given (for bench/results)."""
+    text = json.dumps(result, indent=2)
+    if out:
+        Path(out).write_text(text + "\n")
+    click.echo(text)
+
+
 @main.group()
 def bench() -> None:
     """Measurements; results are JSON (with device, model and commit) for bench/results/."""
@@ -147,11 +155,7 @@ def bench_acceptance(target_dir, draft_dir, problems, n, max_new_tokens, draft_l
     result = {"benchmark": "acceptance", "environment": describe(device),
               "target": str(target_dir), "draft": str(draft_dir), "dtype": dtype,
               "problems": f"HumanEval {problems} ({len(chosen)})", "results": rows}
-    text = json.dumps(result, indent=2)
-    if out:
-        with open(out, "w") as f:
-            f.write(text + "\n")
-    click.echo(text)
+    _emit_result(result, out)
 
 
 @bench.command("acceptance-rules")
@@ -192,11 +196,7 @@ def bench_acceptance_rules(target_dir, draft_dir, problems, n, max_new_tokens, m
     result = {"benchmark": "acceptance-rules", "environment": describe(device), "target": str(target_dir),
               "draft": str(draft_dir), "dtype": dtype, "problems": f"HumanEval {problems} ({len(chosen)})",
               "results": rows}
-    text = json.dumps(result, indent=2)
-    if out:
-        with open(out, "w") as f:
-            f.write(text + "\n")
-    click.echo(text)
+    _emit_result(result, out)
 
 
 @bench.command("invariance")
@@ -235,10 +235,7 @@ def bench_invariance(target_dir, draft_dir, problems, max_new_tokens, modes, pol
     result = {"benchmark": "invariance", "environment": describe(device), "target": str(target_dir),
               "draft": str(draft_dir), "dtype": dtype, "batch_invariant": batch_invariant, "problems": f"HumanEval {problems} ({len(chosen)})",
               "results": rows}
-    text = json.dumps(result, indent=2)
-    if out:
-        Path(out).write_text(text + "\n")
-    click.echo(text)
+    _emit_result(result, out)
 
 
 def _register_model_commands() -> None:
@@ -287,10 +284,7 @@ def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_ne
                    progress=lambda m: click.echo(m, err=True))
     result = {"benchmark": "speed", "environment": describe(device), "target": str(target_dir), "draft": str(draft_dir),
               "dtype": dtype, "attention": attention, "problems": problems, "results": rows}
-    text = json.dumps(result, indent=2)
-    if out:
-        Path(out).write_text(text + "\n")
-    click.echo(text)
+    _emit_result(result, out)
 
 
 @bench.command("hf")
@@ -315,10 +309,7 @@ def bench_hf(model_dir, problems, batches, max_new_tokens, static_compile, devic
                     static_compile=static_compile) for b in batches.split(",")]
     result = {"benchmark": "hf", "environment": describe(device), "model": str(model_dir), "dtype": dtype,
               "problems": problems, "results": rows}
-    text = json.dumps(result, indent=2)
-    if out:
-        Path(out).write_text(text + "\n")
-    click.echo(text)
+    _emit_result(result, out)
 
 
 @bench.command("steps")
@@ -357,10 +348,7 @@ def bench_steps(target, draft, batches, draft_lengths, context, alpha, configs, 
               "gpu_memory_gb": round(props.total_memory / 2**30, 1), "alpha_for_derived": alpha,
               "note": "random weights at real shapes; speculative figures are derived from measured step costs "
                       "and alpha", "results": rows}
-    text = json.dumps(result, indent=2)
-    if out:
-        Path(out).write_text(text + "\n")
-    click.echo(text)
+    _emit_result(result, out)
 
 
 # -- services ------------------------------------------------------------------------------------------

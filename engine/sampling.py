@@ -85,6 +85,12 @@ class RowParams:
 
     @classmethod
     def build(cls, params: list[SamplingParams], device: torch.device | str) -> "RowParams":
+        if all(p.greedy for p in params):
+            # Every consumer takes the argmax then (the common greedy step): no copies at all.
+            nothing = torch.empty(0, device=device)
+            return cls(temperature=nothing, top_k=nothing, top_p=nothing, divisor=nothing, greedy=nothing,
+                       truncating=nothing, all_greedy=True, any_greedy=bool(params), any_truncation=False,
+                       max_top_k=max((p.top_k for p in params), default=0))
         # Two copies to the device, one per dtype: each copy is a host round of its own.
         floats = to_device([[p.temperature for p in params], [p.temperature if not p.greedy else 1.0 for p in params],
                             [p.top_p for p in params]], torch.float32, device)
@@ -101,6 +107,8 @@ class RowParams:
 
     def take(self, index: torch.Tensor) -> "RowParams":
         """The rows at `index` (flags stay conservative: they may over-report)."""
+        if self.all_greedy:
+            return self
         return replace(self, temperature=self.temperature[index], top_k=self.top_k[index], top_p=self.top_p[index],
                        divisor=self.divisor[index], greedy=self.greedy[index], truncating=self.truncating[index])
 
@@ -145,7 +153,7 @@ def shape_probs(logits: torch.Tensor, rows: RowParams) -> torch.Tensor:
         return _one_hot_argmax(logits.float())
     probs = torch.softmax(shaped_logits(logits, rows), dim=-1)
     if rows.any_greedy:
-        greedy = (rows.temperature == 0)[:, None]
+        greedy = rows.greedy[:, None]
         probs = torch.where(greedy, _one_hot_argmax(logits.float()), probs)
     return probs
 
@@ -188,8 +196,13 @@ def window_cut(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, w
     """truncation_cut computed from each row's `window` largest values: equal to it when the cut
     falls inside the window, else the window's smallest value (the window bounds the set)."""
     top = scaled.topk(min(window, scaled.shape[-1]), dim=-1).values  # sorted, descending
-    probs = torch.exp(top - torch.logsumexp(scaled, dim=-1, keepdim=True))
-    rank = torch.arange(top.shape[-1], device=scaled.device)[None, :]
+    return _cut_in_window(top, torch.exp(top - torch.logsumexp(scaled, dim=-1, keepdim=True)), top_k, top_p)
+
+
+def _cut_in_window(top: torch.Tensor, probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The cut value [R] for a window of each row's largest scaled logits `top` (descending) and
+    their probabilities under the whole row: the last token top-k / top-p keep by rank."""
+    rank = torch.arange(top.shape[-1], device=top.device)[None, :]
     by_k = (top_k[:, None] == 0) | (rank < top_k[:, None])
     by_rank = probs * by_k
     # The top-p cut is relative to the mass top_k kept: all of it (1) without top_k.
@@ -234,27 +247,18 @@ def compact_shaped(logits: torch.Tensor, rows: RowParams, top_n: int) -> tuple[t
     n = min(top_n, logits.shape[-1])
     if rows.all_greedy or rows.max_top_k > n:
         return compact(shape_probs(logits, rows), top_n)
-    temperature = torch.where(rows.temperature > 0, rows.temperature, torch.ones_like(rows.temperature))
-    scaled = logits.float() / temperature[:, None]
+    scaled = _scaled(logits, rows)
     top, ids = scaled.topk(n, dim=-1)  # sorted, descending
     probs = torch.exp(top - torch.logsumexp(scaled, dim=-1, keepdim=True))
     if rows.any_truncation:
-        rank = torch.arange(n, device=logits.device)[None, :]
-        keep = (rows.top_k[:, None] == 0) | (rank < rows.top_k[:, None])
-        by_rank = probs * keep
-        # The top-p cut is relative to the mass top_k kept: all of it (1) without top_k.
-        kept_mass = torch.where(rows.top_k > 0, by_rank.sum(-1), torch.ones_like(rows.top_p))
-        mass_before = by_rank.cumsum(dim=-1) - by_rank
-        keep = keep & (mass_before < rows.top_p[:, None] * kept_mass[:, None])
-        keep[:, 0] = True
-        # As in truncation_cut: the set is every token at or above the last one kept by rank,
-        # so tokens tied with it stay (within the window).
-        cut = top.gather(-1, (keep.sum(-1, keepdim=True) - 1))
-        probs = probs * (top >= cut)
+        # As in truncation_cut: every token at or above the last one kept by rank (ties stay).
+        cut = torch.where(rows.truncating, _cut_in_window(top, probs, rows.top_k, rows.top_p),
+                          torch.full_like(rows.divisor, float("-inf")))
+        probs = probs * (top >= cut[:, None])
     if rows.any_greedy:
         first = torch.zeros_like(probs)
         first[:, 0] = 1.0
-        probs = torch.where((rows.temperature == 0)[:, None], first, probs)
+        probs = torch.where(rows.greedy[:, None], first, probs)
     return ids, probs / probs.sum(dim=-1, keepdim=True)
 
 

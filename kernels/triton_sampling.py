@@ -67,6 +67,8 @@ def gumbel_race(logits: torch.Tensor, temperature: torch.Tensor, cut: torch.Tens
     (-inf: keep all); row_keys: int64 [R] < 2**32 (sampling.noise_keys); greedy: bool [R], rows
     that take the plain argmax (no noise)."""
     rows, vocab = logits.shape
+    if not temperature.numel() == cut.numel() == greedy.numel() == rows or row_keys.numel() != rows:
+        raise ValueError(f"{rows} logit rows need as many temperatures, cuts, keys and greedy flags")
     logits = logits.contiguous()
     num_blocks = triton.cdiv(vocab, _BLOCK)
     best = torch.empty(rows, num_blocks, dtype=torch.float32, device=logits.device)

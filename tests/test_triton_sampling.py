@@ -21,11 +21,15 @@ SETTINGS = [SamplingParams(temperature=0.8, top_p=0.95), SamplingParams(), Sampl
 
 
 def kernel_inputs(logits, params, keys):
-    rows = RowParams.build(params, logits.device)
-    greedy = rows.temperature == 0
-    temperature = torch.where(greedy, torch.ones_like(rows.temperature), rows.temperature)
-    truncating = ((rows.top_k > 0) | (rows.top_p < 1)) & ~greedy
-    cut = torch.where(truncating, truncation_cut(logits.float() / temperature[:, None], rows.top_k, rows.top_p),
+    # From the settings themselves: the engine never launches the kernel for all-greedy rows
+    # (RowParams then holds no tensors), but these tests do.
+    dev = logits.device
+    greedy = torch.tensor([p.greedy for p in params], device=dev)
+    temperature = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=dev)
+    top_k = torch.tensor([p.top_k for p in params], device=dev)
+    top_p = torch.tensor([p.top_p for p in params], device=dev)
+    truncating = ((top_k > 0) | (top_p < 1)) & ~greedy
+    cut = torch.where(truncating, truncation_cut(logits.float() / temperature[:, None], top_k, top_p),
                       torch.full_like(temperature, float("-inf")))
     return temperature, cut, keys.to(logits.device), greedy
 
