@@ -21,12 +21,14 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_linear_matches_f_linear(with_bias):
     torch.manual_seed(0)
-    x, w = torch.randn(37, 130, device=DEVICE), torch.randn(70, 130, device=DEVICE)
-    bias = torch.randn(70, device=DEVICE) if with_bias else None
+    x, w = torch.randn(37, 130), torch.randn(70, 130)
+    bias = torch.randn(70) if with_bias else None
     want = torch.nn.functional.linear(x, w, bias)
-    got = linear_invariant(x, w, bias)
-    # fp32 inputs: the GPU's dot may use tf32 (about 3e-4 relative), the interpreter exact fp32.
-    torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3)
+    if DEVICE == "cuda":  # bf16 operands, as served; the interpreter checks exact fp32 sums
+        x, w, bias = (t if t is None else t.to(DEVICE, torch.bfloat16) for t in (x, w, bias))
+    got = linear_invariant(x, w, bias).float().cpu()
+    tolerance = 3e-2 if DEVICE == "cuda" else 1e-4
+    torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance * 10)
     assert linear_invariant(x.view(37, 1, 130), w, bias).shape == (37, 1, 70)
 
 
@@ -59,6 +61,7 @@ def test_the_service_config_carries_the_mode(tmp_path):
     assert not WorkerServiceConfig(model_dir=tmp_path, device="cpu", dtype="float32").runner_config().batch_invariant
 
 
+@pytest.mark.skipif(DEVICE == "cuda", reason="CPU (interpreter) check; test_gpu.py runs the mode in bf16")
 def test_model_output_is_unchanged_by_the_mode(llama_target, llama_draft):
     """Greedy and seeded sampled tokens with the target in batch-invariant mode equal those of
     the default mode (fp32 on the CPU, where both compute the same sums), speculative and regular."""

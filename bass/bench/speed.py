@@ -45,7 +45,8 @@ def workers(target: RunnerConfig, draft: RunnerConfig, *, services: bool, draft_
 
     def as_service(r: RunnerConfig, **extra) -> WorkerServiceConfig:
         return WorkerServiceConfig(model_dir=r.model_dir, device=r.device, dtype=r.dtype, num_slots=r.num_slots,
-                                   max_seq_len=r.max_seq_len, attention=r.attention, **extra)
+                                   max_seq_len=r.max_seq_len, attention=r.attention,
+                                   batch_invariant=r.batch_invariant, **extra)
 
     procs = [ServiceProcess("target", ["target-service", "--config-json", _jsonable(as_service(target))]),
              ServiceProcess("draft", ["draft-service", "--config-json",

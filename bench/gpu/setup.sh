@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: install carried wheels, join + verify the GGUFs from /tmp/m, convert them.
 set -euo pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-cp -r bass/v1 /tmp/site/bass/  # generated gRPC code (not in the wheel)
+bash bench/gpu/install.sh
 export PYTHONPATH=/tmp/site
 declare -A SHA=([qwen2.5-coder-0.5b-instruct]=1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
                 [qwen2.5-coder-1.5b-instruct]=cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046)
