@@ -118,23 +118,43 @@ def _scaled(logits: torch.Tensor, rows: RowParams) -> torch.Tensor:
     return logits.float() / rows.divisor[:, None]
 
 
-def truncation_cut(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+# The target finds each row's top-k / top-p cut among the row's CUT_WINDOW largest logits: for
+# code at the temperatures users pick the nucleus nearly always lies inside, and a top-k of 256
+# values costs a fraction of sorting 152k (a full sort took 0.9 of a sampled verification's 3.3
+# ms of GPU time at batch 8 on an H100). Rows whose cut lies beyond the window sort in full.
+CUT_WINDOW = 256
+
+
+def truncation_cut(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                   window: int = CUT_WINDOW) -> torch.Tensor:
     """Per row, the smallest scaled logit that top-k / top-p keep: fp32 [R].
 
     By rank: keep each row's top_k most likely tokens (0 = all) and, of those, the smallest set
     whose mass reaches top_p of what top_k kept. The cut is the value of the last token kept, and
     a row keeps every token at or above it, so tokens tied with it are all kept: the set is a
     function of the values alone, never of how a sort ordered equal ones.
+
+    Exact for every row: the window's answer is used where the cut provably lies inside it (top-p
+    dropped a token of the window, or top_k fits in it), and the other rows (rare; one host sync
+    tells) are sorted whole. Both paths compute a row's cut from that row alone, so the choice
+    never depends on the rest of the batch.
     """
-    sorted_logits = scaled.sort(dim=-1, descending=True).values
-    probs = torch.softmax(sorted_logits, dim=-1)
-    rank = torch.arange(scaled.shape[-1], device=scaled.device)[None, :]
-    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, scaled.shape[-1]))
-    probs = probs * (rank < k[:, None])
-    mass_before = probs.cumsum(dim=-1) - probs
-    keep = (rank < k[:, None]) & (mass_before < top_p[:, None] * probs.sum(-1, keepdim=True))
-    kept = keep.sum(-1).clamp_(min=1)
-    return sorted_logits.gather(-1, (kept - 1)[:, None]).squeeze(-1)
+    vocab = scaled.shape[-1]
+    lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
+    if window >= vocab:
+        return _cut_in_window(*_sorted_with_probs(scaled, lse), top_k, top_p)[0]
+    top = scaled.topk(window, dim=-1).values  # sorted, descending
+    cut, inside = _cut_in_window(top, torch.exp(top - lse), top_k, top_p)
+    outside = ~inside & ((top_k > 0) | (top_p < 1))  # rows that keep everything need no cut
+    if bool(outside.any()):
+        rows = outside.nonzero().squeeze(1)
+        cut[rows] = _cut_in_window(*_sorted_with_probs(scaled[rows], lse[rows]), top_k[rows], top_p[rows])[0]
+    return cut
+
+
+def _sorted_with_probs(scaled: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    ordered = scaled.sort(dim=-1, descending=True).values
+    return ordered, torch.exp(ordered - lse)
 
 
 def shaped_logits(logits: torch.Tensor, rows: RowParams) -> torch.Tensor:
@@ -196,19 +216,26 @@ def window_cut(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, w
     """truncation_cut computed from each row's `window` largest values: equal to it when the cut
     falls inside the window, else the window's smallest value (the window bounds the set)."""
     top = scaled.topk(min(window, scaled.shape[-1]), dim=-1).values  # sorted, descending
-    return _cut_in_window(top, torch.exp(top - torch.logsumexp(scaled, dim=-1, keepdim=True)), top_k, top_p)
+    return _cut_in_window(top, torch.exp(top - torch.logsumexp(scaled, dim=-1, keepdim=True)), top_k, top_p)[0]
 
 
-def _cut_in_window(top: torch.Tensor, probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """The cut value [R] for a window of each row's largest scaled logits `top` (descending) and
-    their probabilities under the whole row: the last token top-k / top-p keep by rank."""
-    rank = torch.arange(top.shape[-1], device=top.device)[None, :]
+def _cut_in_window(top: torch.Tensor, probs: torch.Tensor, top_k: torch.Tensor,
+                   top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For a window of each row's largest scaled logits `top` (descending) and their
+    probabilities under the whole row: the cut value [R] (the last token top-k / top-p keep by
+    rank), and whether it is the whole row's cut [R] bool: so when top_k fits in the window
+    (the mass it keeps is known) and top-p dropped at least one of the window's tokens."""
+    width = top.shape[-1]
+    rank = torch.arange(width, device=top.device)[None, :]
     by_k = (top_k[:, None] == 0) | (rank < top_k[:, None])
     by_rank = probs * by_k
     # The top-p cut is relative to the mass top_k kept: all of it (1) without top_k.
     kept_mass = torch.where(top_k > 0, by_rank.sum(-1), torch.ones_like(top_p))
     keep = by_k & (by_rank.cumsum(dim=-1) - by_rank < top_p[:, None] * kept_mass[:, None])
-    return top.gather(-1, (keep.sum(-1, keepdim=True).clamp_(min=1) - 1)).squeeze(-1)
+    kept = keep.sum(-1, keepdim=True)
+    # A top_k beyond the window leaves the kept mass unknown: never inside.
+    inside = torch.where(top_k > 0, top_k <= width, kept.squeeze(-1) < width)
+    return top.gather(-1, (kept.clamp(min=1) - 1)).squeeze(-1), inside
 
 
 def _race_with_cut(logits: torch.Tensor, rows: RowParams, cut: torch.Tensor | None,
@@ -252,7 +279,7 @@ def compact_shaped(logits: torch.Tensor, rows: RowParams, top_n: int) -> tuple[t
     probs = torch.exp(top - torch.logsumexp(scaled, dim=-1, keepdim=True))
     if rows.any_truncation:
         # As in truncation_cut: every token at or above the last one kept by rank (ties stay).
-        cut = torch.where(rows.truncating, _cut_in_window(top, probs, rows.top_k, rows.top_p),
+        cut = torch.where(rows.truncating, _cut_in_window(top, probs, rows.top_k, rows.top_p)[0],
                           torch.full_like(rows.divisor, float("-inf")))
         probs = probs * (top >= cut[:, None])
     if rows.any_greedy:

@@ -5,7 +5,7 @@ from scipy import stats as sps
 
 from bass.config import SamplingParams
 from bass.engine.sampling import (RowParams, compact, compact_shaped, draft_race, gumbel_noise, noise_keys, race,
-                                  shape_probs)
+                                  shape_probs, truncation_cut)
 from stats import chi_square_pvalue
 
 
@@ -96,6 +96,30 @@ def test_draft_race_is_the_targets_race_when_the_cut_is_inside_its_window():
     narrow = rows(*[SamplingParams(temperature=1.0, top_p=0.99)] * 2000)
     picks = draft_race(logits[:1].expand(2000, -1), narrow, noise_keys(range(2000), [1] * 2000), 4)
     assert set(picks.tolist()) <= set(logits[0].topk(4).indices.tolist())
+
+
+@pytest.mark.parametrize("window", [1, 4, 16, 64])
+def test_the_windowed_cut_is_the_sorted_cut_for_every_row(window):
+    """The target's cut from a top-k window (rows whose cut lies beyond it sorted whole) equals
+    the cut of a full sort, for peaked and flat rows, top-k inside and beyond the window, ties,
+    and rows that keep everything; a row's cut is the same alone and in the batch."""
+    torch.manual_seed(7)
+    vocab = 200
+    scale = torch.tensor([0.1, 1.0, 4.0, 12.0]).repeat(6)[:, None]  # flat .. peaked
+    scaled = torch.randn(24, vocab) * scale
+    scaled[3] = torch.randn(vocab) * 0.1
+    scaled[3, :50] = 2.0  # a plateau of ties at the top
+    top_k = torch.tensor([0, 0, 0, 3, 0, 50, 0, 0, 5, 0, 300, 0] * 2)
+    top_p = torch.tensor([0.95, 0.5, 0.99, 1.0, 0.2, 0.9, 1.0, 0.999, 1.0, 0.6, 0.95, 0.8] * 2)
+    want = truncation_cut(scaled, top_k, top_p, window=vocab)
+    got = truncation_cut(scaled, top_k, top_p, window=window)
+    keeps_all = (top_k == 0) & (top_p >= 1)
+    assert torch.equal(got[~keeps_all], want[~keeps_all])
+    for row in (0, 3, 10, 17):
+        assert torch.equal(truncation_cut(scaled[row:row + 1], top_k[row:row + 1], top_p[row:row + 1], window=window),
+                           got[row:row + 1])
+    # by rank: the plateau row keeps its top 3 ranks, so every tied token
+    assert got[3] == 2.0 and (scaled[3] >= got[3]).sum() == 50
 
 
 def test_top_p_keeps_every_token_tied_at_the_cut():
