@@ -185,7 +185,9 @@ class Transformer:
             mlp = self.linear(self.silu_mul(self.linear(h, layer.gate_up)), layer.down)
             if i + 1 < len(layers):
                 h, x = self.add_norm(mlp, x, layers[i + 1].input_norm, eps)
-            else:
-                x = x + mlp
-        h, _ = add_rms_norm_reference(x[batch.logit_rows], None, self.weights.final_norm, eps)
+        # The last residual add and the final norm, for the rows that need logits only. Through
+        # add_norm (one program per row on the GPU), not a PyTorch reduction, whose split of the
+        # work, and so its rounding, changes with the number of rows.
+        rows = batch.logit_rows
+        h, _ = self.add_norm(mlp[rows], x[rows], self.weights.final_norm, eps)
         return h
