@@ -122,6 +122,11 @@ class Transformer:
         self.attend = attention_kernel(attention)
         self.linear = F.linear
         if batch_invariant:
+            from bass.kernels import triton_attention
+
+            if weights.embed.device.type == "cpu" and not triton_attention._INTERPRETED:
+                raise ValueError("the batch-invariant mode runs Triton kernels: it needs a CUDA device (on the CPU "
+                                 "only under Triton's interpreter, TRITON_INTERPRET=1, which tests use)")
             from bass.kernels.triton_matmul import linear_invariant
 
             self.linear = linear_invariant
