@@ -176,7 +176,7 @@ def host_profile(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -
     meta = dict(NUM_KV_HEADS=kv_heads, GROUP=group, HEAD_DIM=head_dim,
                 BLOCK_D=max(16, 1 << (head_dim - 1).bit_length()), BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
                 DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32", UPCAST=False, SPLIT=False,
-                num_warps=plan.num_warps, num_stages=plan.num_stages)
+                MASK_EVERY_TILE=False, num_warps=plan.num_warps, num_stages=plan.num_stages)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     parts = {
         "attend_triton": lambda: ta.attend_triton(q, k_cache, v_cache, batch, scale),

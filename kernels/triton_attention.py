@@ -89,6 +89,7 @@ if triton is not None:
         SPLIT: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
         UPCAST: tl.constexpr,  # fp32 operands for tl.dot (interpreter: its bf16 dot is wrong)
+        MASK_EVERY_TILE: tl.constexpr,  # batch-invariant mode: one code path for every tile
     ):
         pid_m = tl.program_id(0)
         seq = tl.program_id(1)
@@ -117,6 +118,12 @@ if triton is not None:
             if lo >= hi:  # this split lies entirely past the block's causal limit
                 return
         full_end = tl.maximum(lo, (tl.minimum(full, hi) // BLOCK_N) * BLOCK_N)
+        if MASK_EVERY_TILE:
+            # Which tiles skip the mask depends on the block's first query token, so the same
+            # key tile of the same query would go through either loop in a decode step (1 query)
+            # and a verification (k + 1), and the compiler may round the two differently (e.g.
+            # fusing the scale into the exponent's subtraction in one only). One loop for all.
+            full_end = lo
 
         offs_m = row0 + tl.arange(0, BLOCK_M)
         tok = offs_m // GROUP
@@ -377,12 +384,14 @@ def _check_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: RaggedBatch,
                   scale: float, *, block_m: int | None = None, block_n: int | None = None,
                   num_warps: int | None = None, num_stages: int | None = None,
-                  num_splits: int | None = None) -> torch.Tensor:
+                  num_splits: int | None = None, mask_every_tile: bool = False) -> torch.Tensor:
     """Ragged causal GQA attention in one Triton launch.
 
     q: [T, H, D]; k_cache / v_cache: [slots, max_seq_len, Hkv, D] (any strides); returns a
     contiguous [T, H, D] in q's dtype. The keyword arguments override the launch heuristics
-    (tests, benchmarks).
+    (tests, benchmarks); mask_every_tile runs every key tile through the masked loop, which,
+    with a fixed block_m and num_splits=1, makes a query row's result the same whatever the
+    batch and however many query tokens its sequence has in the step (batch-invariant mode).
     """
     _check_inputs(q, k_cache, v_cache, batch)
     num_tokens, num_heads, head_dim = q.shape
@@ -404,7 +413,8 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     meta = dict(NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim),
                 BLOCK_M=bm, BLOCK_N=bn, SPLIT=splits > 1,
                 DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # only fp32 reads it
-                UPCAST=interpreted and q.dtype == torch.bfloat16, num_warps=warps, num_stages=stages)
+                UPCAST=interpreted and q.dtype == torch.bfloat16, MASK_EVERY_TILE=mask_every_tile,
+                num_warps=warps, num_stages=stages)
     lens = (batch.slots, batch.q_starts, batch.q_lens, batch.ctx_lens)
     strides = (*q.stride(), *k_cache.stride(), *v_cache.stride())
     if splits == 1:

@@ -13,8 +13,9 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 T=/tmp/models/qwen2.5-coder-1.5b-instruct
 D=/tmp/models/qwen2.5-coder-0.5b-instruct
 common=(--target $T --draft $D --device cuda --dtype bfloat16 --max-seq-len 1024)
-timeout 120 python3 -m pytest -q -p no:cacheprovider $R/tests/test_batch_invariant.py $R/tests/test_sampling.py \
-  > $W/tests.txt 2>&1; tail -3 $W/tests.txt
+timeout 150 python3 -m pytest -q -p no:cacheprovider $R/tests/test_batch_invariant.py $R/tests/test_sampling.py \
+  $R/tests/test_triton_attention.py $R/tests/test_gpu.py -k "invariant or windowed or cut" > $W/tests.txt 2>&1
+tail -3 $W/tests.txt
 timeout ${INVARIANCE_TIMEOUT:-240} python3 -m bass.cli bench invariance "${common[@]}" --problems 0:32 \
   --max-new-tokens 128 --policies 0,4,auto --batch-invariant --out $W/invariance-bi.json > /dev/null 2> $W/invariance-bi.log
 tail -12 $W/invariance-bi.log
@@ -25,7 +26,8 @@ if start_serve $W/serve-bi.log --batch-invariant; then
   kill $serve; wait $serve
 fi
 tail -8 $W/seeded-load-bi.txt
-for flag in "" --batch-invariant; do
+for flag in $([ "${SPEED:-1}" = 1 ] && echo "default --batch-invariant"); do
+  [ $flag = default ] && flag=""
   name=speed-greedy${flag:+-bi}
   timeout 150 python3 -m bass.cli bench speed "${common[@]}" --max-new-tokens 128 --problems 0:16 --batches 8,64 \
     --policies 0,auto --mode greedy --repeats 2 $flag --out $W/$name.json > /dev/null 2> $W/$name.log
