@@ -32,10 +32,11 @@ def test_linear_matches_f_linear(with_bias):
     assert linear_invariant(x.view(37, 1, 130), w, bias).shape == (37, 1, 70)
 
 
-def test_a_row_is_the_same_in_any_batch():
+@pytest.mark.parametrize("cols", [96, 16384])  # the narrow and the wide tiling
+def test_a_row_is_the_same_in_any_batch(cols):
     torch.manual_seed(1)
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
-    x, w = torch.randn(70, 256, device=DEVICE).to(dtype), torch.randn(96, 256, device=DEVICE).to(dtype)
+    x, w = torch.randn(70, 256, device=DEVICE).to(dtype), torch.randn(cols, 256, device=DEVICE).to(dtype)
     full = linear_invariant(x, w)
     for rows in (slice(5, 6), slice(0, 8), slice(3, 40), slice(64, 70)):
         assert torch.equal(linear_invariant(x[rows], w), full[rows])
