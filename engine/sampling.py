@@ -91,18 +91,20 @@ class RowParams:
             return cls(temperature=nothing, top_k=nothing, top_p=nothing, divisor=nothing, greedy=nothing,
                        truncating=nothing, all_greedy=True, any_greedy=bool(params), any_truncation=False,
                        max_top_k=max((p.top_k for p in params), default=0))
-        # Two copies to the device, one per dtype: each copy is a host round of its own.
+        # Two copies to the device, one per dtype: each copy is a host round of its own. Greedy
+        # rows carry no top-k / top-p, so that no cut is ever searched for them.
         floats = to_device([[p.temperature for p in params], [p.temperature if not p.greedy else 1.0 for p in params],
-                            [p.top_p for p in params]], torch.float32, device)
+                            [1.0 if p.greedy else p.top_p for p in params]], torch.float32, device)
         truncating = [not p.greedy and (p.top_k > 0 or p.top_p < 1) for p in params]
-        ints = to_device([[p.top_k for p in params], [p.greedy for p in params], truncating], torch.int64, device)
+        ints = to_device([[0 if p.greedy else p.top_k for p in params], [p.greedy for p in params], truncating],
+                         torch.int64, device)
         return cls(
             temperature=floats[0], divisor=floats[1], top_p=floats[2],
             top_k=ints[0], greedy=ints[1].bool(), truncating=ints[2].bool(),
             all_greedy=all(p.greedy for p in params),
             any_greedy=any(p.greedy for p in params),
             any_truncation=any(truncating),
-            max_top_k=max((p.top_k for p in params), default=0),
+            max_top_k=max((p.top_k for p in params if not p.greedy), default=0),
         )
 
     def take(self, index: torch.Tensor) -> "RowParams":
