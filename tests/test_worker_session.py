@@ -171,7 +171,18 @@ def test_worker_dying_mid_call_fails_it_promptly_then_a_probe_reconnects(worker)
             client.info()  # nothing listens
         worker.release_hang.set()
         server = serve(FakeTarget(), port=port)  # back on the same address
-        assert client.info().model_name == "fake"
+        # The channel retries the address on gRPC's reconnect backoff (about 1 s after the
+        # refusal above), as the scheduler's periodic probe does: a probe within 5 s finds it.
+        deadline = time.monotonic() + 5.0
+        while True:
+            try:
+                info = client.info()
+                break
+            except WorkerUnavailableError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        assert info.model_name == "fake"
         assert client.verify(request(5)).verdicts[0].tokens == [6, 7, 5]
     finally:
         client.close()
