@@ -122,6 +122,17 @@ def bench() -> None:
     """Measurements; results are JSON (with device, model and commit) for bench/results/."""
 
 
+def _sampling_modes(modes: str) -> dict:
+    """--modes 'greedy,t0.8-p0.95' -> {name: SamplingParams}, or a usage error naming the unknown ones."""
+    from bass.bench.acceptance import MODES
+
+    names = [m for m in modes.split(",") if m]
+    unknown = [m for m in names if m not in MODES]
+    if unknown:
+        raise click.BadParameter(f"unknown modes {unknown}; known: {sorted(MODES)}", param_hint="--modes")
+    return {m: MODES[m] for m in names}
+
+
 @bench.command("acceptance")
 @click.option("--target", "target_dir", required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("--draft", "draft_dir", required=True, type=click.Path(exists=True, file_okay=False))
@@ -138,15 +149,12 @@ def bench() -> None:
 def bench_acceptance(target_dir, draft_dir, problems, n, max_new_tokens, draft_lengths, modes, batch_prompts, device,
                      dtype, max_seq_len, out) -> None:
     """Draft acceptance on HumanEval prompts for several draft lengths and sampling modes."""
-    from bass.bench.acceptance import MODES, measure
+    from bass.bench.acceptance import measure
     from bass.bench.environment import describe
     from bass.bench.humaneval import load_problems, select
 
     chosen = select(load_problems(), None if problems == "all" else problems)
-    mode_list = [m for m in modes.split(",") if m]
-    unknown = [m for m in mode_list if m not in MODES]
-    if unknown:
-        raise click.BadParameter(f"unknown modes {unknown}; known: {sorted(MODES)}", param_hint="--modes")
+    mode_list = list(_sampling_modes(modes))
     runner = dict(device=device, dtype=dtype, num_slots=batch_prompts * n, max_seq_len=max_seq_len)
     rows = measure(RunnerConfig(model_dir=target_dir, **runner), RunnerConfig(model_dir=draft_dir, **runner),
                    [p["prompt"] for p in chosen], n=n, max_new_tokens=max_new_tokens,
@@ -178,19 +186,16 @@ def bench_acceptance_rules(target_dir, draft_dir, problems, n, max_new_tokens, m
                            batch_prompts, device, dtype, max_seq_len, out) -> None:
     """Exact acceptance odds of the standard rule and of the Gumbel coupling on the same target
     trajectories (HumanEval prompts)."""
-    from bass.bench.acceptance import MODES
     from bass.bench.acceptance_rules import measure
     from bass.bench.environment import describe
     from bass.bench.humaneval import load_problems, select
 
     chosen = select(load_problems(), None if problems == "all" else problems)
-    unknown = [m for m in modes.split(",") if m and m not in MODES]
-    if unknown:
-        raise click.BadParameter(f"unknown modes {unknown}; known: {sorted(MODES)}", param_hint="--modes")
+    sampling_modes = _sampling_modes(modes)
     runner = dict(device=device, dtype=dtype, num_slots=batch_prompts * n, max_seq_len=max_seq_len)
     rows = measure(RunnerConfig(model_dir=target_dir, **runner), RunnerConfig(model_dir=draft_dir, **runner),
                    [p["prompt"] for p in chosen], n=n, max_new_tokens=max_new_tokens,
-                   modes={m: MODES[m] for m in modes.split(",") if m}, draft_top_n=draft_top_n,
+                   modes=sampling_modes, draft_top_n=draft_top_n,
                    draft_vocabs=tuple(int(v) for v in draft_vocabs.split(",")), batch_prompts=batch_prompts,
                    progress=lambda msg: click.echo(msg, err=True))
     result = {"benchmark": "acceptance-rules", "environment": describe(device), "target": str(target_dir),
@@ -215,7 +220,6 @@ def bench_invariance(target_dir, draft_dir, problems, max_new_tokens, modes, pol
                      dtype, max_seq_len, out) -> None:
     """Seeded requests alone vs in one batch, regular vs speculative: which sequences' tokens
     differ, and where they first do (numerics of batch-dependent kernels)."""
-    from bass.bench.acceptance import MODES
     from bass.bench.environment import describe
     from bass.bench.humaneval import load_problems, select
     from bass.bench.invariance import measure
@@ -223,13 +227,11 @@ def bench_invariance(target_dir, draft_dir, problems, max_new_tokens, modes, pol
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
     chosen = select(load_problems(), problems)
-    unknown = [m for m in modes.split(",") if m and m not in MODES]
-    if unknown:
-        raise click.BadParameter(f"unknown modes {unknown}; known: {sorted(MODES)}", param_hint="--modes")
+    sampling_modes = _sampling_modes(modes)
     runner = dict(device=device, dtype=dtype, num_slots=len(chosen), max_seq_len=max_seq_len)
     rows = measure(RunnerConfig(model_dir=target_dir, batch_invariant=batch_invariant, **runner),
                    RunnerConfig(model_dir=draft_dir, **runner) if draft_dir else None,
-                   [p["prompt"] for p in chosen], modes={m: MODES[m] for m in modes.split(",") if m},
+                   [p["prompt"] for p in chosen], modes=sampling_modes,
                    policies=[p for p in policies.split(",") if p], max_new_tokens=max_new_tokens,
                    progress=lambda msg: click.echo(msg, err=True))
     result = {"benchmark": "invariance", "environment": describe(device), "target": str(target_dir),

@@ -6,7 +6,9 @@ import subprocess
 import sys
 
 import pytest
+from click.testing import CliRunner
 
+from bass.cli import main
 from bass.coordinator.requests import GenerationRequest
 from conftest import build_scheduler
 
@@ -89,3 +91,10 @@ def test_the_prefill_budget_is_validated_and_read_from_a_config_file(tmp_path):
     path.write_text("[coordinator.scheduler]\nmax_prefill_tokens_per_step = 0\n")
     with pytest.raises(InvalidRequestError, match="max_prefill_tokens_per_step"):
         load_config_file(path)
+
+
+@pytest.mark.parametrize("command", ["acceptance", "acceptance-rules", "invariance"])
+def test_bench_commands_name_an_unknown_sampling_mode(command, llama_target):
+    result = CliRunner().invoke(main, ["bench", command, "--target", str(llama_target), "--draft", str(llama_target),
+                                       "--modes", "greedy,t9", "--device", "cpu"])
+    assert result.exit_code == 2 and "unknown modes ['t9']" in result.output

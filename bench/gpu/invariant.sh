@@ -26,11 +26,12 @@ if start_serve $W/serve-bi.log --batch-invariant; then
   kill $serve; wait $serve
 fi
 tail -8 $W/seeded-load-bi.txt
-for flag in $([ "${SPEED:-1}" = 1 ] && echo "default --batch-invariant"); do
-  [ $flag = default ] && flag=""
-  name=speed-greedy${flag:+-bi}
-  timeout 150 python3 -m bass.cli bench speed "${common[@]}" --max-new-tokens 128 --problems 0:16 --batches 8,64 \
-    --policies 0,auto --mode greedy --repeats 2 $flag --out $W/$name.json > /dev/null 2> $W/$name.log
-  python3 -c "import json,sys; [print('$name', r['batch'], r['policy'], r['ms_per_token_per_sequence']) for r in json.load(open('$W/$name.json'))['results']]"
-done
+if [ "${SPEED:-1}" = 1 ]; then
+  for flag in "" --batch-invariant; do
+    name=speed-greedy${flag:+-bi}
+    timeout 150 python3 -m bass.cli bench speed "${common[@]}" --max-new-tokens 128 --problems 0:16 --batches 8,64 \
+      --policies 0,auto --mode greedy --repeats 2 $flag --out $W/$name.json > /dev/null 2> $W/$name.log
+    python3 -c "import json; [print('$name', r['batch'], r['policy'], r['ms_per_token_per_sequence']) for r in json.load(open('$W/$name.json'))['results']]"
+  done
+fi
 tar czf $OUT/invariant.tgz -C $W .
