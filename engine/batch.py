@@ -37,6 +37,9 @@ class RaggedBatch:
     q_lens_list: list[int]
     ctx_lens_list: list[int]
     slots_list: list[int]
+    # ctx_lens_list / max_ctx are only upper bounds, the real lengths being in ctx_lens on the
+    # device (a CUDA graph captured once for every context length).
+    ctx_lens_are_bounds: bool = False
 
     @property
     def num_seqs(self) -> int:

@@ -92,7 +92,7 @@ class DecodeGraphs:
         chunks = [SequenceChunk(slot=self.scratch_slot, start=0, tokens=[0] * q, logit_rows=rows)] * bucket
         batch = RaggedBatch.build(chunks, self.device)
         # One capture serves all context lengths: size the attention plan for the whole cache.
-        batch = replace(batch, max_ctx=max_len, ctx_lens_list=[max_len] * bucket)
+        batch = replace(batch, max_ctx=max_len, ctx_lens_list=[max_len] * bucket, ctx_lens_are_bounds=True)
         host = torch.zeros(self._host_size(bucket, q), dtype=torch.int64).pin_memory()
         return _Graph(graph=torch.cuda.CUDAGraph(), batch=batch, host=host, hidden=None)
 

@@ -20,7 +20,11 @@ batches with long contexts) the key range is cut into equal splits of whole tile
 third grid axis; each program writes its normalised partial output and log2-sum-exp to fp32
 scratch, bumps an arrival counter, and the last of a block's splits to arrive merges them into the
 output: still one Triton launch (plus a memset of the counters). The wrapper picks the split count
-from the Python-side lengths in RaggedBatch, so it never syncs with the device.
+from the Python-side lengths in RaggedBatch, so it never syncs with the device. Each sequence's
+split length comes from its own context, read on the device, with a floor the host sets: with
+exact host-side lengths the floor is the longest context's split (every sequence splits alike);
+in a CUDA graph, where the host only knows the cache's capacity, the floor is one tile, so a
+decode step at a 500-token context still walks its keys in parallel, not in two long runs.
 
 The module imports without Triton installed; `attend_triton` then raises a clear error. On the
 CPU (tests) the kernels run in Triton's interpreter (TRITON_INTERPRET=1, which this module sets
@@ -74,7 +78,7 @@ if triton is not None:
         Q, K, V, Out, Lse, Final, Arrivals,
         Slots, QStarts, QLens, CtxLens,
         qk_scale,  # softmax scale * log2(e)
-        split_size,  # keys per split (a multiple of BLOCK_N); unused when SPLIT is False
+        split_size,  # the fewest keys per split (a multiple of BLOCK_N); unused when SPLIT is False
         stride_qt, stride_qh, stride_qd,
         stride_ks, stride_kn, stride_kh, stride_kd,
         stride_vs, stride_vn, stride_vh, stride_vd,
@@ -113,6 +117,10 @@ if triton is not None:
         hi = causal_hi
         lo = 0
         if SPLIT:
+            # The sequence's own context cut into as many equal runs of whole tiles as the grid
+            # has splits, never shorter than split_size (the host's floor; see plan_launch).
+            num_splits = tl.num_programs(2) // NUM_KV_HEADS
+            split_size = tl.maximum(split_size, tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N)
             lo = split * split_size
             hi = tl.minimum(hi, lo + split_size)
             if lo >= hi:  # this split lies entirely past the block's causal limit
@@ -240,7 +248,9 @@ class LaunchPlan(NamedTuple):
     num_warps: int
     num_stages: int
     num_splits: int  # split-KV: key-range splits (1: a single pass, no scratch)
-    split_size: int  # keys per split, a multiple of block_n
+    # The fewest keys per split, a multiple of block_n: the kernel cuts each sequence's context
+    # into num_splits runs of whole tiles, none shorter than this.
+    split_size: int
 
 
 # Below this many keys per split, the partial writes and the merge cost more than the extra
@@ -267,9 +277,11 @@ def plan_launch(q_lens: list[int], ctx_lens: list[int], group: int, num_kv_heads
                 num_sms: int, *, block_m: int | None = None, block_n: int | None = None,
                 num_warps: int | None = None, num_stages: int | None = None,
                 num_splits: int | None = None, max_q: int | None = None,
-                max_ctx: int | None = None) -> LaunchPlan:
+                max_ctx: int | None = None, ctx_lens_are_bounds: bool = False) -> LaunchPlan:
     """Block sizes and the split-KV decision for one batch (keyword arguments override;
-    max_q / max_ctx may be passed when already known)."""
+    max_q / max_ctx may be passed when already known). ctx_lens_are_bounds: the lengths are
+    only upper bounds (a CUDA graph serves every context up to them), so each sequence's splits
+    are sized on the device from its real context, down to one tile."""
     max_q = max(q_lens) if max_q is None else max_q
     max_ctx = max(ctx_lens) if max_ctx is None else max_ctx
     block_d = _block_d(head_dim)
@@ -313,6 +325,8 @@ def plan_launch(q_lens: list[int], ctx_lens: list[int], group: int, num_kv_heads
     split_size = -(-max_ctx // num_splits)
     split_size = -(-split_size // block_n) * block_n  # whole tiles
     num_splits = -(-max_ctx // split_size)
+    if ctx_lens_are_bounds:
+        split_size = block_n
     return LaunchPlan(block_m, block_n, num_warps, num_stages, num_splits, split_size)
 
 
@@ -406,7 +420,8 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     num_seqs = batch.num_seqs
     plan = plan_launch(batch.q_lens_list, batch.ctx_lens_list, group, num_kv_heads, head_dim, _num_sms(device),
                        block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages,
-                       num_splits=num_splits, max_q=batch.max_q, max_ctx=batch.max_ctx)
+                       num_splits=num_splits, max_q=batch.max_q, max_ctx=batch.max_ctx,
+                       ctx_lens_are_bounds=batch.ctx_lens_are_bounds)
     bm, bn, warps, stages, splits, split_size = plan
     row_blocks = -(-batch.max_q * group // bm)
     grid = (row_blocks, num_seqs, num_kv_heads * splits)

@@ -9,6 +9,7 @@ import importlib.util
 import math
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -104,6 +105,21 @@ def test_split_kv_matches(shape, num_splits):
     """Split-KV: splits past a row's position (or past a short sequence's context) are skipped."""
     q, k_cache, v_cache, batch = make_case(shape, 6, 2, 16, seed=2)
     got = attend_triton(q, k_cache, v_cache, batch, 0.25, block_n=16, num_splits=num_splits)
+    torch.testing.assert_close(got, reference(q, k_cache, v_cache, batch, 0.25), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("num_splits", [None, 4])
+@pytest.mark.parametrize("shape", [[(1, 90), (1, 7), (1, 0)], [(5, 60), (5, 3), (5, 200)]], ids=["decode", "verify"])
+def test_split_kv_sized_on_device(shape, num_splits):
+    """A CUDA graph's batch knows only the cache's capacity on the host (ctx_lens_are_bounds):
+    each sequence then cuts its own context into the grid's splits, down to one tile, and short
+    contexts in a plan made for the longest one still attend correctly."""
+    q, k_cache, v_cache, batch = make_case(shape, 6, 2, 16, max_len=512, seed=5)
+    bound = replace(batch, max_ctx=512, ctx_lens_list=[512] * batch.num_seqs, ctx_lens_are_bounds=True)
+    plan = plan_launch(bound.q_lens_list, bound.ctx_lens_list, 3, 2, 16, 8, block_n=16, num_splits=num_splits,
+                       ctx_lens_are_bounds=True)
+    assert plan.split_size == 16  # the floor is one tile
+    got = attend_triton(q, k_cache, v_cache, bound, 0.25, block_n=16, num_splits=num_splits)
     torch.testing.assert_close(got, reference(q, k_cache, v_cache, batch, 0.25), atol=1e-5, rtol=1e-5)
 
 
