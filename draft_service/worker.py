@@ -5,17 +5,23 @@ forward feeds one token per sequence still drafting. A sampled draft token is th
 the target's Gumbel race at that position (same keyed noise) run over the draft's own
 distribution, its top-k / top-p cut found among its top-N tokens: nothing but the tokens goes
 back, since the verifier only compares them with its own.
+
+On a GPU, the steady state (every sequence drafts the same k after the same number of pending
+tokens) runs as self-feeding CUDA graphs (engine/draft_loop.py); other steps run forward by
+forward, each token fed from the device to the next.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import replace
 from typing import Sequence
 
 import torch
 
-from bass.engine.runner import ModelRunner
+from bass.engine.draft_loop import FIRST_STEP_TOKENS, DraftLoopGraphs
+from bass.engine.runner import ModelRunner, SequenceState
 from bass.engine.sampling import RowParams, draft_race, noise_keys
 from bass.engine.transfer import to_device
 from bass.errors import InvalidRequestError
@@ -23,20 +29,30 @@ from bass.worker_api import ProposeRequest, ProposeResponse, WorkerInfo
 
 
 class DraftWorker:
-    def __init__(self, runner: ModelRunner, top_n: int = 64):
-        """top_n: the window of the draft's most likely tokens its top-k / top-p cut is found in."""
+    def __init__(self, runner: ModelRunner, top_n: int = 64, loop: DraftLoopGraphs | None = None):
+        """top_n: the window of the draft's most likely tokens its top-k / top-p cut is found in.
+        loop: the self-feeding draft graphs; by default built where the runner captures graphs."""
         if top_n < 1:
             raise InvalidRequestError("draft_top_n", f"must be >= 1, got {top_n}")
         self.runner = runner
         self.top_n = top_n
+        self.sample = functools.partial(draft_race, window=top_n)
+        if loop is None and runner.graphs is not None:
+            loop = DraftLoopGraphs(runner.model, runner.cache, runner.graphs.scratch_slot, self.sample,
+                                   pool=runner.graphs.pool)
+        self.loop = loop
 
     def info(self) -> WorkerInfo:
         return self.runner.info()
 
     def warm_up(self) -> None:
-        """Capture the draft's step shapes: the first forward of a step runs two tokens per
-        sequence (see the rewind in _propose), the later ones one; one logit row each."""
-        self.runner.warm_up(graph_shapes=[(2, 1), (1, 1)])
+        """Capture the draft's step shapes: the first forward of a step runs two or three
+        tokens per sequence (see the rewind in _propose), the later ones one; one logit row
+        each. Then the self-feeding graphs of whole proposals."""
+        self.runner.warm_up(graph_shapes=[(q0, 1) for q0 in FIRST_STEP_TOKENS] + [(1, 1)])
+        if self.loop is not None:
+            with torch.inference_mode():
+                self.loop.prepare(self.runner.config.num_slots)
 
     def release(self, seq_ids: Sequence[int]) -> None:
         self.runner.release(seq_ids)
@@ -62,33 +78,44 @@ class DraftWorker:
                 raise InvalidRequestError("num_tokens", f"must be >= 0, got {it.num_tokens}")
         for state, it in zip(states, items):
             runner.commit(state, it.committed)
-        if runner.graphs is not None:
-            # The first draft forward runs each sequence's pending tokens: one after a rejection,
-            # two after full acceptance. Re-running one cached token where only one is pending
-            # makes the step uniform, so it replays a CUDA graph instead of running eagerly.
-            for state, it in zip(states, items):
-                if it.num_tokens and runner.pending(state) == 1:
-                    runner.rewind(state, 2)
-
-        device = runner.device
         active = [i for i, it in enumerate(items) if it.num_tokens > 0]
-        params = RowParams.build([items[i].sampling.params for i in active], device)
+        if runner.graphs is not None or self.loop is not None:
+            self._even_out_pending([states[i] for i in active])
+
+        drafting = [states[i] for i in active]
         rows = [items[i].num_tokens for i in active]
         steps = max(rows, default=0)
+        params = [items[i].sampling.params for i in active]
         keys = None
-        if not params.all_greedy:
-            # Every step's noise keys in one copy: row n, column j is (sequence n, position base + j).
+        if not all(p.greedy for p in params):
+            # Every step's noise keys: row n, column j is (sequence n, position base + j).
             keys = noise_keys([items[i].sampling.seed_key for i in active for _ in range(steps)],
                               [len(states[i].committed) + j for i in active for j in range(steps)])
-            keys = to_device(keys, torch.int64, device).view(len(active), steps)
-        # Step j's winners feed step j + 1 straight from the device: the host never waits for a
-        # draft token, and copies all of them back once, at the end.
+            keys = keys.view(len(active), steps)
+        if self._loop_fits(drafting, rows, keys is not None):
+            proposed = self._propose_looped(drafting, steps, None if keys is None else params, keys)
+        else:
+            proposed = self._propose_stepwise(drafting, rows, params, keys)
+        drafts: list[list[int]] = [[] for _ in items]
+        for i, tokens in zip(active, proposed):
+            drafts[i] = tokens
+        return ProposeResponse(tokens=drafts)
+
+    def _propose_stepwise(self, states: list[SequenceState], rows: list[int], params: list,
+                          keys: torch.Tensor | None) -> list[list[int]]:
+        """Forward by forward, for any per-sequence lengths: step j's winners feed step j + 1
+        straight from the device, so the host never waits for a draft token, and copies all of
+        them back once, at the end."""
+        runner, device = self.runner, self.runner.device
+        rows_params = RowParams.build(params, device)
+        if keys is not None:
+            keys = to_device(keys, torch.int64, device)
         winners: list[tuple[list[int], torch.Tensor]] = []  # (live sequences, their tokens) per step
         fed_from: dict[int, int] = {}  # sequence -> cache position of its first device-fed token
-        for j in range(steps):
-            live = [n for n in range(len(active)) if rows[n] > j]
-            live_index = None if len(live) == len(active) else to_device(live, torch.int64, device)
-            live_states = [states[active[n]] for n in live]
+        for j in range(max(rows, default=0)):
+            live = [n for n in range(len(states)) if rows[n] > j]
+            live_index = None if len(live) == len(states) else to_device(live, torch.int64, device)
+            live_states = [states[n] for n in live]
             if j == 0:
                 logits = runner.forward([(state, []) for state in live_states], [1] * len(live))
             else:
@@ -99,19 +126,55 @@ class DraftWorker:
                     keep = to_device([prev_live.index(n) for n in live], torch.int64, device)
                     prev_tokens = prev_tokens[keep]
                 logits = runner.forward_fed(live_states, prev_tokens)
-            live_params = params if live_index is None else params.take(live_index)
+            live_params = rows_params if live_index is None else rows_params.take(live_index)
             step_keys = None if keys is None else keys[:, j] if live_index is None else keys[live_index, j]
-            tokens = draft_race(logits, live_params, step_keys, self.top_n)
-            winners.append((live, tokens))
+            winners.append((live, self.sample(logits, live_params, step_keys)))
 
-        drafts: list[list[int]] = [[] for _ in items]
+        drafts: list[list[int]] = [[] for _ in states]
         if winners:
             values = torch.cat([tokens for _, tokens in winners]).tolist()  # the one device-to-host copy
             offset = 0
             for live, _ in winners:
                 for n, t in zip(live, values[offset:offset + len(live)]):
-                    drafts[active[n]].append(t)
+                    drafts[n].append(t)
                 offset += len(live)
         for n, start in fed_from.items():
-            runner.settle(states[active[n]], start, drafts[active[n]][:rows[n] - 1])
-        return ProposeResponse(tokens=drafts)
+            runner.settle(states[n], start, drafts[n][:rows[n] - 1])
+        return drafts
+
+    # -- the self-feeding graphs ---------------------------------------------------------------
+    def _even_out_pending(self, drafting: list[SequenceState]) -> None:
+        """The first draft forward runs each sequence's pending tokens: one after a rejection,
+        two after full acceptance, three after a regular step that followed one. Re-running up
+        to two cached tokens where fewer are pending (the values come out the same) makes the
+        step uniform, so it replays a CUDA graph instead of running eagerly."""
+        runner = self.runner
+        most = max((runner.pending(s) for s in drafting), default=0)
+        if most <= FIRST_STEP_TOKENS[-1]:
+            for state in drafting:
+                runner.rewind(state, max(most, FIRST_STEP_TOKENS[0]))
+
+    def _loop_fits(self, states: list[SequenceState], rows: list[int], sampled: bool) -> bool:
+        """Whether this proposal is one the self-feeding graphs run: every sequence drafts the
+        same k after the same number of pending tokens, and the cache has room for all of it
+        (otherwise the forward-by-forward path runs, and reports a full sequence as before)."""
+        if self.loop is None or not rows or len(set(rows)) != 1:
+            return False
+        runner = self.runner
+        pending = {runner.pending(s) for s in states}
+        k = rows[0]
+        if len(pending) != 1 or not self.loop.eligible(len(states), pending.pop(), k, "sampled" if sampled else "greedy"):
+            return False
+        return all(len(s.committed) + k - 1 <= runner.cache.max_seq_len for s in states)
+
+    def _propose_looped(self, states: list[SequenceState], k: int, params: list | None,
+                        keys: torch.Tensor | None) -> list[list[int]]:
+        """Through the self-feeding graphs: stage the first forward, reserve the fed tokens'
+        positions, and settle their ids once the tokens are back."""
+        runner = self.runner
+        chunks = runner.stage([(state, []) for state in states], [1] * len(states))
+        starts = [runner.reserve(state, k - 1) for state in states]
+        drafts = self.loop.run(chunks, k, params, keys)
+        for state, start, tokens in zip(states, starts, drafts):
+            runner.settle(state, start, tokens[:k - 1])
+        return drafts

@@ -19,8 +19,10 @@ is [rows, hidden], not [rows, vocab]: a hundred graphs then cost megabytes, not 
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, replace
+from typing import Callable
 
 import torch
 
@@ -33,15 +35,78 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 MAX_GRAPH_Q = 33  # up to 32 draft tokens + 1
 
 
+class StaticInputs:
+    """The device buffers a captured forward reads: a batch of `bucket` sequences x q tokens
+    (`rows` logit rows each) whose lengths are bounds (one capture serves every context length),
+    and a pinned staging buffer that fills them with one host-to-device copy."""
+
+    def __init__(self, bucket: int, q: int, rows: int, scratch_slot: int, max_len: int, device: torch.device):
+        self.bucket, self.q, self.scratch_slot = bucket, q, scratch_slot
+        chunks = [SequenceChunk(slot=scratch_slot, start=0, tokens=[0] * q, logit_rows=rows)] * bucket
+        batch = RaggedBatch.build(chunks, device)
+        # One capture serves all context lengths: size the attention plan for the whole cache.
+        self.batch = replace(batch, max_ctx=max_len, ctx_lens_list=[max_len] * bucket, ctx_lens_are_bounds=True)
+        # input_ids, positions, token_slots, slots, ctx_lens
+        self.host = torch.zeros(3 * bucket * q + 2 * bucket, dtype=torch.int64)
+        if self.batch.input_ids.is_cuda:
+            self.host = self.host.pin_memory()
+        # Marks the last copy out of `host`: the host may queue replays ahead of the GPU (draft
+        # steps fed from the device), so it must not overwrite the staging buffer before the copy ran.
+        self.copied: torch.cuda.Event | None = None
+
+    def fill(self, chunks: list[SequenceChunk]) -> None:
+        """Copy a step's inputs into the buffers (one host-to-device copy); sequences past
+        len(chunks) are padding that computes into the scratch slot."""
+        bucket, q = self.bucket, self.q
+        ids, pos, tslots, slots, ctx = [], [], [], [], []
+        for c in chunks:
+            ids += c.tokens
+            pos += range(c.start, c.start + q)
+            tslots += [c.slot] * q
+            slots.append(c.slot)
+            ctx.append(c.start + q)
+        pad = bucket - len(chunks)
+        ids += [0] * (pad * q)
+        pos += list(range(q)) * pad
+        tslots += [self.scratch_slot] * (pad * q)
+        slots += [self.scratch_slot] * pad
+        ctx += [q] * pad
+        if self.copied is not None:
+            self.copied.synchronize()
+        self.host.copy_(torch.tensor(ids + pos + tslots + slots + ctx, dtype=torch.int64))
+        dev = self.host.to(self.batch.input_ids.device, non_blocking=True)
+        if dev.is_cuda:
+            self.copied = torch.cuda.Event()
+            self.copied.record()
+        tokens, bt = bucket * q, self.batch
+        bt.input_ids.copy_(dev[:tokens])
+        bt.positions.copy_(dev[tokens:2 * tokens])
+        bt.token_slots.copy_(dev[2 * tokens:3 * tokens])
+        bt.slots.copy_(dev[3 * tokens:3 * tokens + bucket])
+        bt.ctx_lens.copy_(dev[3 * tokens + bucket:])
+
+
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
-    batch: RaggedBatch  # static buffers the graph reads
-    host: torch.Tensor  # pinned staging for one H2D copy of all inputs
+    inputs: StaticInputs
     hidden: torch.Tensor | None  # static output: final hidden states of the logit rows
-    # Marks the last copy out of `host`: the host may queue replays ahead of the GPU (draft steps
-    # fed from the device), so it must not overwrite the staging buffer before the copy ran.
-    copied: torch.cuda.Event | None = None
+
+
+def capture(pool, warm_up: Callable[[], object], body: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph, object]:
+    """A CUDA graph of `body` in `pool`, and body's output (its static result). warm_up runs
+    twice first, on a side stream (Triton compilation, the allocator's first blocks); it must
+    make the same writes as body, e.g. body itself."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            warm_up()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = body()
+    return graph, out
 
 
 class DecodeGraphs:
@@ -69,9 +134,9 @@ class DecodeGraphs:
         num, q, rows = len(chunks), len(chunks[0].tokens), chunks[0].logit_rows
         key = (self.bucket(num), q, rows)
         graph = self.graphs[key]
-        self._fill(graph, chunks, *key)
+        graph.inputs.fill(chunks)
         if input_ids is not None:
-            graph.batch.input_ids[:num * q].copy_(input_ids)
+            graph.inputs.batch.input_ids[:num * q].copy_(input_ids)
         graph.graph.replay()
         return self.model.logits(graph.hidden[:num * rows])
 
@@ -83,60 +148,14 @@ class DecodeGraphs:
             for q, rows in shapes:
                 key = (bucket, q, rows)
                 if q <= MAX_GRAPH_Q and key not in self.graphs:
-                    self.graphs[key] = self._capture(self._allocate(*key))
+                    self.graphs[key] = self._capture(*key)
         log.info("%d CUDA graphs captured (batch buckets up to %d)", len(self.graphs), last)
 
     # -- internals -----------------------------------------------------------------------------
-    def _allocate(self, bucket: int, q: int, rows: int) -> _Graph:
-        max_len = self.cache.max_seq_len
-        chunks = [SequenceChunk(slot=self.scratch_slot, start=0, tokens=[0] * q, logit_rows=rows)] * bucket
-        batch = RaggedBatch.build(chunks, self.device)
-        # One capture serves all context lengths: size the attention plan for the whole cache.
-        batch = replace(batch, max_ctx=max_len, ctx_lens_list=[max_len] * bucket, ctx_lens_are_bounds=True)
-        host = torch.zeros(self._host_size(bucket, q), dtype=torch.int64).pin_memory()
-        return _Graph(graph=torch.cuda.CUDAGraph(), batch=batch, host=host, hidden=None)
-
-    @staticmethod
-    def _host_size(bucket: int, q: int) -> int:
-        return 3 * bucket * q + 2 * bucket  # input_ids, positions, token_slots, slots, ctx_lens
-
-    def _fill(self, g: _Graph, chunks: list[SequenceChunk], bucket: int, q: int, rows: int) -> None:
-        """Copy this step's inputs into the graph's static buffers (one host-to-device copy)."""
-        ids, pos, tslots, slots, ctx = [], [], [], [], []
-        for c in chunks:
-            ids += c.tokens
-            pos += range(c.start, c.start + q)
-            tslots += [c.slot] * q
-            slots.append(c.slot)
-            ctx.append(c.start + q)
-        pad = bucket - len(chunks)  # padding sequences compute into the scratch slot
-        ids += [0] * (pad * q)
-        pos += list(range(q)) * pad
-        tslots += [self.scratch_slot] * (pad * q)
-        slots += [self.scratch_slot] * pad
-        ctx += [q] * pad
-        if g.copied is not None:
-            g.copied.synchronize()
-        g.host.copy_(torch.tensor(ids + pos + tslots + slots + ctx, dtype=torch.int64))
-        dev = g.host.to(self.device, non_blocking=True)
-        g.copied = torch.cuda.Event()
-        g.copied.record()
-        tokens, bt = bucket * q, g.batch
-        bt.input_ids.copy_(dev[:tokens])
-        bt.positions.copy_(dev[tokens:2 * tokens])
-        bt.token_slots.copy_(dev[2 * tokens:3 * tokens])
-        bt.slots.copy_(dev[3 * tokens:3 * tokens + bucket])
-        bt.ctx_lens.copy_(dev[3 * tokens + bucket:])
-
-    def _capture(self, g: _Graph) -> _Graph:
-        """Record one forward of g's static batch (padding inputs: every sequence in the
-        scratch slot); later replays read whatever _fill copied into the same buffers."""
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up (Triton compilation, allocator); same inputs, same writes
-                self.model.hidden(g.batch, self.cache)
-        torch.cuda.current_stream().wait_stream(stream)
-        with torch.cuda.graph(g.graph, pool=self.pool):
-            g.hidden = self.model.hidden(g.batch, self.cache)
-        return g
+    def _capture(self, bucket: int, q: int, rows: int) -> _Graph:
+        """Record one forward of a padding batch (every sequence in the scratch slot); later
+        replays read whatever `fill` copied into the same buffers."""
+        inputs = StaticInputs(bucket, q, rows, self.scratch_slot, self.cache.max_seq_len, self.device)
+        forward = functools.partial(self.model.hidden, inputs.batch, self.cache)
+        graph, hidden = capture(self.pool, forward, forward)
+        return _Graph(graph=graph, inputs=inputs, hidden=hidden)

@@ -158,6 +158,15 @@ class ModelRunner:
         of each sequence, concatenated in order.
 
         With run_all_but_last, the last committed token stays pending (prefill)."""
+        chunks = self.stage(work, logits_per_seq, run_all_but_last)
+        if self.graphs is not None and self.graphs.eligible(chunks):
+            return self.graphs.run(chunks)
+        return self.model.forward(RaggedBatch.build(chunks, self.device), self.cache)
+
+    def stage(self, work: list[tuple[SequenceState, list[int]]], logits_per_seq: list[int],
+              run_all_but_last: bool = False) -> list[SequenceChunk]:
+        """What `forward` runs, without running it: reserves the cache positions of each
+        sequence's pending tokens and `extra` tokens, and returns the batch's chunks."""
         chunks = []
         for (state, extra), n_logits in zip(work, logits_per_seq):
             start = self.cache.length(state.slot)
@@ -165,9 +174,12 @@ class ModelRunner:
             tokens = state.committed[start:end] + list(extra)
             self.cache.append(state.slot, tokens)
             chunks.append(SequenceChunk(slot=state.slot, start=start, tokens=tokens, logit_rows=n_logits))
-        if self.graphs is not None and self.graphs.eligible(chunks):
-            return self.graphs.run(chunks)
-        return self.model.forward(RaggedBatch.build(chunks, self.device), self.cache)
+        return chunks
+
+    def reserve(self, state: SequenceState, n: int) -> int:
+        """Reserve cache positions for n tokens that will run from a device tensor (placeholders
+        until `settle`); returns the first position."""
+        return self.cache.append(state.slot, [PLACEHOLDER] * n)
 
     def forward_fed(self, states: list[SequenceState], input_ids: torch.Tensor) -> torch.Tensor:
         """One token per sequence whose ids are already on the device (the previous draft
@@ -177,7 +189,7 @@ class ModelRunner:
         all its results to the host."""
         chunks = []
         for state in states:
-            start = self.cache.append(state.slot, [PLACEHOLDER])
+            start = self.reserve(state, 1)
             chunks.append(SequenceChunk(slot=state.slot, start=start, tokens=[PLACEHOLDER], logit_rows=1))
         if self.graphs is not None and self.graphs.eligible(chunks):
             return self.graphs.run(chunks, input_ids=input_ids)

@@ -91,21 +91,31 @@ class RowParams:
             return cls(temperature=nothing, top_k=nothing, top_p=nothing, divisor=nothing, greedy=nothing,
                        truncating=nothing, all_greedy=True, any_greedy=bool(params), any_truncation=False,
                        max_top_k=max((p.top_k for p in params), default=0))
-        # Two copies to the device, one per dtype: each copy is a host round of its own. Greedy
-        # rows carry no top-k / top-p, so that no cut is ever searched for them.
-        floats = to_device([[p.temperature for p in params], [p.temperature if not p.greedy else 1.0 for p in params],
-                            [1.0 if p.greedy else p.top_p for p in params]], torch.float32, device)
-        truncating = [not p.greedy and (p.top_k > 0 or p.top_p < 1) for p in params]
-        ints = to_device([[0 if p.greedy else p.top_k for p in params], [p.greedy for p in params], truncating],
-                         torch.int64, device)
-        return cls(
-            temperature=floats[0], divisor=floats[1], top_p=floats[2],
-            top_k=ints[0], greedy=ints[1].bool(), truncating=ints[2].bool(),
-            all_greedy=all(p.greedy for p in params),
-            any_greedy=any(p.greedy for p in params),
-            any_truncation=any(truncating),
-            max_top_k=max((p.top_k for p in params if not p.greedy), default=0),
-        )
+        # Two copies to the device, one per dtype: each copy is a host round of its own.
+        floats, ints = cls.columns(params)
+        return cls.from_columns(to_device(floats, torch.float32, device), to_device(ints, torch.int64, device),
+                                any_greedy=any(p.greedy for p in params), any_truncation=any(ints[2]),
+                                max_top_k=max((p.top_k for p in params if not p.greedy), default=0))
+
+    @staticmethod
+    def columns(params: list[SamplingParams]) -> tuple[list[list[float]], list[list[int]]]:
+        """The rows' parameters as host columns: floats (temperature, divisor, top_p) and ints
+        (top_k, greedy, truncating). Greedy rows carry no top-k / top-p, so that no cut is ever
+        searched for them."""
+        floats = [[p.temperature for p in params], [p.temperature if not p.greedy else 1.0 for p in params],
+                  [1.0 if p.greedy else p.top_p for p in params]]
+        ints = [[0 if p.greedy else p.top_k for p in params], [int(p.greedy) for p in params],
+                [int(not p.greedy and (p.top_k > 0 or p.top_p < 1)) for p in params]]
+        return floats, ints
+
+    @classmethod
+    def from_columns(cls, floats: torch.Tensor, ints: torch.Tensor, *, any_greedy: bool, any_truncation: bool,
+                     max_top_k: int) -> "RowParams":
+        """Rows of sampled (or mixed) parameters from device columns laid out as `columns` makes
+        them ([3, R] float32 and int64); the flags are the host's knowledge of them."""
+        return cls(temperature=floats[0], divisor=floats[1], top_p=floats[2],
+                   top_k=ints[0], greedy=ints[1].bool(), truncating=ints[2].bool(),
+                   all_greedy=False, any_greedy=any_greedy, any_truncation=any_truncation, max_top_k=max_top_k)
 
     def take(self, index: torch.Tensor) -> "RowParams":
         """The rows at `index` (flags stay conservative: they may over-report)."""

@@ -117,7 +117,10 @@ def test_warm_up_captures_every_serving_shape(llama_target, llama_draft):
     target, draft = s.target.runner.graphs, s.draft.runner.graphs
     buckets = [b for b in BATCH_BUCKETS if b <= 8]
     assert set(target.graphs) == {(b, k + 1, k + 1) for b in buckets for k in range(5)}
-    assert set(draft.graphs) == {(b, q, 1) for b in buckets for q in (1, 2)}
+    assert set(draft.graphs) == {(b, q, 1) for b in buckets for q in (1, 2, 3)}
+    loop = s.draft.loop  # the self-feeding proposal graphs
+    assert set(loop.first) == {(b, q0, m) for b in buckets for q0 in (2, 3) for m in ("greedy", "sampled")}
+    assert set(loop.next) == {(b, m) for b in buckets for m in ("greedy", "sampled")}
     hidden = s.target.runner.model_config.hidden_size
     assert all(g.hidden.shape[-1] == hidden for g in target.graphs.values())
     before = (len(target.graphs), len(draft.graphs))

@@ -1,0 +1,189 @@
+"""The draft's k forwards as CUDA graphs that feed themselves: no host work between draft tokens.
+
+A draft forward of the small model takes about a millisecond at batch 8 on an H100. Replayed
+one graph per forward, each draft token still cost host work in between (the next step's inputs,
+the LM head and the sampler launched from Python), and at every call's start the GPU waited
+for that host work. Here the LM head and the sampler are inside the graphs, and each graph
+writes the next step's inputs itself:
+
+- the *first* graph of a bucket runs every sequence's q0 pending tokens (q0 = 2 or 3: the
+  worker rewinds so that every sequence has as many) and samples each sequence's first
+  draft token;
+- the *next* graph runs one token per sequence, the previous winner, at the next position,
+  samples, and advances the positions, context lengths and step index it reads.
+
+A proposal of k tokens is one fill of the inputs, the first graph, k - 1 replays of the next
+graph queued back to back, and one copy of the [batch, k] tokens back. Graphs are captured per
+(batch bucket, q0, sampling mode) and (batch bucket, mode); the mode is "greedy" (argmax) or
+"sampled" (the draft's Gumbel race with each row's own temperature, top-k and top-p, read from
+buffers the host fills per call, with one noise key per row and step).
+
+Without capture (`capture=False`, the CPU tests) the same step functions run eagerly on the
+same buffers, so the inputs-advancing logic is tested without a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence
+
+import torch
+
+from bass.config import SamplingParams
+from bass.engine.batch import SequenceChunk
+from bass.engine.graphs import BATCH_BUCKETS, MAX_GRAPH_Q, DecodeGraphs, StaticInputs, capture
+from bass.engine.kv_cache import KVCache
+from bass.engine.sampling import RowParams
+
+log = logging.getLogger(__name__)
+
+MAX_STEPS = MAX_GRAPH_Q - 1  # the most draft tokens one proposal takes through the graphs
+FIRST_STEP_TOKENS = (2, 3)  # q0: pending tokens per sequence that the first graph runs
+MODES = ("greedy", "sampled")
+
+# tokens = sample(logits [R, V] fp32, rows, noise keys [R] or None for greedy rows only)
+Sampler = Callable[[torch.Tensor, RowParams, "torch.Tensor | None"], torch.Tensor]
+
+
+class _Buffers:
+    """A bucket's device state, shared by its graphs: the one-token batch the next-step graph
+    runs (written by the graph before it), the sampling parameters and noise keys the host
+    fills per call, the index of the step being sampled, and the tokens drafted so far."""
+
+    def __init__(self, bucket: int, scratch_slot: int, max_len: int, device: torch.device):
+        self.bucket = bucket
+        step = StaticInputs(bucket, 1, 1, scratch_slot, max_len, device).batch
+        self.step = replace(step, token_slots=step.slots)  # one token per sequence: its slot
+        self.floats = torch.zeros(3, bucket, dtype=torch.float32, device=device)  # RowParams.columns
+        self.ints = torch.zeros(3, bucket, dtype=torch.int64, device=device)
+        self.keys = torch.zeros(bucket, MAX_STEPS, dtype=torch.int64, device=device)
+        self.index = torch.zeros(1, dtype=torch.int64, device=device)
+        self.tokens = torch.zeros(bucket, MAX_STEPS, dtype=torch.int64, device=device)
+        pinned = device.type == "cuda"
+        self.host_floats = torch.zeros(3, bucket, dtype=torch.float32, pin_memory=pinned)
+        self.host_ints = torch.zeros(3 * bucket + bucket * MAX_STEPS, dtype=torch.int64, pin_memory=pinned)
+
+    def fill_sampling(self, params: Sequence[SamplingParams], keys: torch.Tensor) -> None:
+        """Per-row parameters (padding rows: greedy) and noise keys [len(params), k] (host)."""
+        pad = self.bucket - len(params)
+        floats, ints = RowParams.columns(list(params))
+        floats = [column + [fill] * pad for column, fill in zip(floats, (0.0, 1.0, 1.0))]
+        ints = [column + [fill] * pad for column, fill in zip(ints, (0, 1, 0))]
+        all_keys = torch.zeros(self.bucket, MAX_STEPS, dtype=torch.int64)
+        all_keys[:keys.shape[0], :keys.shape[1]] = keys
+        # Every call ends by copying its tokens back (a sync), so no copy out of these staging
+        # buffers is still pending when the next call overwrites them.
+        self.host_floats.copy_(torch.tensor(floats, dtype=torch.float32))
+        self.host_ints.copy_(torch.cat([torch.tensor(ints, dtype=torch.int64).view(-1), all_keys.view(-1)]))
+        self.floats.copy_(self.host_floats, non_blocking=True)
+        dev = self.host_ints.to(self.ints.device, non_blocking=True)
+        self.ints.copy_(dev[:3 * self.bucket].view(3, self.bucket))
+        self.keys.copy_(dev[3 * self.bucket:].view(self.bucket, MAX_STEPS))
+
+    def rows(self, mode: str, vocab: int) -> RowParams:
+        if mode == "greedy":
+            return RowParams.build([], self.floats.device)
+        return RowParams.from_columns(self.floats, self.ints, any_greedy=True, any_truncation=True, max_top_k=vocab)
+
+
+@dataclass
+class _First:
+    inputs: StaticInputs
+    run: Callable[[], object]
+
+
+class DraftLoopGraphs:
+    def __init__(self, model, cache: KVCache, scratch_slot: int, sample: Sampler, *, pool=None,
+                 capture_graphs: bool = True):
+        """sample: the draft's rule (tokens from logits, rows, keys); pool: the CUDA graph
+        memory pool to share with the runner's other graphs; capture_graphs=False runs the same
+        steps eagerly (tests)."""
+        self.model, self.cache, self.scratch_slot, self.sample = model, cache, scratch_slot, sample
+        self.pool, self.capture_graphs = pool, capture_graphs
+        self.buffers: dict[int, _Buffers] = {}
+        self.first: dict[tuple[int, int, str], _First] = {}  # (bucket, q0, mode)
+        self.next: dict[tuple[int, str], Callable[[], object]] = {}  # (bucket, mode)
+
+    def eligible(self, num_seqs: int, q0: int, k: int, mode: str) -> bool:
+        bucket = DecodeGraphs.bucket(num_seqs)
+        return 1 <= k <= MAX_STEPS and (bucket, q0, mode) in self.first and (bucket, mode) in self.next
+
+    def run(self, chunks: list[SequenceChunk], k: int, params: Sequence[SamplingParams] | None = None,
+            keys: torch.Tensor | None = None) -> list[list[int]]:
+        """k draft tokens for each chunk's sequence: chunks are the first forward's (q0 pending
+        tokens each, their cache positions reserved; the caller reserves k - 1 more per
+        sequence for the fed tokens). params and keys (host int64 [len(chunks), k]) for the
+        sampled mode; None: every row greedy."""
+        if not 1 <= k <= MAX_STEPS:
+            raise ValueError(f"the draft loop runs 1..{MAX_STEPS} steps, not {k}")
+        num, q0 = len(chunks), len(chunks[0].tokens)
+        mode = "greedy" if params is None else "sampled"
+        bucket = DecodeGraphs.bucket(num)
+        buffers = self.buffers[bucket]
+        first = self.first[(bucket, q0, mode)]
+        first.inputs.fill(chunks)
+        if params is not None:
+            buffers.fill_sampling(params, keys)
+        first.run()
+        step = self.next[(bucket, mode)]
+        for _ in range(k - 1):
+            step()
+        return buffers.tokens[:num, :k].tolist()
+
+    def prepare(self, max_batch: int) -> None:
+        """Capture (or, without capture, set up) the graphs of every batch bucket up to
+        max_batch's, for every q0 and mode."""
+        last = DecodeGraphs.bucket(max_batch) or BATCH_BUCKETS[-1]
+        for bucket in (b for b in BATCH_BUCKETS if b <= last):
+            device = self.model.device
+            buffers = self.buffers.setdefault(bucket, _Buffers(bucket, self.scratch_slot, self.cache.max_seq_len,
+                                                               device))
+            for mode in MODES:
+                nxt = functools.partial(self._next_step, buffers, mode)
+                for q0 in FIRST_STEP_TOKENS:
+                    inputs = StaticInputs(bucket, q0, 1, self.scratch_slot, self.cache.max_seq_len, device)
+                    first = functools.partial(self._first_step, inputs, buffers, mode)
+                    self.first[(bucket, q0, mode)] = _First(inputs, self._compile(first, lambda f=first: (f(), nxt())))
+                self.next[(bucket, mode)] = self._compile(nxt, nxt)
+        if self.capture_graphs:
+            log.info("draft loop: %d CUDA graphs captured (batch buckets up to %d)",
+                     len(self.first) + len(self.next), last)
+
+    # -- internals -----------------------------------------------------------------------------
+    def _compile(self, body: Callable[[], object], warm_up: Callable[[], object]) -> Callable[[], object]:
+        if not self.capture_graphs:
+            return body
+        graph, _ = capture(self.pool, warm_up, body)
+        return graph.replay
+
+    def _draw(self, hidden: torch.Tensor, buffers: _Buffers, mode: str, step: torch.Tensor | int) -> torch.Tensor:
+        """The winners [bucket] of the rows' final hidden states at draft step `step` (an int,
+        or the device index [bucket, 1] of the step for each row)."""
+        logits = self.model.logits(hidden)
+        keys = None
+        if mode == "sampled":
+            keys = buffers.keys[:, step] if isinstance(step, int) else buffers.keys.gather(1, step).squeeze(1)
+        return self.sample(logits, buffers.rows(mode, logits.shape[-1]), keys)
+
+    def _first_step(self, inputs: StaticInputs, buffers: _Buffers, mode: str) -> None:
+        bucket, q0 = inputs.bucket, inputs.q
+        batch = inputs.batch
+        tokens = self._draw(self.model.hidden(batch, self.cache), buffers, mode, 0)
+        step = buffers.step
+        step.input_ids.copy_(tokens)
+        step.positions.copy_(batch.positions.view(bucket, q0)[:, -1] + 1)
+        step.slots.copy_(batch.slots)
+        step.ctx_lens.copy_(batch.ctx_lens + 1)
+        buffers.tokens[:, 0].copy_(tokens)
+        buffers.index.fill_(1)
+
+    def _next_step(self, buffers: _Buffers, mode: str) -> None:
+        step, column = buffers.step, buffers.index.expand(buffers.bucket, 1)
+        tokens = self._draw(self.model.hidden(step, self.cache), buffers, mode, column)
+        buffers.tokens.scatter_(1, column, tokens[:, None])
+        step.input_ids.copy_(tokens)
+        step.positions.add_(1)
+        step.ctx_lens.add_(1)
+        buffers.index.add_(1)
