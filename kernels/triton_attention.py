@@ -310,7 +310,10 @@ def plan_launch(q_lens: list[int], ctx_lens: list[int], group: int, num_kv_heads
         # decode / verify over 64..2048-token contexts runs 1.5-2.5x faster split; contexts of
         # ~512 and grids of >= 128 programs gain nothing or lose to the merge.
         num_splits = 1
-        if 2 * num_kv_heads * len(q_lens) <= num_sms and max_ctx >= 4 * _MIN_SPLIT_KEYS:
+        # Under bounds the real contexts are unknown and each sequence sizes its own splits
+        # (down to one tile), so even a short cache is worth splitting.
+        long_enough = ctx_lens_are_bounds or max_ctx >= 4 * _MIN_SPLIT_KEYS
+        if 2 * num_kv_heads * len(q_lens) <= num_sms and long_enough:
             programs = num_kv_heads * sum(-(-q * group // block_m) for q in q_lens)
             if 2 * programs <= num_sms:
                 if auto_block_m and block_m > 16:
@@ -320,7 +323,8 @@ def plan_launch(q_lens: list[int], ctx_lens: list[int], group: int, num_kv_heads
                     programs_16 = num_kv_heads * sum(-(-q * group // 16) for q in q_lens)
                     if 2 * programs_16 <= num_sms:
                         block_m, num_warps, programs = 16, 4 if auto_warps else num_warps, programs_16
-                num_splits = min(-(-2 * num_sms // programs), max_ctx // _MIN_SPLIT_KEYS, 32)
+                most = 16 if ctx_lens_are_bounds else max_ctx // _MIN_SPLIT_KEYS
+                num_splits = min(-(-2 * num_sms // programs), most, 32)
     num_splits = max(1, min(num_splits, -(-max_ctx // block_n)))
     split_size = -(-max_ctx // num_splits)
     split_size = -(-split_size // block_n) * block_n  # whole tiles
