@@ -22,6 +22,7 @@ from bass.kernels import attention_kernel
 from bass.kernels.elementwise import add_rms_norm_reference, rope_into_cache_reference, silu_mul_reference
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+_ARRIVAL_COUNTERS = 4096
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,12 @@ class Transformer:
         self.config = config
         self.weights = weights
         self.attend = attention_kernel(attention)
+        if attention == "triton":
+            # Split-KV arrival counters that the kernel leaves zeroed: one buffer for every
+            # layer and step, instead of a memset before each attention call. Grids that split
+            # are small (under two programs per SM), so a few thousand counters cover them.
+            counters = torch.zeros(_ARRIVAL_COUNTERS, dtype=torch.int32, device=weights.embed.device)
+            self.attend = functools.partial(self.attend, arrivals=counters)
         self.linear = F.linear
         if batch_invariant:
             from bass.kernels import triton_attention

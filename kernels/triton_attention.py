@@ -231,6 +231,7 @@ if triton is not None:
                     m_f = m_new
                     lse_ptrs += stride_ls  # pointer arithmetic: 64-bit
                     part_ptrs += stride_os
+                tl.store(counter, 0)  # every split of the block has arrived: leave the counter zeroed
                 final = acc_f / tl.where(l_f > 0.0, l_f, 1.0)[:, None]
                 f_ptrs = (Final + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh
                           + offs_d[None, :] * stride_od)
@@ -402,7 +403,8 @@ def _check_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: RaggedBatch,
                   scale: float, *, block_m: int | None = None, block_n: int | None = None,
                   num_warps: int | None = None, num_stages: int | None = None,
-                  num_splits: int | None = None, mask_every_tile: bool = False) -> torch.Tensor:
+                  num_splits: int | None = None, mask_every_tile: bool = False,
+                  arrivals: torch.Tensor | None = None) -> torch.Tensor:
     """Ragged causal GQA attention in one Triton launch.
 
     q: [T, H, D]; k_cache / v_cache: [slots, max_seq_len, Hkv, D] (any strides); returns a
@@ -410,6 +412,11 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     (tests, benchmarks); mask_every_tile runs every key tile through the masked loop, which,
     with a fixed block_m and num_splits=1, makes a query row's result the same whatever the
     batch and however many query tokens its sequence has in the step (batch-invariant mode).
+
+    arrivals: a zeroed int32 buffer for split-KV's arrival counters, which the kernel leaves
+    zeroed (each block's last split resets its counter), so one buffer serves every launch on
+    a stream without a memset kernel per call (one per layer, inside every CUDA graph). Without
+    it, or when it is too small for the grid, a fresh zeroed buffer is used.
     """
     _check_inputs(q, k_cache, v_cache, batch)
     num_tokens, num_heads, head_dim = q.shape
@@ -445,7 +452,9 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     # counter per (query block, sequence, kv head). The partials' strides double as the output's.
     part = torch.empty((splits, num_tokens, num_heads, head_dim), dtype=torch.float32, device=device)
     lse = torch.empty((splits, num_tokens, num_heads), dtype=torch.float32, device=device)
-    arrivals = torch.zeros(row_blocks * num_seqs * num_kv_heads, dtype=torch.int32, device=device)
+    counters = row_blocks * num_seqs * num_kv_heads
+    if arrivals is None or arrivals.numel() < counters or arrivals.device != device:
+        arrivals = torch.zeros(counters, dtype=torch.int32, device=device)
     _ragged_attn_fwd[grid](q, k_cache, v_cache, part, lse, out, arrivals, *lens,
                            scale * _LOG2E, split_size, *strides, *part.stride(), *lse.stride(), **meta)
     return out

@@ -123,6 +123,24 @@ def test_split_kv_sized_on_device(shape, num_splits):
     torch.testing.assert_close(got, reference(q, k_cache, v_cache, batch, 0.25), atol=1e-5, rtol=1e-5)
 
 
+def test_split_kv_counters_are_left_zeroed_for_the_next_launch():
+    """One arrivals buffer serves launch after launch (every layer, inside CUDA graphs): each
+    block's last split resets its counter, so no memset is needed between calls."""
+    arrivals = torch.zeros(64, dtype=torch.int32, device=DEVICE)
+    for seed, shape in enumerate([[(1, 90), (1, 7)], [(5, 60), (5, 3), (1, 0)], [(1, 200)]]):
+        q, k_cache, v_cache, batch = make_case(shape, 6, 2, 16, seed=seed)
+        for _ in range(2):
+            got = attend_triton(q, k_cache, v_cache, batch, 0.25, block_n=16, num_splits=4, arrivals=arrivals)
+            torch.testing.assert_close(got, reference(q, k_cache, v_cache, batch, 0.25), atol=1e-5, rtol=1e-5)
+            assert not arrivals.any()
+    # A buffer too small for the grid is not used (nor overrun).
+    q, k_cache, v_cache, batch = make_case([(5, 60)] * 3, 6, 2, 16, seed=9)
+    small = torch.full((2,), 7, dtype=torch.int32, device=DEVICE)
+    got = attend_triton(q, k_cache, v_cache, batch, 0.25, block_n=16, num_splits=4, arrivals=small)
+    torch.testing.assert_close(got, reference(q, k_cache, v_cache, batch, 0.25), atol=1e-5, rtol=1e-5)
+    assert small.tolist() == [7, 7]
+
+
 def test_split_heuristic():
     sms = 132
     # batch 1, decode, long context: too few programs for the GPU, so the context is split.
