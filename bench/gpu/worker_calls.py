@@ -77,14 +77,46 @@ def profile(path: str, title: str, call_propose, call_verify) -> None:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
+    from torch.profiler import record_function
+
     with open(path, "a") as out:
         for name, call in (("propose", call_propose), ("verify", call_verify)):
             with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 for _ in range(5):
-                    call()
+                    with record_function("call"):
+                        call()
                 torch.cuda.synchronize()
             out.write(f"== {title}: {name} (5 calls)\n")
+            out.write(f"timeline (median us per call): {json.dumps(timeline(prof))}\n")
             out.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15) + "\n")
+
+
+def timeline(prof) -> dict:
+    """Where each profiled call's wall time goes, from the trace (medians over the calls, us):
+    host work before its first GPU activity, GPU busy (the union of kernels and copies), GPU
+    idle between its first and last activity (launch gaps inside graphs, host stalls), and host
+    work after the last activity (reading results back, bookkeeping)."""
+    from torch.autograd import DeviceType
+
+    events = prof.events()
+    calls = sorted((e.time_range.start, e.time_range.end) for e in events
+                   if e.name == "call" and e.device_type == DeviceType.CPU)
+    gpu = sorted((e.time_range.start, e.time_range.end) for e in events
+                 if e.device_type == DeviceType.CUDA and e.name != "call")
+    rows = []
+    for start, end in calls:
+        mine = [(a, b) for a, b in gpu if start <= a < end]
+        if not mine:
+            continue
+        busy, reach = 0.0, mine[0][0]
+        for a, b in mine:
+            if b > reach:
+                busy += b - max(a, reach)
+                reach = b
+        first, last = mine[0][0], reach
+        rows.append({"wall": end - start, "before_first": first - start, "gpu_busy": busy,
+                     "gpu_idle_between": (last - first) - busy, "after_last": end - last})
+    return {key: round(statistics.median(r[key] for r in rows), 1) for key in rows[0]} if rows else {}
 
 
 def main() -> None:
