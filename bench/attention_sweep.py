@@ -31,6 +31,7 @@ import random
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -211,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-flush", action="store_true", help="keep the L2 cache warm between repeats")
     ap.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph timing")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bounds", type=int, default=0, metavar="MAX_SEQ_LEN",
+                    help="run the kernels on batches as a CUDA graph sees them: lengths known on the host only "
+                         "as this bound, each sequence's splits sized on the device")
     ap.add_argument("--host-profile", action="store_true",
                     help="also break down attend_triton's host (launch) time for a batch-64 decode step")
     ap.add_argument("--triton-variant", action="append", default=[], metavar="NAME=KEY:VAL,...",
@@ -246,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__, "triton": triton_version, "cuda": torch.version.cuda,
         "python": platform.python_version(), "model": args.model, "heads": heads, "kv_heads": kv_heads,
         "head_dim": head_dim, "dtype": args.dtype, "warmup": args.warmup, "repeats": args.repeats,
-        "l2_flush": not args.no_flush, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "l2_flush": not args.no_flush, "bounds": args.bounds, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     print(f"# {meta['device']} ({meta['sm_count']} SMs), torch {meta['torch']}, triton {triton_version}, "
           f"model {args.model} H={heads} Hkv={kv_heads} D={head_dim} {args.dtype}, L2 flush {meta['l2_flush']}")
@@ -262,11 +266,15 @@ def main(argv: list[str] | None = None) -> int:
                 q, k_cache, v_cache, batch, ctxs = make_case(bs, q_len, spread, heads, kv_heads, head_dim,
                                                              dtype, args.seed)
                 ref = attend_split(q.float(), k_cache.float(), v_cache.float(), batch, scale)
+                if args.bounds:
+                    batch = replace(batch, max_ctx=args.bounds, ctx_lens_list=[args.bounds] * bs,
+                                    ctx_lens_are_bounds=True)
                 row = {"batch_size": bs, "q_len": q_len, "spread": spread, "ctx_lens": ctxs,
                        "num_tokens": batch.num_tokens, "kernels": {}}
                 if "triton" in kernels:
                     plan = plan_launch(batch.q_lens_list, batch.ctx_lens_list, heads // kv_heads, kv_heads,
-                                       head_dim, props.multi_processor_count)
+                                       head_dim, props.multi_processor_count,
+                                       ctx_lens_are_bounds=batch.ctx_lens_are_bounds)
                     row["triton_plan"] = dict(zip(("block_m", "block_n", "num_warps", "num_stages",
                                                    "num_splits", "split_size"), plan))
                 for name in args.kernels:
