@@ -324,7 +324,7 @@ def plan_launch(q_lens: list[int], ctx_lens: list[int], group: int, num_kv_heads
                     programs_16 = num_kv_heads * sum(-(-q * group // 16) for q in q_lens)
                     if 2 * programs_16 <= num_sms:
                         block_m, num_warps, programs = 16, 4 if auto_warps else num_warps, programs_16
-                most = 16 if ctx_lens_are_bounds else max_ctx // _MIN_SPLIT_KEYS
+                most = 8 if ctx_lens_are_bounds else max_ctx // _MIN_SPLIT_KEYS
                 num_splits = min(-(-2 * num_sms // programs), most, 32)
     num_splits = max(1, min(num_splits, -(-max_ctx // block_n)))
     split_size = -(-max_ctx // num_splits)
