@@ -146,58 +146,11 @@ class _CostModel:
         return max(1e-9, mean_v + slope * (k - mean_k))
 
 
-class _RunLengths:
-    """How far drafts run before their first rejection, measured per position: the decayed
-    count of drafts that reached position j and of those rejected there. Acceptance is not
-    independent from token to token (a draft that got through a boilerplate stretch tends to get
-    through the rest of it), so the odds of position j are measured, not a^j extrapolated; a
-    position with few observations leans on the prior 1 - a (a: the overall per-token acceptance).
-
-    E(k) = 1 + sum over j <= k of P(the first j drafts all accepted): the tokens a step of
-    draft length k emits, on average (the accepted drafts plus the target's own token)."""
-
-    def __init__(self, max_length: int, decay: float, prior_weight: float = 1.0):
-        self.decay, self.prior_weight = decay, prior_weight
-        self.reached = [0.0] * (max_length + 2)  # index j: drafts that reached position j (1-based)
-        self.rejected = [0.0] * (max_length + 2)
-
-    def observe(self, proposed: Sequence[int], accepted: Sequence[int]) -> None:
-        size = len(self.reached)
-        reached_delta = [0] * (size + 1)  # a difference array: one pass over the batch
-        rejected = [0] * size
-        for k, m in zip(proposed, accepted):
-            if k:
-                k = min(k, size - 2)
-                m = min(m, k)
-                reached_delta[1] += 1
-                reached_delta[min(m + 1, k) + 1] -= 1
-                if m < k:
-                    rejected[m + 1] += 1
-        running = 0
-        for j in range(size):
-            running += reached_delta[j]
-            self.reached[j] = self.reached[j] * self.decay + running
-            self.rejected[j] = self.rejected[j] * self.decay + rejected[j]
-
-    def expected_tokens(self, a: float, max_length: int) -> list[float]:
-        """E(k) for k = 0..max_length, with per-token acceptance a as the prior."""
-        prior = 1.0 - a
-        tokens, survive = [1.0], 1.0
-        for j in range(1, max_length + 1):
-            reached = self.reached[j] if j < len(self.reached) else 0.0
-            rejected = self.rejected[j] if j < len(self.rejected) else 0.0
-            hazard = (rejected + self.prior_weight * prior) / (reached + self.prior_weight)
-            survive *= 1.0 - hazard
-            tokens.append(tokens[-1] + survive)
-        return tokens
-
-
 class MeasuredCost:
     """The batch-level draft length that maximizes measured throughput (our default).
 
-    Tokens per step E(k) come from the measured odds of each draft position being reached and
-    accepted (_RunLengths), with the batch's per-token acceptance a as their prior (under
-    which E(k) = (1 - a^(k+1)) / (1 - a)); a step costs k draft forwards plus one verification, both timed as the
+    Tokens per step follow E(k) = (1 - a^(k+1)) / (1 - a) with a the batch's per-token
+    acceptance; a step costs k draft forwards plus one verification, both timed as the
     coordinator sees them (RPC included; steps with prefill or draft catch-up are not counted)
     and modelled per batch-size bucket. It picks argmax_k E(k) / cost(k) over 0..max_length,
     where k = 0 is regular decoding, so speculation is used only where it pays. k grows by at
@@ -213,7 +166,6 @@ class MeasuredCost:
         self.probe_every, self.max_probe_every, self.window = probe_every, max_probe_every, window
         self.costs: dict[int, _CostModel] = {}
         self.alpha = [0.0, 0.0]  # decayed (successes, trials)
-        self.runs = _RunLengths(max_length, decay)
         self.steps = 0
         self.last_k = initial
         self.zero_probe_every, self.next_zero_probe = probe_every, probe_every
@@ -230,9 +182,8 @@ class MeasuredCost:
         model = self.costs.get(self.bucket(batch))
         if model is None or not model.ready:
             return self.initial
-        tokens = self.runs.expected_tokens(min(self.acceptance(), 0.999), self.max_length)
-        d = model.draft_cost()
-        scores = [tokens[k] / (k * d + model.verify_cost(k)) for k in range(self.max_length + 1)]
+        a, d = min(self.acceptance(), 0.999), model.draft_cost()
+        scores = [((1 - a ** (k + 1)) / (1 - a)) / (k * d + model.verify_cost(k)) for k in range(self.max_length + 1)]
         return max(range(len(scores)), key=scores.__getitem__)
 
     def lengths(self, seq_ids):
@@ -265,7 +216,6 @@ class MeasuredCost:
                 s += m
                 n += m + (m < k)
         self.alpha = [s, n]
-        self.runs.observe(proposed, accepted)
 
     def observe_costs(self, batch, draft_forwards, draft_s, verify_k, verify_s):
         self.costs.setdefault(self.bucket(batch), _CostModel(self.window)).add(draft_forwards, draft_s, verify_k,

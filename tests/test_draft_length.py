@@ -97,27 +97,6 @@ def test_measured_cost_picks_the_throughput_optimal_length():
     assert cheap.best_length(1) >= 12
 
 
-def test_measured_cost_values_long_drafts_when_acceptance_comes_in_runs():
-    """Half the steps reject the first draft token, half accept everything (code: boilerplate
-    stretches and hard spots). The per-token acceptance is then 0.8 at k = 4, and a^j
-    extrapolation would make k = 2 look best; measured per position, every step that gets past
-    the first token gets through, so longer drafts pay (E(k) = 1 + k / 2)."""
-    import random
-
-    from bass.coordinator.draft_length import MeasuredCost
-
-    pol = MeasuredCost(max_length=8)
-    rng = random.Random(0)
-    for k in (4, 6, 8):
-        for _ in range(40):
-            accepted = [k if rng.random() < 0.5 else 0 for _ in range(8)]
-            pol.observe(list(range(8)), [k] * 8, accepted)
-            pol.observe_costs(8, k, k * 0.001, k, 0.003)
-    tokens = pol.runs.expected_tokens(pol.acceptance(), 8)
-    assert abs(tokens[8] - 5.0) < 0.5 and abs(tokens[2] - 2.0) < 0.2
-    assert pol.best_length(8) >= 7
-
-
 def test_measured_cost_regular_decoding_still_probes_ever_more_rarely():
     from bass.coordinator.draft_length import MeasuredCost
 
