@@ -67,10 +67,7 @@ class _Buffers:
 
     def fill_sampling(self, params: Sequence[SamplingParams], keys: torch.Tensor) -> None:
         """Per-row parameters (padding rows: greedy) and noise keys [len(params), k] (host)."""
-        pad = self.bucket - len(params)
-        floats, ints = RowParams.columns(list(params))
-        floats = [column + [fill] * pad for column, fill in zip(floats, (0.0, 1.0, 1.0))]
-        ints = [column + [fill] * pad for column, fill in zip(ints, (0, 1, 0))]
+        floats, ints = RowParams.columns(list(params) + [SamplingParams()] * (self.bucket - len(params)))
         all_keys = torch.zeros(self.bucket, MAX_STEPS, dtype=torch.int64)
         all_keys[:keys.shape[0], :keys.shape[1]] = keys
         # Every call ends by copying its tokens back (a sync), so no copy out of these staging
@@ -136,10 +133,11 @@ class DraftLoopGraphs:
         """Capture (or, without capture, set up) the graphs of every batch bucket up to
         max_batch's, for every q0 and mode."""
         last = DecodeGraphs.bucket(max_batch) or BATCH_BUCKETS[-1]
+        device = self.model.device
         for bucket in (b for b in BATCH_BUCKETS if b <= last):
-            device = self.model.device
-            buffers = self.buffers.setdefault(bucket, _Buffers(bucket, self.scratch_slot, self.cache.max_seq_len,
-                                                               device))
+            if bucket not in self.buffers:
+                self.buffers[bucket] = _Buffers(bucket, self.scratch_slot, self.cache.max_seq_len, device)
+            buffers = self.buffers[bucket]
             for mode in MODES:
                 nxt = functools.partial(self._next_step, buffers, mode)
                 for q0 in FIRST_STEP_TOKENS:
