@@ -79,10 +79,10 @@ class DraftWorker:
         for state, it in zip(states, items):
             runner.commit(state, it.committed)
         active = [i for i, it in enumerate(items) if it.num_tokens > 0]
-        if runner.graphs is not None or self.loop is not None:
-            self._even_out_pending([states[i] for i in active])
-
         drafting = [states[i] for i in active]
+        if runner.graphs is not None or self.loop is not None:
+            self._even_out_pending(drafting)
+
         rows = [items[i].num_tokens for i in active]
         steps = max(rows, default=0)
         params = [items[i].sampling.params for i in active]
