@@ -6,7 +6,11 @@ stay thin and the two representations cannot drift apart unnoticed (tests round-
 
 from __future__ import annotations
 
+import itertools
+from typing import Sequence
+
 from bass.config import SamplingParams
+from bass.errors import InvalidRequestError
 from bass.v1 import worker_pb2 as pb
 from bass.worker_api import (AddSequence, ProposeItem, ProposeRequest, ProposeResponse,
                              SequenceSampling, Verdict, VerifyItem, VerifyRequest, VerifyResponse, WorkerInfo)
@@ -38,60 +42,99 @@ def _add_from_proto(m: pb.AddSequence) -> AddSequence:
                        parent_id=m.parent_id if m.HasField("parent_id") else None)
 
 
-def _sampling_to_proto(s: SequenceSampling) -> pb.Sampling:
-    p = s.params
-    return pb.Sampling(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, seed_key=s.seed_key)
+def _sampling_to_proto(samplings: Sequence[SequenceSampling]) -> pb.SamplingColumns:
+    params = [s.params for s in samplings]
+    return pb.SamplingColumns(temperature=[p.temperature for p in params], top_k=[p.top_k for p in params],
+                              top_p=[p.top_p for p in params], seed_key=[s.seed_key for s in samplings])
 
 
-def _sampling_from_proto(m: pb.Sampling) -> SequenceSampling:
+def _sampling_from_proto(m: pb.SamplingColumns, n: int) -> list[SequenceSampling]:
+    columns = (m.temperature, m.top_k, m.top_p, m.seed_key)
+    _require_lengths("sampling", n, *columns)
+    # A batch shares a few settings: each distinct one is validated once per call.
     # float32 on the wire: the worker must shape with exactly what it received.
-    return SequenceSampling(SamplingParams(temperature=m.temperature, top_k=m.top_k, top_p=m.top_p or 1.0),
-                            seed_key=m.seed_key)
+    params: dict[tuple, SamplingParams] = {}
+    out = []
+    for t, k, p, key in zip(*columns):
+        shape = (t, k, p)
+        sp = params.get(shape)
+        if sp is None:
+            sp = params[shape] = SamplingParams(temperature=t, top_k=k, top_p=p or 1.0)
+        out.append(SequenceSampling(sp, seed_key=key))
+    return out
+
+
+def _require_lengths(field: str, n: int, *columns) -> None:
+    if any(len(c) != n for c in columns):
+        raise InvalidRequestError(field, f"every column must have one entry per sequence ({n}); "
+                                         f"got {[len(c) for c in columns]}")
+
+
+def _split(flat, counts, field: str) -> list[tuple[int, ...]]:
+    """Concatenated lists back into one tuple per sequence."""
+    flat = tuple(flat)
+    ends = list(itertools.accumulate(counts))
+    if (ends[-1] if ends else 0) != len(flat):
+        raise InvalidRequestError(field, f"the counts add up to {ends[-1] if ends else 0} tokens, "
+                                         f"but {len(flat)} were sent")
+    return [flat[e - c:e] for c, e in zip(counts, ends)]
 
 
 # -- propose ---------------------------------------------------------------------------------------
 def propose_request_to_proto(r: ProposeRequest) -> pb.ProposeRequest:
+    items = r.items
     return pb.ProposeRequest(
-        items=[pb.ProposeItem(seq_id=i.seq_id, num_tokens=i.num_tokens, committed=list(i.committed),
-                              sampling=_sampling_to_proto(i.sampling)) for i in r.items],
+        seq_ids=[i.seq_id for i in items], num_tokens=[i.num_tokens for i in items],
+        committed_counts=[len(i.committed) for i in items], committed=[t for i in items for t in i.committed],
+        sampling=_sampling_to_proto([i.sampling for i in items]),
         add=[_add_to_proto(a) for a in r.add], release=list(r.release))
 
 
 def propose_request_from_proto(m: pb.ProposeRequest) -> ProposeRequest:
+    n = len(m.seq_ids)
+    _require_lengths("seq_ids", n, m.num_tokens, m.committed_counts)
+    committed = _split(m.committed, m.committed_counts, "committed")
+    samplings = _sampling_from_proto(m.sampling, n)
     return ProposeRequest(
-        items=[ProposeItem(seq_id=i.seq_id, num_tokens=i.num_tokens, committed=tuple(i.committed),
-                           sampling=_sampling_from_proto(i.sampling)) for i in m.items],
+        items=[ProposeItem(*fields) for fields in zip(m.seq_ids, m.num_tokens, committed, samplings)],
         add=[_add_from_proto(a) for a in m.add], release=list(m.release))
 
 
 def propose_response_to_proto(r: ProposeResponse) -> pb.ProposeResponse:
-    return pb.ProposeResponse(proposals=[pb.Proposal(tokens=t) for t in r.tokens], compute_s=r.compute_s)
+    return pb.ProposeResponse(counts=[len(t) for t in r.tokens], tokens=[x for t in r.tokens for x in t],
+                              compute_s=r.compute_s)
 
 
 def propose_response_from_proto(m: pb.ProposeResponse) -> ProposeResponse:
-    return ProposeResponse(tokens=[list(p.tokens) for p in m.proposals], compute_s=m.compute_s)
+    return ProposeResponse(tokens=[list(t) for t in _split(m.tokens, m.counts, "tokens")], compute_s=m.compute_s)
 
 
 # -- verify ----------------------------------------------------------------------------------------
 def verify_request_to_proto(r: VerifyRequest) -> pb.VerifyRequest:
+    items = r.items
     return pb.VerifyRequest(
-        items=[pb.VerifyItem(seq_id=i.seq_id, draft_tokens=list(i.draft_tokens), sampling=_sampling_to_proto(i.sampling))
-               for i in r.items],
+        seq_ids=[i.seq_id for i in items], draft_counts=[len(i.draft_tokens) for i in items],
+        draft_tokens=[t for i in items for t in i.draft_tokens],
+        sampling=_sampling_to_proto([i.sampling for i in items]),
         add=[_add_to_proto(a) for a in r.add], release=list(r.release))
 
 
 def verify_request_from_proto(m: pb.VerifyRequest) -> VerifyRequest:
-    return VerifyRequest(
-        items=[VerifyItem(seq_id=i.seq_id, draft_tokens=tuple(i.draft_tokens), sampling=_sampling_from_proto(i.sampling))
-               for i in m.items],
-        add=[_add_from_proto(a) for a in m.add], release=list(m.release))
+    n = len(m.seq_ids)
+    _require_lengths("seq_ids", n, m.draft_counts)
+    drafts = _split(m.draft_tokens, m.draft_counts, "draft_tokens")
+    samplings = _sampling_from_proto(m.sampling, n)
+    return VerifyRequest(items=[VerifyItem(*fields) for fields in zip(m.seq_ids, drafts, samplings)],
+                         add=[_add_from_proto(a) for a in m.add], release=list(m.release))
 
 
 def verify_response_to_proto(r: VerifyResponse) -> pb.VerifyResponse:
-    return pb.VerifyResponse(verdicts=[pb.Verdict(accepted=v.accepted, tokens=v.tokens) for v in r.verdicts],
-                             compute_s=r.compute_s)
+    verdicts = r.verdicts
+    return pb.VerifyResponse(accepted=[v.accepted for v in verdicts], counts=[len(v.tokens) for v in verdicts],
+                             tokens=[t for v in verdicts for t in v.tokens], compute_s=r.compute_s)
 
 
 def verify_response_from_proto(m: pb.VerifyResponse) -> VerifyResponse:
-    return VerifyResponse(verdicts=[Verdict(accepted=v.accepted, tokens=list(v.tokens)) for v in m.verdicts],
-                          compute_s=m.compute_s)
+    _require_lengths("accepted", len(m.counts), m.accepted)
+    tokens = _split(m.tokens, m.counts, "tokens")
+    return VerifyResponse(verdicts=[Verdict(a, list(t)) for a, t in zip(m.accepted, tokens)], compute_s=m.compute_s)

@@ -5,10 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bass import wire
 from bass.config import SamplingParams
 from bass.worker_api import (AddSequence, ProposeItem, ProposeRequest, ProposeResponse,
-                             SequenceSampling, VerifyItem, VerifyRequest)
+                             SequenceSampling, Verdict, VerifyItem, VerifyRequest, VerifyResponse)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,3 +44,17 @@ def test_verify_round_trip():
                         add=[AddSequence(2, (1,))], release=[2])
     back = wire.verify_request_from_proto(wire.verify_request_to_proto(req))
     assert back.items == req.items and back.add == req.add and back.release == [2]
+    resp = VerifyResponse(verdicts=[Verdict(2, [4, 5, 9]), Verdict(0, [3])], compute_s=0.5)
+    assert wire.verify_response_from_proto(wire.verify_response_to_proto(resp)) == resp
+
+
+def test_a_batch_shares_validated_sampling_settings_and_keeps_its_own_keys():
+    shared = SamplingParams(temperature=0.8, top_p=0.95)
+    items = [VerifyItem(i, (), SequenceSampling(shared, seed_key=100 + i)) for i in range(1, 5)]
+    items.append(VerifyItem(9, (1,), SequenceSampling(SamplingParams(), seed_key=7)))
+    back = wire.verify_request_from_proto(wire.verify_request_to_proto(VerifyRequest(items=items)))
+    assert [i.sampling.seed_key for i in back.items] == [101, 102, 103, 104, 7]
+    assert back.items[0].sampling.params is back.items[3].sampling.params  # validated once per call
+    assert back.items[4].sampling.params.greedy and not back.items[0].sampling.params.greedy
+    # float32 on the wire: the worker shapes with what it received, not the coordinator's float64.
+    assert back.items[0].sampling.params.top_p == pytest.approx(0.95, abs=1e-7)

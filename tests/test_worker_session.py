@@ -8,6 +8,7 @@ import time
 import grpc
 import pytest
 
+from bass import wire
 from bass.config import SamplingParams
 from bass.coordinator.remote import RemoteDraftWorker, RemoteTargetWorker
 from bass.errors import InvalidRequestError, UnknownSequenceError, WorkerUnavailableError
@@ -17,6 +18,10 @@ from bass.v1 import worker_pb2 as pb
 from bass.worker_api import SequenceSampling, Verdict, VerifyItem, VerifyRequest, VerifyResponse, WorkerInfo
 
 SAMPLING = SequenceSampling(SamplingParams(), seed_key=3)
+
+
+def one_sequence(seq_id: int) -> pb.VerifyRequest:
+    return wire.verify_request_to_proto(VerifyRequest([VerifyItem(seq_id, (), SAMPLING)]))
 
 
 class _Runner:
@@ -118,8 +123,7 @@ def test_error_frames_carry_the_unary_status_codes(server):
     try:
         from bass.v1 import worker_pb2_grpc
         stub = worker_pb2_grpc.TargetWorkerStub(channel)
-        calls = [pb.WorkerCall(call_id=i + 1, verify=pb.VerifyRequest(items=[pb.VerifyItem(seq_id=s)]))
-                 for i, s in enumerate((0, 404, 500, 1))]
+        calls = [pb.WorkerCall(call_id=i + 1, verify=one_sequence(s)) for i, s in enumerate((0, 404, 500, 1))]
         calls.append(pb.WorkerCall(call_id=9, propose=pb.ProposeRequest()))  # a target does not propose
         replies = list(stub.Session(iter(calls), timeout=10))
         assert [r.call_id for r in replies] == [1, 2, 3, 4, 9]
@@ -127,10 +131,34 @@ def test_error_frames_carry_the_unary_status_codes(server):
         for reply, code in zip(replies, codes):
             assert reply.WhichOneof("body") == "error" and reply.error.code == code.value[0]
             with pytest.raises(grpc.RpcError) as unary:
-                stub.Verify(pb.VerifyRequest(items=[pb.VerifyItem(seq_id={0: 0, 1: 404, 2: 500}[codes.index(code)])]))
+                stub.Verify(one_sequence({0: 0, 1: 404, 2: 500}[codes.index(code)]))
             assert unary.value.code() == code
-        assert replies[3].verify.verdicts[0].tokens == [1]
+        assert list(replies[3].verify.tokens) == [1]
         assert replies[4].error.code == grpc.StatusCode.UNIMPLEMENTED.value[0]
+    finally:
+        channel.close()
+
+
+@pytest.mark.parametrize("malformed, says", [
+    (dict(seq_ids=[1, 2], draft_counts=[0]), "one entry per sequence (2)"),
+    (dict(seq_ids=[1], draft_counts=[2], draft_tokens=[5]), "add up to 2 tokens, but 1 were sent"),
+    (dict(seq_ids=[1], draft_counts=[0], sampling=pb.SamplingColumns(temperature=[0.0])), "sampling"),
+])
+def test_inconsistent_columns_are_invalid_argument_on_both_transports(server, malformed, says):
+    """A request whose columns disagree (a client built by hand, another version) is the
+    caller's error with a message naming the column, never a worker failure."""
+    channel = grpc.insecure_channel(server.address)
+    try:
+        from bass.v1 import worker_pb2_grpc
+        stub = worker_pb2_grpc.TargetWorkerStub(channel)
+        request = pb.VerifyRequest(**malformed)
+        with pytest.raises(grpc.RpcError) as unary:
+            stub.Verify(request, timeout=10)
+        assert unary.value.code() == grpc.StatusCode.INVALID_ARGUMENT and says in unary.value.details()
+        reply, after = stub.Session(iter([pb.WorkerCall(call_id=1, verify=request),
+                                          pb.WorkerCall(call_id=2, verify=one_sequence(3))]), timeout=10)
+        assert reply.error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0] and says in reply.error.message
+        assert list(after.verify.tokens) == [3], "the stream carries on after a malformed call"
     finally:
         channel.close()
 
