@@ -107,7 +107,16 @@ class DraftWorkerAPI(Protocol):
     def reset(self) -> None: ...
 
 
+class PendingVerify(Protocol):
+    def result(self) -> VerifyResponse: ...  # waits for the answer; raises as verify() would
+    def discard(self) -> None: ...  # nobody will read the answer
+
+
 class TargetWorkerAPI(Protocol):
+    """A target whose `overlaps_calls` is true (the remote one over its session stream) also
+    has `start_verify(request) -> PendingVerify`: regular decoding sends each step's Verify
+    before reading the previous one's answer, so the worker never waits on a round trip."""
+
     def info(self) -> WorkerInfo: ...
     def verify(self, request: VerifyRequest) -> VerifyResponse: ...
     def release(self, seq_ids: Sequence[int]) -> None: ...

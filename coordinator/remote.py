@@ -50,12 +50,26 @@ class _RemoteWorker:
             raise self._failed(method, e.code(), e.details()) from None
 
     def _session_call(self, method: str, request):
+        return self._start(method, request).result()
+
+    def _start(self, method: str, request) -> "PendingCall":
+        """Send a call without waiting for its answer (the session transport; a unary call is
+        made at once). Raises the same errors as `_call`, from here or from `result`."""
+        if self.transport != "session":
+            return PendingCall(self, method, answer=self._call(method, request))
         if self._session is None or self._session.ended:
             self._session = Session(self.stub.Session, self.timeout_s)
         try:
-            return self._session.call(method.lower(), request)
+            return PendingCall(self, method, session=self._session,
+                               call_id=self._session.send(method.lower(), request))
         except SessionError as e:
             raise self._failed(method, e.code, e.details) from None
+
+    @property
+    def overlaps_calls(self) -> bool:
+        """Whether a call sent before the previous one is answered overlaps it (the session:
+        the worker finds the next call waiting when it finishes the last)."""
+        return self.transport == "session"
 
     def _failed(self, method: str, code: grpc.StatusCode, details: str | None) -> Exception:
         """The same errors whatever the transport: INVALID_ARGUMENT is the caller's, anything else
@@ -90,6 +104,29 @@ class _RemoteWorker:
         self.channel.close()
 
 
+class PendingCall:
+    """A call sent to a worker; `result()` waits for its answer (once), `discard()` gives it up."""
+
+    def __init__(self, worker: _RemoteWorker, method: str, *, answer=None, session: Session | None = None,
+                 call_id: int = 0):
+        self._worker, self._method, self._answer = worker, method, answer
+        self._session, self._call_id = session, call_id
+
+    def result(self):
+        if self._session is None:
+            return self._answer
+        session, self._session = self._session, None
+        try:
+            return session.result(self._call_id)
+        except SessionError as e:
+            raise self._worker._failed(self._method, e.code, e.details) from None
+
+    def discard(self) -> None:
+        if self._session is not None:
+            self._session.discard(self._call_id)
+            self._session = None
+
+
 class RemoteDraftWorker(_RemoteWorker):
     stub_class = worker_pb2_grpc.DraftWorkerStub
 
@@ -101,4 +138,20 @@ class RemoteTargetWorker(_RemoteWorker):
     stub_class = worker_pb2_grpc.TargetWorkerStub
 
     def verify(self, request: VerifyRequest) -> VerifyResponse:
-        return wire.verify_response_from_proto(self._call("Verify", wire.verify_request_to_proto(request)))
+        return self.start_verify(request).result()
+
+    def start_verify(self, request: VerifyRequest) -> "PendingVerify":
+        return PendingVerify(self._start("Verify", wire.verify_request_to_proto(request)))
+
+
+class PendingVerify:
+    """A Verify sent and not yet answered (see TargetWorkerAPI.start_verify)."""
+
+    def __init__(self, call: PendingCall):
+        self._call = call
+
+    def result(self) -> VerifyResponse:
+        return wire.verify_response_from_proto(self._call.result())
+
+    def discard(self) -> None:
+        self._call.discard()

@@ -1,10 +1,10 @@
-"""The client end of a worker's `Session` stream: one call at a time as frames on one stream.
+"""The client end of a worker's `Session` stream: calls as frames on one stream, answered in order.
 
 Why (issue #13): a unary call per step pays a new RPC on both ends and a hop onto a pool thread
 on the server; on the stream the server's handler thread is already waiting for the next frame.
 bench/rpc_overhead.py measures both.
 
-The caller's thread waits for the reply itself (no reader thread: every extra thread in the
+The caller's thread reads the replies itself (no reader thread: every extra thread in the
 chain is one more that sleeps and must be woken). A reply iterator has no timeout, so a watchdog
 thread cancels the stream when a call has waited longer than its timeout; it checks a few times
 per timeout and is never woken by the calls themselves.
@@ -36,12 +36,20 @@ _CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 
 class Session:
+    """Calls may be sent ahead of earlier replies (`send`, then `result` per call, in the order
+    sent): the worker answers frames in order, so a call sent while the previous one runs
+    waits in the worker's stream, not on this end's round trip. `call` is send + result."""
+
     def __init__(self, session_method, timeout_s: float):
         self.timeout_s = timeout_s
         self._requests: queue.SimpleQueue = queue.SimpleQueue()
         self._replies = session_method(iter(self._requests.get, _END))
         self._ids = itertools.count(1)
-        self._lock = threading.Lock()  # one call at a time: a reply answers the last frame sent
+        self._send_lock = threading.Lock()
+        self._read_lock = threading.Lock()
+        self._unanswered: list[int] = []  # call ids sent and not yet answered, in order
+        self._early: dict[int, pb.WorkerReply] = {}  # answers read before their caller asked
+        self._discarded: set[int] = set()  # calls whose answers nobody will read
         self._waiting_since: float | None = None
         self._timeout_for: float = timeout_s
         self._closed = threading.Event()
@@ -52,34 +60,66 @@ class Session:
     def call(self, kind: str, message, timeout_s: float | None = None):
         """Send one call (`kind`: the WorkerCall body) and return the answer's message.
         Raises SessionError."""
-        with self._lock:
+        return self.result(self.send(kind, message), timeout_s)
+
+    def send(self, kind: str, message) -> int:
+        """Queue one call; returns its id for `result`."""
+        with self._send_lock:
             if self.ended:
                 raise SessionError(grpc.StatusCode.UNAVAILABLE, "the session has ended", True)
             call_id = next(self._ids)
-            self._timeout_for = timeout_s or self.timeout_s
-            self._waiting_since = time.monotonic()
+            self._unanswered.append(call_id)
             self._requests.put(pb.WorkerCall(call_id=call_id, **{kind: message}))
-            try:
-                reply = next(self._replies)
-            except grpc.RpcError as e:
-                self.ended = True
-                if self._timed_out:
-                    raise SessionError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                       f"no answer within {self._timeout_for:g} s", True) from None
-                raise SessionError(e.code(), e.details() or "", True) from None
-            except StopIteration:
-                self.ended = True
-                raise SessionError(grpc.StatusCode.UNAVAILABLE, "the worker ended the session", True) from None
-            finally:
-                self._waiting_since = None
-            if reply.call_id != call_id:  # cannot happen with one call at a time; never use a stray answer
-                self.close()
-                raise SessionError(grpc.StatusCode.INTERNAL, f"answer to call {reply.call_id}, expected {call_id}",
-                                   True)
-            body = reply.WhichOneof("body")
-            if body == "error":
-                raise SessionError(_CODES.get(reply.error.code, grpc.StatusCode.UNKNOWN), reply.error.message, False)
-            return getattr(reply, body)
+            return call_id
+
+    def discard(self, call_id: int) -> None:
+        """Nobody will ask for this call's answer: drop it when it comes."""
+        with self._read_lock:
+            if self._early.pop(call_id, None) is None and call_id in self._unanswered:
+                self._discarded.add(call_id)
+
+    def result(self, call_id: int, timeout_s: float | None = None):
+        """The answer to call `call_id` (raises SessionError); answers to calls sent before it
+        are kept for their own `result`."""
+        with self._read_lock:
+            reply = self._early.pop(call_id, None)
+            while reply is None:
+                if self.ended:
+                    raise SessionError(grpc.StatusCode.UNAVAILABLE, "the session has ended", True)
+                answer = self._read(timeout_s)
+                if answer.call_id in self._discarded:
+                    self._discarded.discard(answer.call_id)
+                elif answer.call_id == call_id:
+                    reply = answer
+                else:
+                    self._early[answer.call_id] = answer
+        body = reply.WhichOneof("body")
+        if body == "error":
+            raise SessionError(_CODES.get(reply.error.code, grpc.StatusCode.UNKNOWN), reply.error.message, False)
+        return getattr(reply, body)
+
+    def _read(self, timeout_s: float | None) -> pb.WorkerReply:
+        self._timeout_for = timeout_s or self.timeout_s
+        self._waiting_since = time.monotonic()
+        try:
+            reply = next(self._replies)
+        except grpc.RpcError as e:
+            self.ended = True
+            if self._timed_out:
+                raise SessionError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                   f"no answer within {self._timeout_for:g} s", True) from None
+            raise SessionError(e.code(), e.details() or "", True) from None
+        except StopIteration:
+            self.ended = True
+            raise SessionError(grpc.StatusCode.UNAVAILABLE, "the worker ended the session", True) from None
+        finally:
+            self._waiting_since = None
+        expected = self._unanswered[0] if self._unanswered else None
+        if reply.call_id != expected:  # the worker answers in order; never use a stray answer
+            self.close()
+            raise SessionError(grpc.StatusCode.INTERNAL, f"answer to call {reply.call_id}, expected {expected}", True)
+        self._unanswered.pop(0)
+        return reply
 
     def close(self) -> None:
         self.ended = True

@@ -33,8 +33,8 @@ from bass.coordinator.step_stats import StepStats
 from bass.coordinator.stopping import StopCriteria, check_stop
 from bass.coordinator.tokenizer import Codec
 from bass.errors import InvalidRequestError, WorkerUnavailableError
-from bass.worker_api import (AddSequence, DraftWorkerAPI, ProposeItem, ProposeRequest, SequenceSampling,
-                             TargetWorkerAPI, VerifyItem, VerifyRequest)
+from bass.worker_api import (AddSequence, DraftWorkerAPI, PendingVerify, ProposeItem, ProposeRequest,
+                             SequenceSampling, TargetWorkerAPI, VerifyItem, VerifyRequest, VerifyResponse)
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,16 @@ class RequestRun:
 
 
 @dataclass
+class InFlight:
+    """A regular step's Verify, sent and not yet committed (see Scheduler._pipelined_step)."""
+
+    pending: PendingVerify
+    batch: list[SequenceRun]
+    clean: bool  # no prefill in it: its time is a steady-state cost for the policy
+    send_s: float
+
+
+@dataclass
 class PrefillBudget:
     """Prompt tokens the workers may prefill in one step, both workers together. A worker
     prefills its new sequences before the step's forward, so every running sequence waits
@@ -133,6 +143,9 @@ class Scheduler:
         self._target_release: list[int] = []
         self._draft_release: list[int] = []
         self._drafted_last_step = False  # else the draft catches up on skipped tokens first
+        # Regular decoding over a target that overlaps calls keeps one step in flight.
+        self._overlaps = bool(getattr(target, "overlaps_calls", False))
+        self._in_flight: InFlight | None = None
         self.step_stats = StepStats()
 
     # -- requests ---------------------------------------------------------------------------------
@@ -180,7 +193,7 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self._in_flight)
 
     def generate(self, requests: Iterable[GenerationRequest]) -> list[GenerationResult]:
         """Run requests to completion in-process (all batched together); results in order."""
@@ -208,6 +221,9 @@ class Scheduler:
         self.waiting.clear()
         self.running = []
         self._slots_held = 0
+        if self._in_flight is not None:  # its answer, if one comes, answers nobody
+            self._in_flight.pending.discard()
+            self._in_flight = None
         self._target_add, self._draft_add, self._target_release, self._draft_release = [], [], [], []
         self.policy = make_policy(self.config.draft_length)
         return failed
@@ -225,8 +241,12 @@ class Scheduler:
         self._admit(prefill)
         if prefill.limit != limit:
             prefill = PrefillBudget(limit, used=prefill.used)
+        if self._in_flight is not None and (self.draft_up or not self.running):
+            finished += self._commit_in_flight(self.clock())
         if not self.running:
             return finished
+        if self._overlaps and not self.draft_up:
+            return finished + self._pipelined_step()
         step_started = self.clock()
         batch = self.running
         lengths = self._draft_lengths(batch, prefill)  # may attach sequences to the draft (self._draft_add)
@@ -259,11 +279,55 @@ class Scheduler:
             items=[VerifyItem(s.seq_id, drafts[i], s.sampling) for i, s in enumerate(batch)],
             add=self._target_add, release=self._target_release))
         verify_s = self.clock() - started
-        verdicts = verified.verdicts
         self._target_add, self._target_release = [], []
         self.policy.observe_costs(len(batch), draft_forwards if clean_draft else 0, draft_s, max(lengths, default=0),
                                   verify_s if clean_verify else None)
         self._drafted_last_step = draft_forwards > 0
+        finished += self._commit(batch, drafts, verified, draft_forwards, draft_s, verify_s)
+        self.step_stats.step_s += self.clock() - step_started
+        return finished
+
+    def _pipelined_step(self) -> list[RequestRun]:
+        """Regular decoding over a target that overlaps calls: send this step's Verify, then
+        commit the previous step's answer while the worker runs this one. The worker finds each
+        Verify waiting when it finishes the last, instead of idling through a round trip and the
+        commit. Each step's input is the target's own last token, which the worker already holds,
+        so nothing in a step waits on the answer before it. A sequence that finished in the
+        previous step is still in this one: its extra token is computed and dropped, and its
+        slot released with the next call."""
+        step_started = self.clock()
+        batch = list(self.running)
+        pending = self.target.start_verify(VerifyRequest(
+            items=[VerifyItem(s.seq_id, (), s.sampling) for s in batch],
+            add=self._target_add, release=self._target_release))
+        in_flight = InFlight(pending, batch, clean=not self._target_add, send_s=self.clock() - step_started)
+        self._target_add, self._target_release = [], []
+        previous, self._in_flight = self._in_flight, in_flight
+        return self._commit_in_flight(step_started, previous) if previous is not None else []
+
+    def _commit_in_flight(self, step_started: float, flight: InFlight | None = None) -> list[RequestRun]:
+        """Wait for a pipelined Verify (by default the one in flight) and commit it."""
+        if flight is None:
+            flight, self._in_flight = self._in_flight, None
+        started = self.clock()
+        verified = flight.pending.result()
+        verify_s = flight.send_s + self.clock() - started  # the loop's time spent on this call
+        self.policy.observe_costs(len(flight.batch), 0, 0.0, 0, verify_s if flight.clean else None)
+        self._drafted_last_step = False
+        finished = self._commit(flight.batch, [()] * len(flight.batch), verified, 0, 0.0, verify_s)
+        self.step_stats.step_s += self.clock() - step_started
+        return finished
+
+    def _commit(self, batch: list[SequenceRun], drafts: list[tuple[int, ...]], verified: VerifyResponse,
+                draft_forwards: int, draft_s: float, verify_s: float) -> list[RequestRun]:
+        """Commit a step's verdicts; returns the requests it finished. Sequences that finished
+        while the step ran (cancelled, out of time, or done in the step before a pipelined
+        one) are skipped."""
+        live = [(seq, draft, verdict) for seq, draft, verdict in zip(batch, drafts, verified.verdicts)
+                if seq.finish_reason is None]
+        batch = [seq for seq, _, _ in live]
+        drafts = [draft for _, draft, _ in live]
+        verdicts = [verdict for _, _, verdict in live]
         self.policy.observe([s.seq_id for s in batch], [len(d) for d in drafts], [v.accepted for v in verdicts])
         touched: dict[int, RequestRun] = {}
         for seq, draft, verdict in zip(batch, drafts, verdicts):
@@ -287,12 +351,12 @@ class Scheduler:
         st.draft_s += draft_s
         st.verify_s += verify_s
         st.verify_compute_s += verified.compute_s
-        self.running = [s for s in batch if s.finish_reason is None]
+        self.running = [s for s in self.running if s.finish_reason is None]
+        finished = []
         for req in touched.values():
             if req.done:
                 self._finish(req)
                 finished.append(req)
-        st.step_s += self.clock() - step_started
         return finished
 
     def flush_releases(self) -> None:

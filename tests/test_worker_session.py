@@ -101,6 +101,26 @@ def test_session_answers_like_unary_calls_on_one_stream(server, worker):
         unary.close()
 
 
+def test_calls_sent_ahead_are_answered_in_order_and_a_discarded_answer_is_dropped(server, worker):
+    client = RemoteTargetWorker(server.address)
+    try:
+        assert client.overlaps_calls
+        first, second, third = (client.start_verify(request(s)) for s in (1, 2, 3))
+        bad = client.start_verify(request(0))
+        assert second.result().verdicts[0].tokens == [3, 4, 2]  # reads past the first answer, kept
+        first.discard()  # already read: dropped from where it was kept
+        last = client.start_verify(request(5))
+        with pytest.raises(InvalidRequestError):  # an error answers its own call only
+            bad.result()
+        third.discard()  # not read yet: dropped when it comes
+        assert last.result().verdicts[0].tokens == [6, 7, 5]
+        session = client._session
+        assert not session._early and not session._discarded and not session._unanswered
+        assert client.verify(request(8)).verdicts[0].tokens == [9, 10, 8] and client._session is session
+    finally:
+        client.close()
+
+
 @pytest.mark.parametrize("transport", ["session", "unary"])
 def test_errors_map_as_for_unary_calls(server, transport):
     client = RemoteTargetWorker(server.address, transport=transport)

@@ -1,0 +1,162 @@
+"""Regular decoding with one Verify in flight (Scheduler._pipelined_step, issue #13): over a
+target that overlaps calls, each step's Verify is sent before the previous answer is read.
+The output must be exactly what step-by-step decoding gives, greedy and seeded sampling, with
+requests finishing, joining and leaving at different steps; and every slot must be freed."""
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from bass.config import SamplingParams
+from bass.coordinator.requests import FinishReason, GenerationRequest
+from bass.coordinator.scheduler import Scheduler
+from bass.errors import WorkerUnavailableError
+from bass.client import FINISH_REASON_NAMES, BassClient
+from conftest import build_scheduler
+from services import start_services
+
+
+class _Pending:
+    def __init__(self, owner, call_id, request):
+        self.owner, self.call_id, self.request = owner, call_id, request
+
+    def result(self):
+        self.owner.events.append(("result", self.call_id))
+        if self.owner.fail_at == self.call_id:
+            raise WorkerUnavailableError("the target went away")
+        return self.owner.worker.verify(self.request)  # calls run in the order sent, as on the stream
+
+    def discard(self):
+        self.owner.events.append(("discard", self.call_id))
+
+
+class OverlappingTarget:
+    """The in-process target behind the interface of a remote one whose calls overlap; it
+    records when each call is sent and answered."""
+
+    overlaps_calls = True
+
+    def __init__(self, worker, fail_at=None):
+        self.worker, self.fail_at = worker, fail_at
+        self.events, self.sent = [], 0
+
+    def start_verify(self, request):
+        self.sent += 1
+        self.events.append(("send", self.sent))
+        return _Pending(self, self.sent, request)
+
+    def __getattr__(self, name):  # info, verify, release, reset, runner
+        return getattr(self.worker, name)
+
+
+def scheduler_pair(target_dir, fail_at=None):
+    plain = build_scheduler(target_dir, None)
+    overlapping = build_scheduler(target_dir, None)
+    wrapped = OverlappingTarget(overlapping.target, fail_at)
+    return plain, Scheduler(wrapped, None, overlapping.codec, overlapping.config), wrapped
+
+
+def requests(sampling=SamplingParams(), stop_on=((), (), (), ())):
+    return [GenerationRequest(prompt_ids=p, max_new_tokens=m, n=n, stop_token_ids=s, ignore_eos=True,
+                              sampling=sampling, seed=100 + i)
+            for i, (p, m, n, s) in enumerate(zip([(5, 17, 33), (42,), tuple(range(3, 22)), (100, 101)],
+                                                 [9, 23, 4, 16], [1, 2, 1, 3], stop_on))]
+
+
+def requests_that_stop_early(target_dir, sampling=SamplingParams()):
+    """Requests 1 and 3 stop on a token their first sequence makes mid-way (found by a first run)."""
+    probe = build_scheduler(target_dir, None).generate(requests(sampling))
+    stop_on = [(), (probe[1].sequences[0].token_ids[6],), (), (probe[3].sequences[0].token_ids[4],)]
+    return requests(sampling, stop_on)
+
+
+def run_staggered(scheduler, reqs):
+    """Two requests at the start, one after 3 steps, one after 6: admissions while in flight."""
+    runs = [scheduler.submit(r) for r in reqs[:2]]
+    steps = 0
+    while scheduler.has_work or len(runs) < len(reqs):
+        if steps in (3, 6) and len(runs) < len(reqs):
+            runs.append(scheduler.submit(reqs[len(runs)]))
+        scheduler.step()
+        steps += 1
+    scheduler.flush_releases()
+    return [r.result for r in runs]
+
+
+def tokens(results):
+    return [[(s.token_ids, s.finish_reason) for s in r.sequences] for r in results]
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.8, top_p=0.95)],
+                         ids=["greedy", "sampled"])
+def test_pipelined_output_equals_step_by_step(llama_target, sampling):
+    plain, overlapping, target = scheduler_pair(llama_target)
+    want = run_staggered(plain, requests_that_stop_early(llama_target, sampling))
+    got = run_staggered(overlapping, requests_that_stop_early(llama_target, sampling))
+    assert tokens(got) == tokens(want)
+    assert {s.finish_reason for r in got for s in r.sequences} == {FinishReason.STOP, FinishReason.LENGTH}
+    # The pipeline was kept full: every answer but the last was read after the next call was sent.
+    sends = [i for kind, i in target.events if kind == "send"]
+    results = [i for kind, i in target.events if kind == "result"]
+    assert results == sends, "every call is answered, in order"
+    for i in results[:-1]:
+        assert target.events.index(("send", i + 1)) < target.events.index(("result", i))
+    assert not overlapping.target.runner.sequences, "every slot is released"
+    assert overlapping.step_stats.committed_tokens == plain.step_stats.committed_tokens
+
+
+def test_cancel_while_in_flight_drops_the_sequence_and_frees_its_slot(llama_target):
+    plain, overlapping, target = scheduler_pair(llama_target)
+    keep = GenerationRequest(prompt_ids=(5, 6, 7), max_new_tokens=12, ignore_eos=True)
+    want = plain.generate([keep])[0].sequences[0].token_ids
+    kept = overlapping.submit(keep)
+    gone = overlapping.submit(GenerationRequest(prompt_ids=(9, 9), max_new_tokens=12, n=2, ignore_eos=True))
+    for _ in range(3):
+        overlapping.step()
+    assert overlapping._in_flight is not None
+    overlapping.cancel(gone)
+    while overlapping.has_work:
+        overlapping.step()
+    overlapping.flush_releases()
+    assert kept.result.sequences[0].token_ids == want
+    assert all(len(s.output) <= 3 for s in gone.sequences), "nothing committed after the cancel"
+    assert not overlapping.target.runner.sequences
+
+
+def test_a_failure_in_flight_reaches_the_caller_and_fail_all_discards_it(llama_target):
+    _, overlapping, target = scheduler_pair(llama_target, fail_at=3)
+    run = overlapping.submit(GenerationRequest(prompt_ids=(5, 6, 7), max_new_tokens=20, ignore_eos=True))
+    with pytest.raises(WorkerUnavailableError):
+        for _ in range(10):
+            overlapping.step()
+    assert overlapping.fail_all() == [run]
+    assert target.events[-2:] == [("result", 3), ("discard", 4)], target.events
+    assert not overlapping.has_work
+
+
+def test_regular_decoding_through_the_services_equals_in_process(llama_target, llama_draft):
+    """The real services, whose target client overlaps calls on its session stream; requests
+    sent at once from several clients, greedy and seeded sampling."""
+    reqs = requests_that_stop_early(llama_target) + requests_that_stop_early(
+        llama_target, SamplingParams(temperature=0.8, top_p=0.95))
+    want = [[(list(s.token_ids), s.finish_reason.value) for s in r.sequences]
+            for r in build_scheduler(llama_target, None).generate(reqs)]
+    services = start_services(llama_target, llama_draft, policy="0")  # regular decoding
+    try:
+        def ask(r):
+            with BassClient(services.address, timeout_s=60) as client:
+                answer = client.generate(list(r.prompt_ids), n=r.n, max_new_tokens=r.max_new_tokens,
+                                         stop_token_ids=list(r.stop_token_ids), ignore_eos=True, seed=r.seed,
+                                         temperature=r.sampling.temperature, top_p=r.sampling.top_p)
+            return [(list(s.token_ids), FINISH_REASON_NAMES[s.finish_reason]) for s in answer.sequences]
+
+        with ThreadPoolExecutor(len(reqs)) as pool:
+            got = list(pool.map(ask, reqs))
+        assert got == want
+        deadline = time.monotonic() + 10  # released once the coordinator is idle, after answering
+        while services.target.engine.runner.sequences and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert services.target.engine.runner.sequences == {}, "every slot is released"
+    finally:
+        services.stop()
