@@ -12,8 +12,10 @@ Each client is measured at each T over TCP (127.0.0.1) and over a Unix socket.
     .venv/bin/python bench/rpc_overhead.py serve --t-ms 3 --work sleep --address ADDR  # one worker
 
 Clients: `unary` (one Verify RPC per call: the transport before issue #13), `unary-spin` (the
-same, its reply awaited by polling the future without sleeping for up to 2 ms), `session` and
-`session-spin` (bass.coordinator.remote's stream transport, which `bass serve` uses).
+same, its reply awaited by polling the future without sleeping for up to 2 ms), `session`
+(bass.coordinator.remote's stream transport, which `bass serve` uses) and `session-ahead` (the
+same with one call kept in flight, as regular decoding runs). `period_overhead_ms` is the wall
+time per call beyond T: for `session-ahead` what the worker idles between calls.
 """
 
 from __future__ import annotations
@@ -137,6 +139,27 @@ class UnarySpin:
         self.channel.close()
 
 
+class SessionAhead:
+    """The session with one call kept in flight, as regular decoding runs (Scheduler._pipelined_step):
+    each `verify` sends the next call, then waits for the previous one's answer."""
+
+    def __init__(self, address: str):
+        from bass.coordinator import remote
+        self.worker = remote.RemoteTargetWorker(address, transport="session")
+        self.in_flight = None
+
+    def verify(self, request):
+        if self.in_flight is None:  # the first call primes the pipeline
+            self.in_flight = self.worker.start_verify(request)
+        previous, self.in_flight = self.in_flight, self.worker.start_verify(request)
+        return previous.result()
+
+    def close(self):
+        if self.in_flight is not None:
+            self.in_flight.result()
+        self.worker.close()
+
+
 def make_client(name: str, address: str):
     from bass.coordinator import remote
     if name == "unary":
@@ -145,6 +168,8 @@ def make_client(name: str, address: str):
         return UnarySpin(address)
     if name == "session":
         return remote.RemoteTargetWorker(address, transport="session")
+    if name == "session-ahead":
+        return SessionAhead(address)
     raise ValueError(name)
 
 
@@ -209,6 +234,8 @@ def main() -> None:
                                 calls = max(50, min(args.calls, int(args.calls * 3 / t_ms)))
                                 row = {"work": work, "t_ms": t_ms, "socket": socket, "client": name, "calls": calls,
                                        **measure(client, worker, calls)}
+                                # What a step costs beyond the worker's time, calls overlapped or not.
+                                row["period_overhead_ms"] = round(row["wall_ms_per_call"] - t_ms, 4)
                             finally:
                                 client.close()
                             rows.append(row)
