@@ -325,6 +325,8 @@ class Scheduler:
         one) are skipped."""
         live = [(seq, draft, verdict) for seq, draft, verdict in zip(batch, drafts, verified.verdicts)
                 if seq.finish_reason is None]
+        if not live:  # a pipelined step whose every sequence finished in the step before
+            return []
         batch = [seq for seq, _, _ in live]
         drafts = [draft for _, draft, _ in live]
         verdicts = [verdict for _, _, verdict in live]

@@ -104,6 +104,9 @@ def test_pipelined_output_equals_step_by_step(llama_target, sampling):
         assert target.events.index(("send", i + 1)) < target.events.index(("result", i))
     assert not overlapping.target.runner.sequences, "every slot is released"
     assert overlapping.step_stats.committed_tokens == plain.step_stats.committed_tokens
+    # A last call whose sequences had all finished is not a step: the counts match step by step.
+    assert overlapping.step_stats.sequence_steps == plain.step_stats.sequence_steps
+    assert overlapping.step_stats.steps == plain.step_stats.steps
 
 
 def test_cancel_while_in_flight_drops_the_sequence_and_frees_its_slot(llama_target):
