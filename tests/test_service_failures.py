@@ -84,6 +84,34 @@ def test_target_death_fails_fast_then_recovers(services, expected):
         assert list(r.sequences[0].token_ids) == expected
 
 
+def test_target_death_with_a_call_in_flight_fails_the_stream_then_recovers(llama_target, llama_draft, expected):
+    """Regular decoding keeps a Verify in flight (Scheduler._pipelined_step): the target dying
+    mid-stream fails that stream UNAVAILABLE, promptly, and the next request after the restart
+    is answered exactly, by a coordinator that was never restarted."""
+    s = start_services(llama_target, llama_draft, policy="0")
+    try:
+        with BassClient(s.address, timeout_s=30) as client:
+            stream = client.stream_raw(PROMPT, n=2, max_new_tokens=400, ignore_eos=True)
+            next(stream)
+            t0 = time.monotonic()
+            s.target.stop(grace_s=0)
+            with pytest.raises(grpc.RpcError) as info:
+                list(stream)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() - t0 < 10
+            s.restart_target()
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    r = client.generate(PROMPT, max_new_tokens=40, ignore_eos=True)
+                    break
+                except grpc.RpcError as e:
+                    assert e.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline
+                    time.sleep(0.2)
+            assert list(r.sequences[0].token_ids) == expected and r.stats.draft_tokens == 0
+    finally:
+        s.stop()
+
+
 def test_full_queue_is_resource_exhausted_and_nothing_is_lost(llama_target, llama_draft, expected):
     s = start_services(llama_target, llama_draft, policy="3", max_batch_size=1, num_slots=1, max_waiting=1)
     outcomes, lock = [], threading.Lock()
