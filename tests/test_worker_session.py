@@ -255,3 +255,44 @@ def test_draft_client_defaults_to_the_session():
     assert RemoteDraftWorker("127.0.0.1:1").transport == "session"
     with pytest.raises(ValueError):
         RemoteTargetWorker("127.0.0.1:1", transport="carrier-pigeon")
+
+
+def _frames_then(frames, error=None):
+    yield from frames
+    if error is not None:
+        raise error
+
+
+def test_frames_marked_ahead_are_answered_by_a_helper_in_order_until_one_is_not():
+    """bass/worker_session.py without gRPC: the same answers, in order, whoever answers them;
+    the stream's own thread reads again after the run; an error stays one call's error."""
+    from bass.worker_session import serve_session
+    threads = {}
+
+    def verify(message, context):
+        seq_id = message.seq_ids[0]
+        threads[seq_id] = threading.current_thread().name
+        if seq_id == 3:
+            raise InvalidRequestError("seq_ids", "bad")
+        return pb.VerifyResponse(accepted=[0], counts=[1], tokens=[seq_id])
+
+    def frame(seq_id, ahead):
+        return pb.WorkerCall(call_id=seq_id, ahead=ahead, verify=one_sequence(seq_id))
+
+    calls = [frame(1, False), frame(2, True), frame(3, True), frame(4, True), frame(5, False), frame(6, False)]
+    replies = list(serve_session({"verify": verify}, iter(calls), None, "test"))
+    assert [r.call_id for r in replies] == [1, 2, 3, 4, 5, 6]
+    assert replies[2].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert [list(r.verify.tokens) for i, r in enumerate(replies) if i != 2] == [[1], [2], [4], [5], [6]]
+    main = threading.current_thread().name
+    assert [threads[i] == main for i in range(1, 7)] == [True, True, False, False, False, True]
+
+    # The stream ending, or failing, inside a run ends the generator the same way.
+    assert [r.call_id for r in serve_session({"verify": verify}, iter([frame(1, True), frame(2, True)]), None,
+                                             "test")] == [1, 2]
+    answered = []
+    with pytest.raises(RuntimeError, match="cut"):
+        for r in serve_session({"verify": verify}, _frames_then([frame(1, True)], RuntimeError("cut")), None,
+                               "test"):
+            answered.append(r.call_id)
+    assert answered == [1]
