@@ -52,7 +52,7 @@ class _RemoteWorker:
     def _session_call(self, method: str, request):
         return self._start(method, request).result()
 
-    def _start(self, method: str, request, ahead: bool = False) -> "PendingCall":
+    def _start(self, method: str, request) -> "PendingCall":
         """Send a call without waiting for its answer (the session transport; a unary call is
         made at once). Raises the same errors as `_call`, from here or from `result`."""
         if self.transport != "session":
@@ -61,7 +61,7 @@ class _RemoteWorker:
             self._session = Session(self.stub.Session, self.timeout_s)
         try:
             return PendingCall(self, method, session=self._session,
-                               call_id=self._session.send(method.lower(), request, ahead))
+                               call_id=self._session.send(method.lower(), request))
         except SessionError as e:
             raise self._failed(method, e.code, e.details) from None
 
@@ -138,11 +138,10 @@ class RemoteTargetWorker(_RemoteWorker):
     stub_class = worker_pb2_grpc.TargetWorkerStub
 
     def verify(self, request: VerifyRequest) -> VerifyResponse:
-        return PendingVerify(self._start("Verify", wire.verify_request_to_proto(request))).result()
+        return self.start_verify(request).result()
 
     def start_verify(self, request: VerifyRequest) -> "PendingVerify":
-        """Send a Verify whose answer will be read after the next call is sent."""
-        return PendingVerify(self._start("Verify", wire.verify_request_to_proto(request), ahead=True))
+        return PendingVerify(self._start("Verify", wire.verify_request_to_proto(request)))
 
 
 class PendingVerify:

@@ -62,15 +62,14 @@ class Session:
         Raises SessionError."""
         return self.result(self.send(kind, message), timeout_s)
 
-    def send(self, kind: str, message, ahead: bool = False) -> int:
-        """Queue one call; returns its id for `result`. `ahead`: the next call will be sent
-        before this one's answer is read (WorkerCall.ahead)."""
+    def send(self, kind: str, message) -> int:
+        """Queue one call; returns its id for `result`."""
         with self._send_lock:
             if self.ended:
                 raise SessionError(grpc.StatusCode.UNAVAILABLE, "the session has ended", True)
             call_id = next(self._ids)
             self._unanswered.append(call_id)
-            self._requests.put(pb.WorkerCall(call_id=call_id, ahead=ahead, **{kind: message}))
+            self._requests.put(pb.WorkerCall(call_id=call_id, **{kind: message}))
             return call_id
 
     def discard(self, call_id: int) -> None:
