@@ -18,17 +18,16 @@ class DraftLengthPolicy(Protocol):
     def lengths(self, seq_ids: Sequence[int]) -> list[int]: ...
     def observe(self, seq_ids: Sequence[int], proposed: Sequence[int], accepted: Sequence[int]) -> None: ...
     def observe_costs(self, batch: int, draft_forwards: int, draft_s: float, verify_k: int,
-                      verify_s: float | None, draft_compute_s: float | None = None) -> None:
+                      verify_s: float | None) -> None:
         """Step times: draft_forwards = 0 or verify_s = None where that part is not a
-        steady-state cost (prefill, catch-up). draft_compute_s: the part of draft_s spent in
-        the draft worker (the rest is the call's transport, the same whatever k)."""
+        steady-state cost (prefill, catch-up)."""
     def forget(self, seq_id: int) -> None: ...
 
 
 class _NoCosts:
     """For policies that do not look at step times."""
 
-    def observe_costs(self, batch, draft_forwards, draft_s, verify_k, verify_s, draft_compute_s=None):
+    def observe_costs(self, batch, draft_forwards, draft_s, verify_k, verify_s):
         pass
 
 
@@ -113,27 +112,19 @@ class PerSequenceAdaptive(_NoCosts):
 
 
 class _CostModel:
-    """Step costs at one batch-size bucket: the median of recent observations of the draft
-    call's fixed cost (its transport, which a remote draft pays once per call whatever k) and
-    of its time per draft forward, and of the verification time at each k (medians, so that an
-    odd slow step does not steer the policy). Verification at an unobserved k comes from a
-    straight line through the observed ones (flat while only one k has been seen)."""
+    """Step costs at one batch-size bucket: the median of recent observations of the time per
+    draft forward and of the verification time at each k (a median, so that an odd slow step
+    does not steer the policy). Verification at an unobserved k comes from a straight line
+    through the observed ones (flat while only one k has been seen)."""
 
     def __init__(self, window: int):
         self.window = window
         self.draft: deque[float] = deque(maxlen=window)  # seconds per draft forward
-        self.draft_fixed: deque[float] = deque(maxlen=window)  # seconds per draft call beyond its forwards
         self.verify: dict[int, deque[float]] = {}  # k -> verification seconds
 
-    def add(self, draft_forwards: int, draft_s: float, k: int, verify_s: float | None,
-            draft_compute_s: float | None = None) -> None:
+    def add(self, draft_forwards: int, draft_s: float, k: int, verify_s: float | None) -> None:
         if draft_forwards:
-            # Without the worker's own time, all of the call scales with k (in-process, the
-            # transport is ~0 anyway). Through the services, spreading a ~1 ms transport over
-            # the forwards made every longer draft look ~1 ms / k per token dearer than it is.
-            compute = draft_s if draft_compute_s is None else min(draft_compute_s, draft_s)
-            self.draft.append(compute / draft_forwards)
-            self.draft_fixed.append(draft_s - compute)
+            self.draft.append(draft_s / draft_forwards)
         if verify_s is not None:
             self.verify.setdefault(k, deque(maxlen=self.window)).append(verify_s)
 
@@ -141,9 +132,8 @@ class _CostModel:
     def ready(self) -> bool:
         return bool(self.draft) and bool(self.verify)
 
-    def draft_cost(self, k: int) -> float:
-        """A step's draft call at length k (none at k = 0)."""
-        return statistics.median(self.draft_fixed) + k * statistics.median(self.draft) if k else 0.0
+    def draft_cost(self) -> float:
+        return statistics.median(self.draft)
 
     def verify_cost(self, k: int) -> float:
         if k in self.verify:
@@ -160,9 +150,8 @@ class MeasuredCost:
     """The batch-level draft length that maximizes measured throughput (our default).
 
     Tokens per step follow E(k) = (1 - a^(k+1)) / (1 - a) with a the batch's per-token
-    acceptance; a step costs one draft call (a fixed transport part plus k forwards) and one
-    verification, both timed as the coordinator sees them (RPC included; steps with prefill or
-    draft catch-up are not counted)
+    acceptance; a step costs k draft forwards plus one verification, both timed as the
+    coordinator sees them (RPC included; steps with prefill or draft catch-up are not counted)
     and modelled per batch-size bucket. It picks argmax_k E(k) / cost(k) over 0..max_length,
     where k = 0 is regular decoding, so speculation is used only where it pays. k grows by at
     most 2 a step (an estimate from one k says little about much longer drafts). Every
@@ -193,9 +182,8 @@ class MeasuredCost:
         model = self.costs.get(self.bucket(batch))
         if model is None or not model.ready:
             return self.initial
-        a = min(self.acceptance(), 0.999)
-        scores = [((1 - a ** (k + 1)) / (1 - a)) / (model.draft_cost(k) + model.verify_cost(k))
-                  for k in range(self.max_length + 1)]
+        a, d = min(self.acceptance(), 0.999), model.draft_cost()
+        scores = [((1 - a ** (k + 1)) / (1 - a)) / (k * d + model.verify_cost(k)) for k in range(self.max_length + 1)]
         return max(range(len(scores)), key=scores.__getitem__)
 
     def lengths(self, seq_ids):
@@ -229,9 +217,9 @@ class MeasuredCost:
                 n += m + (m < k)
         self.alpha = [s, n]
 
-    def observe_costs(self, batch, draft_forwards, draft_s, verify_k, verify_s, draft_compute_s=None):
+    def observe_costs(self, batch, draft_forwards, draft_s, verify_k, verify_s):
         self.costs.setdefault(self.bucket(batch), _CostModel(self.window)).add(draft_forwards, draft_s, verify_k,
-                                                                               verify_s, draft_compute_s)
+                                                                               verify_s)
 
     def forget(self, seq_id):
         pass

@@ -254,7 +254,7 @@ class Scheduler:
         # prefill of new sequences, and no draft catching up on tokens it skipped (k = 0 steps).
         clean_verify, clean_draft = not self._target_add, not self._draft_add and self._drafted_last_step
         drafts: list[tuple[int, ...]] = [()] * len(batch)
-        draft_forwards, draft_s, draft_compute_s = 0, 0.0, None
+        draft_forwards, draft_s = 0, 0.0
         if self.draft_up and (any(lengths) or self._draft_add or self._draft_release):
             drafting = [i for i, k in enumerate(lengths) if k > 0]
             draft_forwards = max(lengths, default=0)
@@ -268,7 +268,7 @@ class Scheduler:
                 self._draft_failed(exc)
                 lengths, draft_forwards = [0] * len(batch), 0
             else:
-                draft_s, draft_compute_s = self.clock() - started, response.compute_s
+                draft_s = self.clock() - started
                 self.step_stats.draft_compute_s += response.compute_s
                 self._draft_add, self._draft_release = [], []
                 for n, i in enumerate(drafting):
@@ -281,7 +281,7 @@ class Scheduler:
         verify_s = self.clock() - started
         self._target_add, self._target_release = [], []
         self.policy.observe_costs(len(batch), draft_forwards if clean_draft else 0, draft_s, max(lengths, default=0),
-                                  verify_s if clean_verify else None, draft_compute_s)
+                                  verify_s if clean_verify else None)
         self._drafted_last_step = draft_forwards > 0
         finished += self._commit(batch, drafts, verified, draft_forwards, draft_s, verify_s)
         self.step_stats.step_s += self.clock() - step_started
