@@ -29,6 +29,17 @@ def expected(llama_target):
     return r.sequences[0].token_ids
 
 
+def first_answer_after_restart(client, timeout_s: float = 20.0):
+    """Retry PROMPT until the coordinator reconnects to a restarted target (UNAVAILABLE meanwhile)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return client.generate(PROMPT, max_new_tokens=40, ignore_eos=True)
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline
+            time.sleep(0.2)
+
+
 def test_draft_death_falls_back_to_regular_decoding_then_reconnects(services, expected):
     with BassClient(services.address, timeout_s=60) as client:
         before = client.generate(PROMPT, max_new_tokens=40, ignore_eos=True)
@@ -73,15 +84,7 @@ def test_target_death_fails_fast_then_recovers(services, expected):
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
 
         services.restart_target()
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                r = client.generate(PROMPT, max_new_tokens=40, ignore_eos=True)
-                break
-            except grpc.RpcError as e:
-                assert e.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline
-                time.sleep(0.2)
-        assert list(r.sequences[0].token_ids) == expected
+        assert list(first_answer_after_restart(client).sequences[0].token_ids) == expected
 
 
 def test_target_death_with_a_call_in_flight_fails_the_stream_then_recovers(llama_target, llama_draft, expected):
@@ -99,14 +102,7 @@ def test_target_death_with_a_call_in_flight_fails_the_stream_then_recovers(llama
                 list(stream)
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() - t0 < 10
             s.restart_target()
-            deadline = time.monotonic() + 20
-            while True:
-                try:
-                    r = client.generate(PROMPT, max_new_tokens=40, ignore_eos=True)
-                    break
-                except grpc.RpcError as e:
-                    assert e.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline
-                    time.sleep(0.2)
+            r = first_answer_after_restart(client)
             assert list(r.sequences[0].token_ids) == expected and r.stats.draft_tokens == 0
     finally:
         s.stop()
