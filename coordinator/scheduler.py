@@ -314,8 +314,10 @@ class Scheduler:
         verify_s = flight.send_s + self.clock() - started  # the loop's time spent on this call
         self.policy.observe_costs(len(flight.batch), 0, 0.0, 0, verify_s if flight.clean else None)
         self._drafted_last_step = False
+        counted = any(seq.finish_reason is None for seq in flight.batch)  # else not a step (see _commit)
         finished = self._commit(flight.batch, [()] * len(flight.batch), verified, 0, 0.0, verify_s)
-        self.step_stats.step_s += self.clock() - step_started
+        if counted:
+            self.step_stats.step_s += self.clock() - step_started
         return finished
 
     def _commit(self, batch: list[SequenceRun], drafts: list[tuple[int, ...]], verified: VerifyResponse,
