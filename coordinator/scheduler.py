@@ -320,12 +320,7 @@ class Scheduler:
         started = self.clock()
         verified = flight.pending.result()
         verify_s = flight.send_s + self.clock() - started  # the loop's time spent on this call
-        # The policy weighs regular decoding at what a run of these steps costs: inside a run
-        # the loop waits for less than the worker's time, since the transport and the commit
-        # overlap the next call. A lone one (`auto`'s probe between speculative steps) waits out
-        # the whole round trip, which a run would hide, so the worker's own time stands for it.
-        cost = min(verify_s, verified.compute_s) if verified.compute_s > 0 else verify_s
-        self.policy.observe_costs(len(flight.batch), 0, 0.0, 0, cost if flight.clean else None)
+        self.policy.observe_costs(len(flight.batch), 0, 0.0, 0, verify_s if flight.clean else None)
         self._drafted_last_step = False
         counted = any(seq.finish_reason is None for seq in flight.batch)  # else not a step (see _commit)
         finished = self._commit(flight.batch, [()] * len(flight.batch), verified, 0, 0.0, verify_s)

@@ -169,7 +169,7 @@ class ScriptedPolicy:
     """Regular decoding for steps 3-9, k = 3 otherwise (as `auto` switches)."""
 
     def __init__(self):
-        self.step, self.costs = 0, []
+        self.step = 0
 
     def lengths(self, seq_ids):
         self.step += 1
@@ -178,8 +178,8 @@ class ScriptedPolicy:
     def observe(self, *args):
         pass
 
-    def observe_costs(self, batch, draft_forwards, draft_s, verify_k, verify_s, *rest):
-        self.costs.append((verify_k, verify_s))
+    def observe_costs(self, *args):
+        pass
 
     def forget(self, seq_id):
         pass
@@ -207,38 +207,3 @@ def test_regular_steps_chosen_with_the_draft_up_are_pipelined_too(llama_target, 
     assert len(sends) == 7, "the seven regular steps, and only they, went through start_verify"
     assert any(target.events.index(("send", i + 1)) < target.events.index(("result", i)) for i in sends[:-1])
     assert not base.target.runner.sequences and not base.draft.runner.sequences, "every slot is released"
-
-
-class SlowAnswers(OverlappingTarget):
-    """Each answer arrives 30 ms after it is asked for: a transport far slower than the work."""
-
-    def start_verify(self, request):
-        pending = super().start_verify(request)
-        result = pending.result
-
-        def late():
-            time.sleep(0.03)
-            return result()
-
-        pending.result = late
-        return pending
-
-    def verify(self, request):
-        time.sleep(0.03)
-        return self.worker.verify(request)
-
-
-def test_the_policy_weighs_regular_steps_at_the_workers_time_not_a_lone_round_trip(llama_target, llama_draft):
-    """`auto` probes regular decoding with lone steps between speculative ones: such a step
-    waits out a whole round trip, which a run of pipelined steps hides. The policy must see
-    the worker's own time for it, or it never learns that regular decoding through the
-    services is cheaper than speculation where it is."""
-    base = build_scheduler(llama_target, llama_draft, draft_length="3")
-    target = SlowAnswers(base.target)
-    scheduler = Scheduler(target, base.draft, base.codec, base.config)
-    scheduler.policy = ScriptedPolicy()
-    scheduler.generate([GenerationRequest(prompt_ids=(5, 6, 7), max_new_tokens=40, ignore_eos=True)])
-    regular = [s for k, s in scheduler.policy.costs if k == 0 and s is not None]
-    speculative = [s for k, s in scheduler.policy.costs if k > 0 and s is not None]
-    assert regular and speculative
-    assert max(regular) < 0.03 <= min(speculative), "a lone regular step is charged the worker's time"
