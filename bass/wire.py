@@ -74,9 +74,9 @@ def _split(flat, counts, field: str) -> list[tuple[int, ...]]:
     """Concatenated lists back into one tuple per sequence."""
     flat = tuple(flat)
     ends = list(itertools.accumulate(counts))
-    if (ends[-1] if ends else 0) != len(flat):
-        raise InvalidRequestError(field, f"the counts add up to {ends[-1] if ends else 0} tokens, "
-                                         f"but {len(flat)} were sent")
+    total = ends[-1] if ends else 0
+    if total != len(flat):
+        raise InvalidRequestError(field, f"the counts add up to {total} tokens, but {len(flat)} were sent")
     return [flat[e - c:e] for c, e in zip(counts, ends)]
 
 

@@ -43,14 +43,11 @@ class _RemoteWorker:
 
     def _call(self, method: str, request, timeout_s: float | None = None):
         if self.transport == "session" and method != "Info":
-            return self._session_call(method, request)
+            return self._start(method, request).result()
         try:
             return getattr(self.stub, method)(request, timeout=timeout_s or self.timeout_s)
         except grpc.RpcError as e:
             raise self._failed(method, e.code(), e.details()) from None
-
-    def _session_call(self, method: str, request):
-        return self._start(method, request).result()
 
     def _start(self, method: str, request) -> "PendingCall":
         """Send a call without waiting for its answer (the session transport; a unary call is

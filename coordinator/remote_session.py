@@ -38,7 +38,7 @@ _CODES = {c.value[0]: c for c in grpc.StatusCode}
 class Session:
     """Calls may be sent ahead of earlier replies (`send`, then `result` per call, in the order
     sent): the worker answers frames in order, so a call sent while the previous one runs
-    waits in the worker's stream, not on this end's round trip. `call` is send + result."""
+    waits in the worker's stream, not on this end's round trip."""
 
     def __init__(self, session_method, timeout_s: float):
         self.timeout_s = timeout_s
@@ -51,19 +51,13 @@ class Session:
         self._early: dict[int, pb.WorkerReply] = {}  # answers read before their caller asked
         self._discarded: set[int] = set()  # calls whose answers nobody will read
         self._waiting_since: float | None = None
-        self._timeout_for: float = timeout_s
         self._closed = threading.Event()
         self._timed_out = False
         self.ended = False  # the stream is over: open a new Session
         threading.Thread(target=self._watch, name="bass-session-watchdog", daemon=True).start()
 
-    def call(self, kind: str, message, timeout_s: float | None = None):
-        """Send one call (`kind`: the WorkerCall body) and return the answer's message.
-        Raises SessionError."""
-        return self.result(self.send(kind, message), timeout_s)
-
     def send(self, kind: str, message) -> int:
-        """Queue one call; returns its id for `result`."""
+        """Queue one call (`kind`: the WorkerCall body); returns its id for `result`."""
         with self._send_lock:
             if self.ended:
                 raise SessionError(grpc.StatusCode.UNAVAILABLE, "the session has ended", True)
@@ -78,15 +72,15 @@ class Session:
             if self._early.pop(call_id, None) is None and call_id in self._unanswered:
                 self._discarded.add(call_id)
 
-    def result(self, call_id: int, timeout_s: float | None = None):
-        """The answer to call `call_id` (raises SessionError); answers to calls sent before it
-        are kept for their own `result`."""
+    def result(self, call_id: int):
+        """The answer's message to call `call_id` (raises SessionError); answers to calls sent
+        before it are kept for their own `result`."""
         with self._read_lock:
             reply = self._early.pop(call_id, None)
             while reply is None:
                 if self.ended:
                     raise SessionError(grpc.StatusCode.UNAVAILABLE, "the session has ended", True)
-                answer = self._read(timeout_s)
+                answer = self._read()
                 if answer.call_id in self._discarded:
                     self._discarded.discard(answer.call_id)
                 elif answer.call_id == call_id:
@@ -98,8 +92,7 @@ class Session:
             raise SessionError(_CODES.get(reply.error.code, grpc.StatusCode.UNKNOWN), reply.error.message, False)
         return getattr(reply, body)
 
-    def _read(self, timeout_s: float | None) -> pb.WorkerReply:
-        self._timeout_for = timeout_s or self.timeout_s
+    def _read(self) -> pb.WorkerReply:
         self._waiting_since = time.monotonic()
         try:
             reply = next(self._replies)
@@ -107,7 +100,7 @@ class Session:
             self.ended = True
             if self._timed_out:
                 raise SessionError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                   f"no answer within {self._timeout_for:g} s", True) from None
+                                   f"no answer within {self.timeout_s:g} s", True) from None
             raise SessionError(e.code(), e.details() or "", True) from None
         except StopIteration:
             self.ended = True
@@ -130,7 +123,7 @@ class Session:
     def _watch(self) -> None:
         while not self._closed.wait(min(1.0, self.timeout_s / 4)):
             since = self._waiting_since
-            if since is not None and time.monotonic() - since > self._timeout_for:
+            if since is not None and time.monotonic() - since > self.timeout_s:
                 self._timed_out = True
                 self._replies.cancel()  # wakes the waiting caller with CANCELLED
                 return

@@ -242,7 +242,8 @@ class Scheduler:
         if prefill.limit != limit:
             prefill = PrefillBudget(limit, used=prefill.used)
         if self._in_flight is not None and (self.draft_up or not self.running):
-            finished += self._commit_in_flight(self.clock())
+            flight, self._in_flight = self._in_flight, None
+            finished += self._commit_in_flight(self.clock(), flight)
         if not self.running:
             return finished
         if self._overlaps and not self.draft_up:
@@ -305,10 +306,8 @@ class Scheduler:
         previous, self._in_flight = self._in_flight, in_flight
         return self._commit_in_flight(step_started, previous) if previous is not None else []
 
-    def _commit_in_flight(self, step_started: float, flight: InFlight | None = None) -> list[RequestRun]:
-        """Wait for a pipelined Verify (by default the one in flight) and commit it."""
-        if flight is None:
-            flight, self._in_flight = self._in_flight, None
+    def _commit_in_flight(self, step_started: float, flight: InFlight) -> list[RequestRun]:
+        """Wait for a pipelined Verify and commit it."""
         started = self.clock()
         verified = flight.pending.result()
         verify_s = flight.send_s + self.clock() - started  # the loop's time spent on this call
