@@ -103,10 +103,6 @@ class RunnerConfig:
     # tokens then do not move with load in bf16 either. For the target, whose tokens are the
     # output; slower (one GEMM tiling for all shapes instead of cuBLAS's choice).
     batch_invariant: bool = False
-    # Forwards of up to 16 rows (decode steps, draft forwards) run each projection as one Triton kernel with
-    # its norm, residual add, SiLU * up or RoPE + KV write fused in (CUDA with the triton
-    # attention kernel; tiles timed at warm-up). False: cuBLAS and separate elementwise kernels.
-    fused_linear: bool = True
 
     @property
     def attention_backend(self) -> str:
@@ -218,7 +214,6 @@ class WorkerServiceConfig:
     draft_top_n: int = 64  # the draft finds its top-k/top-p cut among its N most likely tokens; draft only
     graph_max_draft: int = GRAPH_MAX_DRAFT  # target service: draft lengths whose verification is graph-captured
     batch_invariant: bool = False  # target service: rows computed the same way whatever the batch (slower)
-    fused_linear: bool = True  # decode forwards: projections with their elementwise neighbours fused (RunnerConfig)
 
     def __post_init__(self) -> None:
         if self.model_dir is not None:
@@ -238,8 +233,7 @@ class WorkerServiceConfig:
         _require(self.model_dir is not None, "model_dir", "is required")
         return RunnerConfig(model_dir=self.model_dir, device=device, dtype=dtype, num_slots=self.num_slots,
                             max_seq_len=self.max_seq_len, attention=self.attention,
-                            graph_max_draft=self.graph_max_draft, batch_invariant=self.batch_invariant,
-                            fused_linear=self.fused_linear)
+                            graph_max_draft=self.graph_max_draft, batch_invariant=self.batch_invariant)
 
 
 @dataclass(frozen=True)

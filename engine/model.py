@@ -23,7 +23,6 @@ from bass.kernels.elementwise import add_rms_norm_reference, rope_into_cache_ref
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 _ARRIVAL_COUNTERS = 4096
-FUSED_MAX_ROWS = 16  # kernels/triton_fused_linear.MAX_ROWS, without importing Triton here
 
 
 @dataclass(frozen=True)
@@ -114,16 +113,11 @@ def rope_inv_freq(config: TransformerConfig) -> torch.Tensor:
 
 class Transformer:
     def __init__(self, config: TransformerConfig, weights: TransformerWeights, *, max_seq_len: int,
-                 attention: str = "pad", batch_invariant: bool = False, fused_linear: bool = False):
+                 attention: str = "pad", batch_invariant: bool = False):
         """batch_invariant: every row's values are computed the same way whatever the batch
         around it (one GEMM tiling without split-K, attention with one launch plan and no
         split-KV), so a sequence's logits, and so its tokens, do not depend on what it is
-        batched with or on how many tokens each step runs. Costs speed; see RunnerConfig.
-
-        fused_linear: forwards of up to kernels.triton_fused_linear.MAX_ROWS rows run each
-        projection as one Triton kernel with its norm, residual add, SiLU * up or RoPE and KV
-        write fused in (five kernels per layer); with the Triton attention kernel only, and
-        not with batch_invariant, whose GEMM is the point of that mode."""
+        batched with or on how many tokens each step runs. Costs speed; see RunnerConfig."""
         self.config = config
         self.weights = weights
         self.attend = attention_kernel(attention)
@@ -157,11 +151,6 @@ class Transformer:
         else:
             self.add_norm, self.rope_into_cache, self.silu_mul = (add_rms_norm_reference, rope_into_cache_reference,
                                                                   silu_mul_reference)
-        self.fused = None
-        if fused_linear and attention == "triton" and not batch_invariant and fused_linear_fits(config):
-            from bass.kernels.triton_fused_linear import FusedLinears
-
-            self.fused = FusedLinears(weights.embed.device)
         self.scale = config.head_dim ** -0.5
         device, dtype = weights.embed.device, weights.embed.dtype
         positions = torch.arange(max_seq_len, dtype=torch.float32, device=device)
@@ -200,8 +189,6 @@ class Transformer:
         q_size = c.num_heads * c.head_dim
         cos, sin = self.cos[batch.positions], self.sin[batch.positions]
         x = self.weights.embed[batch.input_ids]
-        if self.fused is not None and x.shape[0] <= FUSED_MAX_ROWS:
-            return self._hidden_fused(batch, cache, x, cos, sin)
         h, x = self.add_norm(x, None, layers[0].input_norm, eps)
         for i, layer in enumerate(layers):
             q = self.rope_into_cache(self.linear(h, layer.qkv, layer.qkv_bias), cos, sin, cache.k[i], cache.v[i],
@@ -217,29 +204,3 @@ class Transformer:
         rows = batch.logit_rows
         h, _ = self.add_norm(mlp[rows], x[rows], self.weights.final_norm, eps)
         return h
-
-    def _hidden_fused(self, batch: RaggedBatch, cache: KVCache, x: torch.Tensor, cos: torch.Tensor,
-                      sin: torch.Tensor) -> torch.Tensor:
-        """`hidden` in five kernels per layer (kernels/triton_fused_linear.py): the residual
-        stream x is updated by the o and down projections themselves, and each norm runs
-        inside the projection that reads it."""
-        c, layers, eps, fused = self.config, self.weights.layers, self.config.rms_norm_eps, self.fused
-        q_size = c.num_heads * c.head_dim
-        for i, layer in enumerate(layers):
-            q = fused.norm_qkv_rope_into_cache(x, layer.input_norm, eps, layer.qkv, layer.qkv_bias, cos, sin,
-                                               cache.k[i], cache.v[i], batch.token_slots, batch.positions,
-                                               c.num_heads, c.num_kv_heads)
-            attn = self.attend(q, cache.k[i], cache.v[i], batch, self.scale)
-            x = fused.linear_residual("o", attn.reshape(-1, q_size), layer.o, layer.o_bias, x)
-            x = fused.linear_residual("down", fused.norm_gate_up_silu(x, layer.post_norm, eps, layer.gate_up),
-                                      layer.down, None, x)
-        rows = batch.logit_rows
-        h, _ = self.add_norm(x[rows], None, self.weights.final_norm, eps)
-        return h
-
-
-def fused_linear_fits(config: TransformerConfig) -> bool:
-    """Whether the fused projections' tiles fit the model: dimensions in whole 16-column
-    blocks, and half a head (RoPE's rotate-half pairs) at least one block."""
-    return (config.hidden_size % 16 == 0 and config.intermediate_size % 16 == 0
-            and (config.num_heads * config.head_dim) % 16 == 0 and (config.head_dim // 2) % 16 == 0)

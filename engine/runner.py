@@ -18,7 +18,7 @@ import torch
 from bass.config import RunnerConfig
 from bass.engine.batch import RaggedBatch, SequenceChunk
 from bass.engine.kv_cache import KVCache
-from bass.engine.model import FUSED_MAX_ROWS, Transformer
+from bass.engine.model import Transformer
 from bass.engine.weights import TORCH_DTYPES, eos_token_ids, load_config, load_weights
 from bass.errors import InvalidRequestError, SequenceTooLongError, UnknownSequenceError
 from bass.worker_api import AddSequence, WorkerInfo
@@ -45,8 +45,7 @@ class ModelRunner:
                      config.dtype, config.device)
             weights = load_weights(config.model_dir, self.model_config, dtype=config.dtype, device=config.device)
             model = Transformer(self.model_config, weights, max_seq_len=config.max_seq_len,
-                                attention=config.attention_backend, batch_invariant=config.batch_invariant,
-                                fused_linear=config.fused_linear)
+                                attention=config.attention_backend, batch_invariant=config.batch_invariant)
         self.model_config = model.config
         self.model = model
         mc = self.model_config
@@ -212,28 +211,8 @@ class ModelRunner:
                 self.model.forward(batch, self.cache)
             finally:
                 self.cache.release(slot)
-            self._tune_fused_linears()
             if self.graphs is not None and graph_shapes:
                 self.graphs.precapture(list(graph_shapes), self.config.num_slots)
-
-    def _tune_fused_linears(self) -> None:
-        """Choose the fused projections' tiles (engine/model.py, fused_linear) for every row
-        bucket a decode or verify forward can reach, by timing them in one forward each at
-        the scratch slot, before any graph is captured."""
-        fused = self.model.fused
-        if fused is None or not fused.on_gpu:  # nothing to time under Triton's interpreter
-            return
-        rows = 1
-        while rows <= min(FUSED_MAX_ROWS, self.config.max_seq_len - 1):
-            slot = self.cache.allocate()
-            try:
-                self.cache.append(slot, [0] * rows)
-                batch = RaggedBatch.build([SequenceChunk(slot=slot, start=0, tokens=[0] * rows, logit_rows=1)],
-                                          self.device)
-                fused.tune(lambda: self.model.forward(batch, self.cache))
-            finally:
-                self.cache.release(slot)
-            rows *= 2
 
     # -- checks ----------------------------------------------------------------------------------
     def _check_new(self, seq_id: int) -> None:

@@ -42,7 +42,7 @@ def shape_config(name: str) -> TransformerConfig:
 
 
 def random_transformer(config: TransformerConfig, *, dtype: str, device: str, max_seq_len: int,
-                       attention: str, fused_linear: bool = False) -> Transformer:
+                       attention: str) -> Transformer:
     dt = TORCH_DTYPES[dtype]
     gen = torch.Generator(device=device).manual_seed(0)
 
@@ -59,7 +59,7 @@ def random_transformer(config: TransformerConfig, *, dtype: str, device: str, ma
     embed = w(c.vocab_size, c.hidden_size)
     weights = TransformerWeights(embed=embed, layers=layers, final_norm=torch.ones(c.hidden_size, dtype=dt, device=device),
                                  lm_head=w(c.vocab_size, c.hidden_size))
-    return Transformer(config, weights, max_seq_len=max_seq_len, attention=attention, fused_linear=fused_linear)
+    return Transformer(config, weights, max_seq_len=max_seq_len, attention=attention)
 
 
 def weight_bytes(config: TransformerConfig, dtype: str) -> int:
