@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from bass.config import SamplingParams
@@ -43,13 +44,26 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 def noise_keys(seed_keys: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
     """One 32-bit key per row for (sequence seed key, token position), on the host: int64 [R].
 
-    Hashed on the CPU and copied once: a few dozen tiny integer ops, which as GPU launches
-    would cost more than the sampling itself."""
-    keys = seed_key_tensor(list(seed_keys), "cpu")
-    lo, hi = keys & _M32, (keys >> 32) & _M32
-    h = _mix32(lo ^ _NOISE_DOMAIN)
-    h = _mix32(h ^ hi)
-    return _mix32(h ^ (torch.tensor(list(positions), dtype=torch.int64) & _M32))
+    Hashed with NumPy on the CPU and copied once: a few dozen tiny integer ops, which as GPU
+    launches (or as CPU torch ops, ~0.2 ms for 40 rows) would cost more than the sampling
+    itself. The same lowbias32 steps as _mix32, in uint64 masked to 32 bits."""
+    keys = np.array([k & _M64 for k in seed_keys], dtype=np.uint64)
+    h = _mix32_np((keys & _M32_NP) ^ np.uint64(_NOISE_DOMAIN))
+    h = _mix32_np(h ^ ((keys >> np.uint64(32)) & _M32_NP))
+    h = _mix32_np(h ^ (np.array(positions, dtype=np.uint64) & _M32_NP))
+    return torch.from_numpy(h.astype(np.int64))
+
+
+_M64 = (1 << 64) - 1
+_M32_NP = np.uint64(_M32)
+
+
+def _mix32_np(x: np.ndarray) -> np.ndarray:
+    x = x ^ (x >> np.uint64(16))
+    x = (x * np.uint64(0x7FEB352D)) & _M32_NP
+    x = x ^ (x >> np.uint64(15))
+    x = (x * np.uint64(0x846CA68B)) & _M32_NP
+    return x ^ (x >> np.uint64(16))
 
 
 def gumbel_noise(row_keys: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
@@ -60,12 +74,6 @@ def gumbel_noise(row_keys: torch.Tensor, token_ids: torch.Tensor) -> torch.Tenso
     h = _mix32((h + 0x68E31DA4) & _M32)
     u = ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # in (0, 1), 24 bits
     return -torch.log(-torch.log(u))
-
-
-def seed_key_tensor(keys: list[int], device: torch.device | str) -> torch.Tensor:
-    """uint64 seed keys as int64 (two's complement) for tensor hashing."""
-    return torch.tensor([k - (1 << 64) if k >= 1 << 63 else k for k in keys], dtype=torch.int64,
-                        device=device)
 
 
 @dataclass(frozen=True)
@@ -135,6 +143,7 @@ def _scaled(logits: torch.Tensor, rows: RowParams) -> torch.Tensor:
 # values costs a fraction of sorting 152k (a full sort took 0.9 of a sampled verification's 3.3
 # ms of GPU time at batch 8 on an H100). Rows whose cut lies beyond the window sort in full.
 CUT_WINDOW = 256
+_KERNEL_WINDOW = 4096  # the widest window the one-program cut kernel takes
 
 
 def truncation_cut(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
@@ -154,19 +163,15 @@ def truncation_cut(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tenso
     vocab = scaled.shape[-1]
     lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
     if window >= vocab:
-        return _cut_in_window(*_sorted_with_probs(scaled, lse), top_k, top_p)[0]
+        return _cut_in_window(scaled.sort(dim=-1, descending=True).values, lse, top_k, top_p)[0]
     top = scaled.topk(window, dim=-1).values  # sorted, descending
-    cut, inside = _cut_in_window(top, torch.exp(top - lse), top_k, top_p)
+    cut, inside = _cut_in_window(top, lse, top_k, top_p)
     outside = ~inside & ((top_k > 0) | (top_p < 1))  # rows that keep everything need no cut
     if bool(outside.any()):
         rows = outside.nonzero().squeeze(1)
-        cut[rows] = _cut_in_window(*_sorted_with_probs(scaled[rows], lse[rows]), top_k[rows], top_p[rows])[0]
+        cut[rows] = _cut_in_window(scaled[rows].sort(dim=-1, descending=True).values, lse[rows], top_k[rows],
+                                   top_p[rows])[0]
     return cut
-
-
-def _sorted_with_probs(scaled: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    ordered = scaled.sort(dim=-1, descending=True).values
-    return ordered, torch.exp(ordered - lse)
 
 
 def shaped_logits(logits: torch.Tensor, rows: RowParams) -> torch.Tensor:
@@ -228,11 +233,23 @@ def window_cut(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, w
     """truncation_cut computed from each row's `window` largest values: equal to it when the cut
     falls inside the window, else the window's smallest value (the window bounds the set)."""
     top = scaled.topk(min(window, scaled.shape[-1]), dim=-1).values  # sorted, descending
-    return _cut_in_window(top, torch.exp(top - torch.logsumexp(scaled, dim=-1, keepdim=True)), top_k, top_p)[0]
+    return _cut_in_window(top, torch.logsumexp(scaled, dim=-1, keepdim=True), top_k, top_p)[0]
 
 
-def _cut_in_window(top: torch.Tensor, probs: torch.Tensor, top_k: torch.Tensor,
+def _cut_in_window(top: torch.Tensor, lse: torch.Tensor, top_k: torch.Tensor,
                    top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """_cut_in_window_reference for a window `top` of scaled logits whose rows' log-sum-exp
+    is `lse` ([R, 1]): on a GPU in one Triton launch (kernels/triton_sampling.window_cut), for
+    windows that fit one program (the fallback's whole sorted rows do not)."""
+    if top.is_cuda and top.shape[-1] <= _KERNEL_WINDOW:
+        from bass.kernels.triton_sampling import window_cut as window_cut_kernel
+
+        return window_cut_kernel(top, lse, top_k, top_p)
+    return _cut_in_window_reference(top, torch.exp(top - lse), top_k, top_p)
+
+
+def _cut_in_window_reference(top: torch.Tensor, probs: torch.Tensor, top_k: torch.Tensor,
+                             top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """For a window of each row's largest scaled logits `top` (descending) and their
     probabilities under the whole row: the cut value [R] (the last token top-k / top-p keep by
     rank), and whether it is the whole row's cut [R] bool: so when top_k fits in the window
@@ -288,10 +305,11 @@ def compact_shaped(logits: torch.Tensor, rows: RowParams, top_n: int) -> tuple[t
         return compact(shape_probs(logits, rows), top_n)
     scaled = _scaled(logits, rows)
     top, ids = scaled.topk(n, dim=-1)  # sorted, descending
-    probs = torch.exp(top - torch.logsumexp(scaled, dim=-1, keepdim=True))
+    lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
+    probs = torch.exp(top - lse)
     if rows.any_truncation:
         # As in truncation_cut: every token at or above the last one kept by rank (ties stay).
-        cut = torch.where(rows.truncating, _cut_in_window(top, probs, rows.top_k, rows.top_p)[0],
+        cut = torch.where(rows.truncating, _cut_in_window(top, lse, rows.top_k, rows.top_p)[0],
                           torch.full_like(rows.divisor, float("-inf")))
         probs = probs * (top >= cut[:, None])
     if rows.any_greedy:

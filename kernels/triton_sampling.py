@@ -6,10 +6,11 @@ temporaries of the whole [rows, vocab] block, about twenty launches and ~50 byte
 per logit; here each program hashes one block of a row in registers and writes only its best
 (score, token), and a two-element reduction per row picks the winner.
 
-Programs are (row, vocabulary block), so 40 rows x 152k tokens fill the GPU; each row's result
-depends on that row alone, never on the batch around it. The hash is the reference's
-lowbias32 in uint64 arithmetic masked to 32 bits, bit-identical to it; the float transform may
-round differently in the last place, which can move only near-exact ties.
+Programs are (row, vocabulary block), so even one row of 152k tokens fills the GPU; each row's
+result depends on that row alone, never on the batch around it. The hash is the reference's
+lowbias32 in native uint32 arithmetic (products wrap to their low 32 bits, which the
+reference's masks keep), bit-identical to it; the float transform may round differently in the
+last place, which can move only near-exact ties.
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ from bass.kernels import triton_attention  # noqa: F401
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-_BLOCK = 4096
+_BLOCK = 1024  # 149 programs per 152k-token row (4096: 38, and a race took ~0.1 ms at any batch)
 
 
 @triton.jit
 def _mix32(x):
-    """lowbias32 on uint64 values < 2**32 (products masked back to 32 bits)."""
+    """lowbias32 on uint32 values (each product wraps to its low 32 bits; the masks are no-ops
+    kept from the reference's int64 form)."""
     x = x ^ (x >> 16)
     x = (x * 0x7FEB352D) & 0xFFFFFFFF
     x = x ^ (x >> 15)
@@ -45,8 +47,8 @@ def _race_kernel(logits_ptr, temperature_ptr, cut_ptr, keys_ptr, greedy_ptr, bes
     x = tl.load(logits_ptr + row * row_stride + cols, mask=in_vocab, other=0.0).to(tl.float32)
     scaled = x / tl.load(temperature_ptr + row)
     keep = in_vocab & (scaled >= tl.load(cut_ptr + row))
-    key = tl.load(keys_ptr + row).to(tl.uint64)
-    h = _mix32(key ^ cols.to(tl.uint64))
+    key = tl.load(keys_ptr + row).to(tl.uint32)
+    h = _mix32(key ^ cols.to(tl.uint32))
     h = _mix32((h + 0x68E31DA4) & 0xFFFFFFFF)
     u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
     noise = -tl.log(-tl.log(u))
@@ -78,3 +80,42 @@ def gumbel_race(logits: torch.Tensor, temperature: torch.Tensor, cut: torch.Tens
                                          row_keys.contiguous(), greedy.to(torch.int8).contiguous(), best, best_id,
                                          vocab, logits.stride(0), num_blocks, BLOCK=_BLOCK)
     return best_id.gather(-1, best.argmax(dim=-1, keepdim=True)).squeeze(-1)
+
+
+@triton.jit
+def _window_cut_kernel(top_ptr, lse_ptr, top_k_ptr, top_p_ptr, cut_ptr, inside_ptr, width, top_stride,
+                       BLOCK: tl.constexpr):
+    """One program per row: engine/sampling._cut_in_window_reference over the row's window."""
+    row = tl.program_id(0)
+    rank = tl.arange(0, BLOCK)
+    valid = rank < width
+    top = tl.load(top_ptr + row * top_stride + rank, mask=valid, other=float("-inf")).to(tl.float32)
+    probs = tl.exp(top - tl.load(lse_ptr + row))
+    top_k = tl.load(top_k_ptr + row)
+    by_k = valid & ((top_k == 0) | (rank < top_k))
+    by_rank = tl.where(by_k, probs, 0.0)
+    # The top-p cut is relative to the mass top_k kept: all of it (1) without top_k.
+    kept_mass = tl.where(top_k > 0, tl.sum(by_rank, axis=0), 1.0)
+    keep = by_k & (tl.cumsum(by_rank, axis=0) - by_rank < tl.load(top_p_ptr + row) * kept_mass)
+    kept = tl.sum(keep.to(tl.int32), axis=0)
+    inside = tl.where(top_k > 0, top_k <= width, kept < width)
+    last = tl.maximum(kept, 1) - 1
+    tl.store(cut_ptr + row, tl.max(tl.where(rank == last, top, float("-inf")), axis=0))
+    tl.store(inside_ptr + row, inside.to(tl.int8))
+
+
+def window_cut(top: torch.Tensor, lse: torch.Tensor, top_k: torch.Tensor,
+               top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """engine/sampling._cut_in_window_reference in one launch (it is ~15 small PyTorch ops,
+    ~0.3 ms of host launches per sampled step): top [R, W] each row's largest scaled logits,
+    descending; lse [R] or [R, 1] the rows' log-sum-exp; top_k int [R]; top_p float [R].
+    Returns (cut fp32 [R], inside bool [R])."""
+    rows, width = top.shape
+    cut = torch.empty(rows, dtype=torch.float32, device=top.device)
+    inside = torch.empty(rows, dtype=torch.int8, device=top.device)
+    if rows:
+        _window_cut_kernel[(rows,)](top.contiguous(), lse.float().contiguous(), top_k.contiguous(),
+                                    top_p.float().contiguous(), cut, inside, width, width,
+                                    BLOCK=triton.next_power_of_2(width))
+    return cut, inside.bool()
+

@@ -23,6 +23,21 @@ def test_gumbel_noise_is_a_pure_function_of_key_position_token():
     assert torch.equal(gumbel_noise(keys, torch.tensor([[7, 3], [7, 3], [7, 3]])), g[:, [7, 3]])
 
 
+def test_noise_keys_are_the_lowbias32_chain_of_seed_and_position():
+    """The host's NumPy hash is the same chain as the tensor hash (_mix32) that gumbel_noise and
+    the Triton race use: (seed low word ^ domain), then the high word, then the position."""
+    from bass.engine.sampling import _NOISE_DOMAIN, _mix32
+
+    seeds, positions = [0, 1, (1 << 63) + 5, (1 << 64) - 1, 0xDEADBEEF12345678], [0, 7, 2047, 1 << 20, 5]
+    expected = []
+    for seed, pos in zip(seeds, positions):
+        h = _mix32(torch.tensor([(seed & 0xFFFFFFFF) ^ _NOISE_DOMAIN]))
+        h = _mix32(h ^ (seed >> 32))
+        expected.append(int(_mix32(h ^ pos)))
+    keys = noise_keys(seeds, positions)
+    assert keys.dtype == torch.int64 and keys.tolist() == expected
+
+
 def test_gumbel_noise_is_gumbel_and_uncorrelated():
     g = gumbel_noise(noise_keys(list(range(200)), [3] * 200), torch.arange(500)[None, :])
     assert sps.kstest(g.flatten().numpy(), "gumbel_r").pvalue > 1e-3

@@ -12,7 +12,7 @@ pytest.importorskip("triton")
 
 from bass.config import SamplingParams  # noqa: E402
 from bass.engine.sampling import RowParams, noise_keys, race, truncation_cut  # noqa: E402
-from bass.kernels.triton_sampling import gumbel_race  # noqa: E402
+from bass.kernels.triton_sampling import gumbel_race, window_cut  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SETTINGS = [SamplingParams(temperature=0.8, top_p=0.95), SamplingParams(), SamplingParams(temperature=1.0),
@@ -54,6 +54,27 @@ def test_kernel_rows_do_not_depend_on_the_batch():
     for i in range(len(params)):
         alone = gumbel_race(logits[i:i + 1], *kernel_inputs(logits[i:i + 1], params[i:i + 1], keys[i:i + 1]))
         assert alone.item() == together[i].item()
+
+
+@pytest.mark.parametrize("width", [37, 64, 256])
+def test_window_cut_kernel_is_the_reference(width):
+    """The one-launch cut over each row's window equals engine/sampling's PyTorch reference:
+    top-k inside and beyond the window, top-p cuts at every depth, ties at the cut."""
+    from bass.engine.sampling import _cut_in_window_reference
+
+    gen = torch.Generator().manual_seed(width)
+    rows = 24
+    scaled = torch.randn(rows, 2000, generator=gen) * torch.linspace(0.5, 6, rows)[:, None]
+    scaled[3, :10] = scaled[3].max() + 1  # ten tokens tied at the top
+    top = scaled.topk(width, dim=-1).values
+    lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
+    top_k = torch.tensor([0, 1, 5, width, width + 3, 0, 40, 0] * 3)
+    top_p = torch.tensor([0.95, 1.0, 0.5, 0.99, 0.9, 0.3, 0.8, 1.0] * 3)
+    want_cut, want_inside = _cut_in_window_reference(top, torch.exp(top - lse), top_k, top_p)
+    cut, inside = window_cut(top.to(DEVICE), lse.to(DEVICE), top_k.to(DEVICE), top_p.to(DEVICE))
+    assert torch.equal(inside.cpu(), want_inside)
+    torch.testing.assert_close(cut.cpu(), want_cut, atol=0, rtol=0)
+    assert want_inside.any() and not want_inside.all()  # both kinds of rows were checked
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="bf16 logits at the real vocabulary size: GPU")
