@@ -160,18 +160,25 @@ def truncation_cut(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tenso
     tells) are sorted whole. Both paths compute a row's cut from that row alone, so the choice
     never depends on the rest of the batch.
     """
-    vocab = scaled.shape[-1]
-    lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
-    if window >= vocab:
-        return _cut_in_window(scaled.sort(dim=-1, descending=True).values, lse, top_k, top_p)[0]
-    top = scaled.topk(window, dim=-1).values  # sorted, descending
-    cut, inside = _cut_in_window(top, lse, top_k, top_p)
-    outside = ~inside & ((top_k > 0) | (top_p < 1))  # rows that keep everything need no cut
-    if bool(outside.any()):
+    cut, outside, lse = _windowed_cut(scaled, top_k, top_p, window)
+    if outside is not None and bool(outside.any()):
         rows = outside.nonzero().squeeze(1)
         cut[rows] = _cut_in_window(scaled[rows].sort(dim=-1, descending=True).values, lse[rows], top_k[rows],
                                    top_p[rows])[0]
     return cut
+
+
+def _windowed_cut(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                  window: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """truncation_cut's window step, with no host sync: (cut [R], outside [R] bool or None
+    when the window is the whole row, lse [R, 1]). Where outside is set, the cut is not the
+    row's (the row needs the sorted path)."""
+    lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
+    if window >= scaled.shape[-1]:
+        return _cut_in_window(scaled.sort(dim=-1, descending=True).values, lse, top_k, top_p)[0], None, lse
+    top = scaled.topk(window, dim=-1).values  # sorted, descending
+    cut, inside = _cut_in_window(top, lse, top_k, top_p)
+    return cut, ~inside & ((top_k > 0) | (top_p < 1)), lse  # rows that keep everything need no cut
 
 
 def shaped_logits(logits: torch.Tensor, rows: RowParams) -> torch.Tensor:
@@ -215,6 +222,22 @@ def race(logits: torch.Tensor, rows: RowParams, row_keys: torch.Tensor | None) -
     if rows.any_truncation:
         cut = truncation_cut(_scaled(logits, rows), rows.top_k, rows.top_p)
     return _race_with_cut(logits, rows, cut, row_keys)
+
+
+def race_unsynced(logits: torch.Tensor, rows: RowParams,
+                  row_keys: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """race without its host sync: (tokens [R], redo) where redo is None or a device bool
+    [R] that is set where a row's top-k / top-p cut lay outside its CUT_WINDOW largest logits
+    (rare: the nucleus of a code model at T = 0.8 is a handful of tokens). There the token is
+    not race's: a caller reads `redo` back with its results and, where any is set, runs `race`
+    again. So a sampled step's host queues all of its GPU work and waits once, at the end,
+    instead of once in the middle with every later launch exposed."""
+    if rows.all_greedy:
+        return logits.argmax(dim=-1), None
+    cut = redo = None
+    if rows.any_truncation:
+        cut, redo, _ = _windowed_cut(_scaled(logits, rows), rows.top_k, rows.top_p, CUT_WINDOW)
+    return _race_with_cut(logits, rows, cut, row_keys), redo
 
 
 def draft_race(logits: torch.Tensor, rows: RowParams, row_keys: torch.Tensor | None, window: int) -> torch.Tensor:

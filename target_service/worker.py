@@ -11,7 +11,7 @@ from typing import Sequence
 import torch
 
 from bass.engine.runner import ModelRunner
-from bass.engine.sampling import RowParams, noise_keys, race
+from bass.engine.sampling import RowParams, noise_keys, race, race_unsynced
 from bass.engine.transfer import to_device
 from bass.engine.verification import accept_matching_prefix
 from bass.worker_api import Verdict, VerifyRequest, VerifyResponse, WorkerInfo
@@ -66,8 +66,9 @@ class TargetWorker:
         counts = [len(it.draft_tokens) for it in items]
         max_k = max(counts)
         rows_per_seq = [c + 1 for c in counts]
-        # Everything the host knows is queued for the GPU before the forward, so nothing after
-        # it waits on a copy: the one sync is reading the verdicts back.
+        # The forward is queued first, and the host prepares the sampling inputs (pinned,
+        # asynchronous copies) while the GPU runs it; the one sync is reading the verdicts back.
+        logits = runner.forward([(s, list(it.draft_tokens)) for s, it in zip(states, items)], rows_per_seq)
         params = [it.sampling.params for it in items]
         row_params = RowParams.build([p for p, n in zip(params, rows_per_seq) for _ in range(n)], device)
         keys = None
@@ -80,11 +81,25 @@ class TargetWorker:
         drafts = to_device([list(it.draft_tokens) + [0] * (max_k - len(it.draft_tokens)) for it in items],
                            torch.int64, device).view(len(items), max_k)
         draft_lens = to_device(counts, torch.int64, device)
-        logits = runner.forward([(s, list(it.draft_tokens)) for s, it in zip(states, items)], rows_per_seq)
-        target_tokens = pad_rows(race(logits, row_params, keys), rows_per_seq, max_k + 1)
-        accepted, tokens = accept_matching_prefix(target_tokens, drafts, draft_lens)
-        verdicts = torch.cat([accepted[:, None], tokens], dim=1).tolist()  # one copy back
+        raced, redo = race_unsynced(logits, row_params, keys)
+        verdicts = self._verdicts(raced, redo, rows_per_seq, max_k, drafts, draft_lens)
+        if verdicts is None:  # a row's cut lay outside the window: the exact race for the step
+            verdicts = self._verdicts(race(logits, row_params, keys), None, rows_per_seq, max_k, drafts, draft_lens)
         return self._commit(states, [v[0] for v in verdicts], [v[1:] for v in verdicts])
+
+    @staticmethod
+    def _verdicts(raced: torch.Tensor, redo: torch.Tensor | None, rows_per_seq: list[int], max_k: int,
+                  drafts: torch.Tensor, draft_lens: torch.Tensor) -> list[list[int]] | None:
+        """[accepted, tokens...] per sequence, in one copy back; None where `redo` (copied back
+        with them) says that some row's token was not the exact race's."""
+        accepted, tokens = accept_matching_prefix(pad_rows(raced, rows_per_seq, max_k + 1), drafts, draft_lens)
+        columns = [accepted[:, None], tokens]
+        if redo is not None:
+            columns.append(redo.any().expand(accepted.shape[0], 1).to(torch.int64))
+        rows = torch.cat(columns, dim=1).tolist()
+        if redo is None:
+            return rows
+        return None if rows[0][-1] else [row[:-1] for row in rows]
 
     def _commit(self, states, accepted: list[int], tokens: list[list[int]]) -> VerifyResponse:
         verdicts = []

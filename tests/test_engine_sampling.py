@@ -135,6 +135,21 @@ def test_seeded_text_is_the_same_with_or_without_speculation(llama_target, llama
     assert len({tuple(t) for t in reference}) == 2  # the two samples differ
 
 
+def test_seeded_text_is_the_same_when_cuts_fall_outside_the_window(llama_target, llama_draft, monkeypatch):
+    """The target races each step without a mid-step sync, from each row's CUT_WINDOW largest
+    logits; rows whose top-p cut lies beyond them make it run the step's exact race again.
+    With a window of 2 most steps take that path, and the tokens are the same."""
+    import bass.engine.sampling as sampling
+    import bass.target_service.worker as target_worker
+
+    reference = _tokens(build_scheduler(llama_target, llama_draft, "4").generate([SEEDED])[0])
+    exact_races = []
+    monkeypatch.setattr(sampling, "CUT_WINDOW", 2)
+    monkeypatch.setattr(target_worker, "race", lambda *a: exact_races.append(1) or sampling.race(*a))
+    assert _tokens(build_scheduler(llama_target, llama_draft, "4").generate([SEEDED])[0]) == reference
+    assert len(exact_races) >= 5
+
+
 def test_seeded_text_survives_a_crowded_batch_and_a_draft_restart(llama_target, llama_draft):
     reference = _tokens(build_scheduler(llama_target, None, "0").generate([SEEDED])[0])
     # In a batch of 16 sequences with other sampled and greedy requests, under auto.

@@ -5,7 +5,7 @@ from scipy import stats as sps
 
 from bass.config import SamplingParams
 from bass.engine.sampling import (RowParams, compact, compact_shaped, draft_race, gumbel_noise, noise_keys, race,
-                                  shape_probs, truncation_cut)
+                                  race_unsynced, shape_probs, truncation_cut)
 from stats import chi_square_pvalue
 
 
@@ -135,6 +135,24 @@ def test_the_windowed_cut_is_the_sorted_cut_for_every_row(window):
                            got[row:row + 1])
     # by rank: the plateau row keeps its top 3 ranks, so every tied token
     assert got[3] == 2.0 and (scaled[3] >= got[3]).sum() == 50
+
+
+def test_race_unsynced_flags_exactly_the_rows_it_may_get_wrong(monkeypatch):
+    """Rows whose cut lies inside the window get race's token; the others are flagged."""
+    import bass.engine.sampling as sampling
+
+    monkeypatch.setattr(sampling, "CUT_WINDOW", 16)
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(12, 500, generator=gen)
+    logits[:6, :3] += 12  # peaked rows: their nucleus is a few tokens
+    params = [SamplingParams(temperature=0.8, top_p=0.95)] * 10 + [SamplingParams(), SamplingParams(temperature=1.0)]
+    keys = noise_keys(range(12), [4] * 12)
+    tokens, redo = race_unsynced(logits, rows(*params), keys)
+    assert redo[:6].tolist() == [False] * 6 and redo[6:10].all()  # flat rows: the nucleus is > 16 tokens
+    assert not redo[10:].any()  # greedy and untruncated rows need no cut
+    exact = race(logits, rows(*params), keys)
+    assert torch.equal(tokens[~redo], exact[~redo])
+    assert race_unsynced(logits, rows(*[SamplingParams()] * 12), None)[1] is None
 
 
 def test_top_p_keeps_every_token_tied_at_the_cut():
