@@ -82,24 +82,31 @@ class TargetWorker:
                            torch.int64, device).view(len(items), max_k)
         draft_lens = to_device(counts, torch.int64, device)
         raced, redo = race_unsynced(logits, row_params, keys)
-        verdicts = self._verdicts(raced, redo, rows_per_seq, max_k, drafts, draft_lens)
-        if verdicts is None:  # a row's cut lay outside the window: the exact race for the step
-            verdicts = self._verdicts(race(logits, row_params, keys), None, rows_per_seq, max_k, drafts, draft_lens)
+        verdicts, redo_rows = self._verdicts(raced, redo, rows_per_seq, max_k, drafts, draft_lens)
+        if redo_rows:  # rows whose cut lay outside the window: their exact race, then the verdicts again
+            index = to_device(redo_rows, torch.int64, device)
+            raced[index] = race(logits[index], row_params.take(index), keys[index])
+            verdicts, _ = self._verdicts(raced, None, rows_per_seq, max_k, drafts, draft_lens)
         return self._commit(states, [v[0] for v in verdicts], [v[1:] for v in verdicts])
 
     @staticmethod
     def _verdicts(raced: torch.Tensor, redo: torch.Tensor | None, rows_per_seq: list[int], max_k: int,
-                  drafts: torch.Tensor, draft_lens: torch.Tensor) -> list[list[int]] | None:
-        """[accepted, tokens...] per sequence, in one copy back; None where `redo` (copied back
-        with them) says that some row's token was not the exact race's."""
+                  drafts: torch.Tensor, draft_lens: torch.Tensor) -> tuple[list[list[int]], list[int]]:
+        """[accepted, tokens...] per sequence, and the packed indices of the rows that `redo`
+        flags (read back in the same copy)."""
         accepted, tokens = accept_matching_prefix(pad_rows(raced, rows_per_seq, max_k + 1), drafts, draft_lens)
         columns = [accepted[:, None], tokens]
         if redo is not None:
-            columns.append(redo.any().expand(accepted.shape[0], 1).to(torch.int64))
+            columns.append(pad_rows(redo.to(torch.int64), rows_per_seq, max_k + 1))
         rows = torch.cat(columns, dim=1).tolist()
         if redo is None:
-            return rows
-        return None if rows[0][-1] else [row[:-1] for row in rows]
+            return rows, []
+        width = max_k + 2  # accepted + max_k + 1 tokens, then the flags
+        flagged, offset = [], 0
+        for row, n in zip(rows, rows_per_seq):
+            flagged += [offset + j for j in range(n) if row[width + j]]
+            offset += n
+        return [row[:width] for row in rows], flagged
 
     def _commit(self, states, accepted: list[int], tokens: list[list[int]]) -> VerifyResponse:
         verdicts = []
