@@ -118,4 +118,3 @@ def window_cut(top: torch.Tensor, lse: torch.Tensor, top_k: torch.Tensor,
                                     top_p.float().contiguous(), cut, inside, width, width,
                                     BLOCK=triton.next_power_of_2(width))
     return cut, inside.bool()
-
