@@ -37,3 +37,20 @@ def test_hf_baseline_generates_every_token(llama_target, tmp_path):
     assert result.exit_code == 0, result.output
     (row,) = json.loads(out.read_text())["results"]
     assert row["generated_tokens"] == 3 * 6 and row["ms_per_token_per_sequence"] > 0
+
+
+def test_speed_bench_runs_every_policy_on_the_same_seeded_texts(llama_target, llama_draft, tmp_path):
+    """Sampled rows are seeded per round alike for every policy, so policies are compared on
+    the same texts: regular and speculative decoding (lossless, fp32) agree round by round,
+    and different rounds decode different texts."""
+    out = tmp_path / "speed.json"
+    result = CliRunner().invoke(main, [
+        "bench", "speed", "--target", str(llama_target), "--draft", str(llama_draft), "--problems", "0:2",
+        "--batches", "2", "--policies", "0,3,auto", "--max-new-tokens", "12", "--mode", "t0.8-p0.95",
+        "--device", "cpu", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())["results"]
+    digests = [row["outputs_digest_per_round"] for row in rows]
+    assert digests[0] == digests[1] == digests[2]
+    assert len(set(digests[0])) == 3
+    assert rows[1]["step_stats"]["draft_tokens"] > 0

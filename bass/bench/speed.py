@@ -10,6 +10,7 @@ per-step breakdown (draft, verify, RPC, coordinator), GPU utilization as BASS de
 
 from __future__ import annotations
 
+import hashlib
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,6 +24,13 @@ from bass.coordinator.tokenizer import load_codec
 from bass.engine.weights import load_config
 
 MODES = {"greedy": SamplingParams(), "t0.8-p0.95": SamplingParams(temperature=0.8, top_p=0.95)}
+
+
+def outputs_digest(results) -> str:
+    """A short hash of every sequence's token ids: equal across policies when they decoded
+    the same texts (always in fp32; up to bf16 near-ties on a GPU)."""
+    ids = [s.token_ids for r in results for s in r.sequences]
+    return hashlib.sha256(repr(ids).encode()).hexdigest()[:12]
 
 
 def params_count(model_dir: Path) -> int:
@@ -76,21 +84,24 @@ def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, ba
                                       SchedulerConfig(max_batch_size=batch, max_n=1, max_new_tokens=max_new_tokens,
                                                       draft_length=length))
 
-                def run(tokens: int):
+                def run(tokens: int, round_: int):
+                    # Seeded alike for every policy: each policy decodes the same texts (up to bf16
+                    # numerics), so policies are compared on equal acceptance, not on luck.
                     return scheduler.generate([GenerationRequest(prompt=p, max_new_tokens=tokens, ignore_eos=True,
-                                                                 sampling=MODES[mode])
-                                               for p in chosen])
+                                                                 sampling=MODES[mode], seed=1000 * round_ + i)
+                                               for i, p in enumerate(chosen)])
 
-                run(min(16, max_new_tokens))  # warm-up: CUDA graphs, allocator, first cost measurements
+                run(min(16, max_new_tokens), 0)  # warm-up: CUDA graphs, allocator, first cost measurements
                 if torch.cuda.is_available():
                     torch.cuda.synchronize()
                     torch.cuda.reset_peak_memory_stats()
                 runs = []
-                for _ in range(repeats):
+                for round_ in range(1, repeats + 1):
                     scheduler.step_stats = StepStats()  # count the measured run only
                     t0 = time.perf_counter()
-                    results = run(max_new_tokens)
+                    results = run(max_new_tokens, round_)
                     runs.append((time.perf_counter() - t0, scheduler.step_stats, results))
+                digests = [outputs_digest(r[2]) for r in runs]  # in round order, before the sort
                 runs.sort(key=lambda r: r[0])
                 wall, st, results = runs[len(runs) // 2]
                 generated = sum(len(s.token_ids) for r in results for s in r.sequences)
@@ -98,7 +109,7 @@ def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, ba
                          + flops_per_token["draft"] * (st.draft_tokens + st.sequence_steps * bool(st.draft_forwards)))
                 row = {"batch": batch, "policy": policy, "mode": mode, "services": services,
                        "max_new_tokens": max_new_tokens, "generated_tokens": generated, "wall_s": round(wall, 3),
-                       "wall_s_all_runs": [round(r[0], 3) for r in runs],
+                       "wall_s_all_runs": [round(r[0], 3) for r in runs], "outputs_digest_per_round": digests,
                        "ms_per_token_per_sequence": round(1000 * wall / max_new_tokens, 4),
                        "tokens_per_s": round(generated / wall, 1),
                        "acceptance_rate": round(st.draft_tokens and (st.committed_tokens - st.sequence_steps)
