@@ -147,6 +147,9 @@ class DraftLengthConfig:
     initial: int = 7
     max_length: int = 32
     cost_ratio: float = 0.2
+    # "auto": from regular decoding, speculate only where its measured throughput beats regular
+    # decoding by this fraction (see coordinator/draft_length.MeasuredCost for why and the data).
+    speculation_margin: float = 0.15
 
     def __post_init__(self) -> None:
         _require(self.policy in DRAFT_LENGTH_POLICIES, "draft_length.policy",
@@ -158,6 +161,8 @@ class DraftLengthConfig:
                  f"must be in [1, max_length={self.max_length}], got {self.initial}")
         _require(_finite(self.cost_ratio) and 0 <= self.cost_ratio <= 1, "draft_length.cost_ratio",
                  f"must be in [0, 1], got {self.cost_ratio}")
+        _require(_finite(self.speculation_margin) and 0 <= self.speculation_margin <= 1,
+                 "draft_length.speculation_margin", f"must be in [0, 1], got {self.speculation_margin}")
 
     @classmethod
     def parse(cls, text: str) -> "DraftLengthConfig":

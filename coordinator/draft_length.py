@@ -112,19 +112,22 @@ class PerSequenceAdaptive(_NoCosts):
 
 
 class _CostModel:
-    """Step costs at one batch-size bucket: the median of recent observations of the time per
-    draft forward and of the verification time at each k (a median, so that an odd slow step
-    does not steer the policy). Verification at an unobserved k comes from a straight line
-    through the observed ones (flat while only one k has been seen)."""
+    """Step costs at one batch-size bucket: the median of recent observations of a draft call's
+    time and of the verification time, at each k (a median, so that an odd slow step does not
+    steer the policy). At an unobserved k, a straight line through the observed ones: a draft
+    call has a fixed part (its first forward runs the pending tokens, and the results are
+    copied back once: ~0.5-0.9 ms on the H100) beside its per-token forwards, so with two or
+    more lengths seen it is fitted, and with one it is taken as proportional to k;
+    verification is flat while one k has been seen."""
 
     def __init__(self, window: int):
         self.window = window
-        self.draft: deque[float] = deque(maxlen=window)  # seconds per draft forward
+        self.draft: dict[int, deque[float]] = {}  # k -> seconds per draft call
         self.verify: dict[int, deque[float]] = {}  # k -> verification seconds
 
     def add(self, draft_forwards: int, draft_s: float, k: int, verify_s: float | None) -> None:
         if draft_forwards:
-            self.draft.append(draft_s / draft_forwards)
+            self.draft.setdefault(draft_forwards, deque(maxlen=self.window)).append(draft_s)
         if verify_s is not None:
             self.verify.setdefault(k, deque(maxlen=self.window)).append(verify_s)
 
@@ -132,17 +135,24 @@ class _CostModel:
     def ready(self) -> bool:
         return bool(self.draft) and bool(self.verify)
 
-    def draft_cost(self) -> float:
-        return statistics.median(self.draft)
+    def draft_cost(self, k: int) -> float:
+        return 0.0 if k == 0 else self._at(self.draft, k, proportional=True)
 
     def verify_cost(self, k: int) -> float:
-        if k in self.verify:
-            return statistics.median(self.verify[k])
-        points = [(j, statistics.median(v)) for j, v in self.verify.items()]
+        return self._at(self.verify, k, proportional=False)
+
+    @staticmethod
+    def _at(observed: dict[int, deque[float]], k: int, proportional: bool) -> float:
+        if k in observed:
+            return statistics.median(observed[k])
+        points = [(j, statistics.median(v)) for j, v in observed.items()]
+        if len(points) == 1:
+            j, v = points[0]
+            return max(1e-9, v * k / j) if proportional else v
         mean_k = sum(j for j, _ in points) / len(points)
         mean_v = sum(v for _, v in points) / len(points)
         var = sum((j - mean_k) ** 2 for j, _ in points)
-        slope = max(0.0, sum((j - mean_k) * (v - mean_v) for j, v in points) / var) if var else 0.0
+        slope = max(0.0, sum((j - mean_k) * (v - mean_v) for j, v in points) / var)
         return max(1e-9, mean_v + slope * (k - mean_k))
 
 
@@ -150,24 +160,33 @@ class MeasuredCost:
     """The batch-level draft length that maximizes measured throughput (our default).
 
     Tokens per step follow E(k) = (1 - a^(k+1)) / (1 - a) with a the batch's per-token
-    acceptance; a step costs k draft forwards plus one verification, both timed as the
+    acceptance; a step costs a draft call of k tokens plus one verification, both timed as the
     coordinator sees them (RPC included; steps with prefill or draft catch-up are not counted)
-    and modelled per batch-size bucket. It picks argmax_k E(k) / cost(k) over 0..max_length,
-    where k = 0 is regular decoding, so speculation is used only where it pays. k grows by at
-    most 2 a step (an estimate from one k says little about much longer drafts). Every
-    `probe_every` steps it tries k = 0 or a neighbour of the best k, k = 0 first, to keep costs
-    and acceptance current; when the best is 0, the probe (k = 1) makes the draft catch up on every
-    token it skipped, so those probes back off exponentially, up to `max_probe_every` steps apart.
+    and modelled per batch-size bucket. It picks argmax_k E(k) / cost(k) over 1..max_length,
+    and regular decoding (k = 0) unless that speculation beats it by `margin`: speculating
+    costs a draft catch-up each time it resumes, and its gain is uneven across sequences (a
+    sequence that accepts little needs more steps, each dearer than a regular one, and a
+    multi-sequence request waits for its last sequence). On an H100 sweep over batches 1-64
+    (bench/results, 2026-11-24) speculation finished a batch sooner only where its measured
+    throughput beat regular decoding by more than about 15%. Once speculating, it stays unless
+    regular decoding is measured faster outright (hysteresis: the two thresholds keep it from
+    flapping, each flap being a catch-up). k grows by at most 2 a step (an estimate from one k
+    says little about much longer drafts). Every `probe_every` steps it tries k = 0 or a
+    neighbour of the best k, k = 0 first, to keep costs and acceptance current; when regular
+    decoding is chosen, the probe (k = 1) makes the draft catch up on every token it skipped,
+    so those probes back off exponentially, up to `max_probe_every` steps apart.
     """
 
     def __init__(self, initial: int = 4, max_length: int = 8, decay: float = 0.9, probe_every: int = 16,
-                 max_probe_every: int = 512, window: int = 16):
+                 max_probe_every: int = 512, window: int = 16, margin: float = 0.15):
         self.initial, self.max_length, self.decay = initial, max_length, decay
         self.probe_every, self.max_probe_every, self.window = probe_every, max_probe_every, window
+        self.margin = margin
         self.costs: dict[int, _CostModel] = {}
         self.alpha = [0.0, 0.0]  # decayed (successes, trials)
         self.steps = 0
         self.last_k = initial
+        self.speculating: bool | None = None  # the mode chosen, probes aside (None: not yet)
         self.zero_probe_every, self.next_zero_probe = probe_every, probe_every
 
     @staticmethod
@@ -178,18 +197,37 @@ class MeasuredCost:
         s, n = self.alpha
         return (s + 0.7) / (n + 1.0)  # weak prior at 0.7
 
-    def best_length(self, batch: int) -> int:
+    def scores(self, batch: int) -> list[float] | None:
+        """Expected tokens per second at k = 0..max_length (None before this bucket's costs are known)."""
         model = self.costs.get(self.bucket(batch))
         if model is None or not model.ready:
-            return self.initial
-        a, d = min(self.acceptance(), 0.999), model.draft_cost()
-        scores = [((1 - a ** (k + 1)) / (1 - a)) / (k * d + model.verify_cost(k)) for k in range(self.max_length + 1)]
-        return max(range(len(scores)), key=scores.__getitem__)
+            return None
+        a = min(self.acceptance(), 0.999)
+        return [((1 - a ** (k + 1)) / (1 - a)) / (model.draft_cost(k) + model.verify_cost(k))
+                for k in range(self.max_length + 1)]
+
+    def best_length(self, batch: int) -> int:
+        scores = self.scores(batch)
+        if scores is None:  # a batch size not measured yet: drafts of `initial` measure it, unless
+            return 0 if self.speculating is False else self.initial  # regular decoding was chosen
+        best = max(range(1, len(scores)), key=scores.__getitem__)
+        # Speculation must win by the margin to be chosen (first, or over regular decoding);
+        # while speculating, only regular decoding measured faster outright turns it off.
+        needed = 1.0 if self.speculating else 1 + self.margin
+        return best if scores[best] > needed * scores[0] else 0
 
     def lengths(self, seq_ids):
-        best = self.best_length(len(seq_ids))
-        k = min(best, self.last_k + 2)
         self.steps += 1
+        model = self.costs.get(self.bucket(len(seq_ids)))
+        if model is not None and model.ready and 0 not in model.verify:
+            # Measure regular decoding at this batch size before choosing: a line through
+            # k >= 1 misjudges it (below), and the draft skips just one token.
+            self.last_k = 0
+            return [0] * len(seq_ids)
+        best = self.best_length(len(seq_ids))
+        if model is not None and model.ready:
+            self.speculating = best > 0
+        k = min(best, self.last_k + 2)
         if best == 0:
             if self.steps >= self.next_zero_probe:
                 k = 1
@@ -231,5 +269,6 @@ def make_policy(config: DraftLengthConfig) -> DraftLengthPolicy:
     if config.policy == "bass":
         return BassRule(config.initial, config.max_length)
     if config.policy == "auto":
-        return MeasuredCost(min(config.initial, 4), min(config.max_length, GRAPH_MAX_DRAFT))
+        return MeasuredCost(min(config.initial, 4), min(config.max_length, GRAPH_MAX_DRAFT),
+                            margin=config.speculation_margin)
     return PerSequenceAdaptive(config.cost_ratio, config.max_length)

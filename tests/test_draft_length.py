@@ -101,13 +101,14 @@ def test_measured_cost_regular_decoding_still_probes_ever_more_rarely():
     from bass.coordinator.draft_length import MeasuredCost
 
     pol = MeasuredCost(probe_every=4, max_probe_every=16)
-    for k in (4, 2):
+    for k in (4, 2, 0):
         feed(pol, 4, k, 30, lambda k: 10 + 10 * k, alpha=0.3)
     chosen = [pol.lengths([1, 2, 3, 4])[0] for _ in range(60)]
     # k = 0, with a probe (k = 1, which makes the draft catch up) after 4, 8, 16, 16 ... steps
     assert [step for step, k in enumerate(chosen, 1) if k] == [4, 12, 28, 44, 60]
     assert set(chosen) == {0, 1}
-    assert pol.best_length(64) == pol.initial  # an unmeasured batch size starts from the initial length
+    assert pol.best_length(64) == 0  # an unmeasured batch size keeps to regular decoding once chosen
+    assert MeasuredCost().best_length(64) == MeasuredCost().initial  # and starts from `initial` before
 
 
 def test_measured_cost_ignores_outliers_and_unsteady_steps():
@@ -139,3 +140,67 @@ def test_measured_cost_probes_regular_decoding_and_drops_to_it_where_it_is_faste
         feed(pol, 64, k, 2.5, verify, alpha=0.93, steps=1)
     assert chosen[3] == 0  # the first probe (step 4) measures regular decoding
     assert chosen[-8:].count(0) >= 7  # and then stays there (but for probes)
+
+
+def test_measured_cost_fits_a_draft_call_fixed_part_and_per_token_part():
+    """A draft call costs a fixed part plus one forward per token (H100, batch 8: 0.85 ms +
+    1.15 ms per token): with two lengths measured, other lengths come from that line, not from
+    the cost per token of one call (which would charge the fixed part once per token)."""
+    from bass.coordinator.draft_length import _CostModel
+
+    model = _CostModel(window=8)
+    for k in (2, 4):
+        for _ in range(3):
+            model.add(k, (0.85 + 1.15 * k) / 1000, k, 3.0 / 1000)
+    assert abs(model.draft_cost(6) - (0.85 + 1.15 * 6) / 1000) < 1e-9
+    assert abs(model.draft_cost(1) - 2.0 / 1000) < 1e-9
+    assert model.draft_cost(0) == 0.0
+    only_four = _CostModel(window=8)
+    only_four.add(4, 5.45 / 1000, 4, 3.0 / 1000)
+    assert abs(only_four.draft_cost(2) - 5.45 / 2 / 1000) < 1e-9  # one length seen: proportional
+
+
+def test_measured_cost_leaves_regular_decoding_only_for_a_clear_gain_and_does_not_flap():
+    """Speculation that measures 8% faster than regular decoding is kept while speculating
+    (stopping it costs nothing) but is not resumed from regular decoding (resuming costs a
+    draft catch-up, and the gain is uneven across sequences); 30% faster is resumed."""
+    from bass.coordinator.draft_length import MeasuredCost
+
+    def policy_where_speculation_gains(gain: float, speculating: bool) -> MeasuredCost:
+        pol = MeasuredCost(margin=0.15)
+        pol.alpha = [9.0, 10.0]
+        for k in range(1, pol.max_length + 1):  # draft 1.2 ms per token, verification 3 ms
+            pol.observe_costs(8, k, 0.0012 * k, k, 0.003)
+        pol.observe_costs(8, 0, 0.0, 0, 1.0)
+        best_speculative = max(pol.scores(8)[1:])
+        pol.observe_costs(8, 0, 0.0, 0, (1 + gain) / best_speculative)  # regular decoding's cost
+        pol.costs[8].verify[0].popleft()
+        pol.speculating = speculating
+        return pol
+
+    assert policy_where_speculation_gains(0.08, speculating=True).best_length(8) > 0
+    assert policy_where_speculation_gains(0.08, speculating=False).best_length(8) == 0
+    assert policy_where_speculation_gains(0.30, speculating=False).best_length(8) > 0
+    assert policy_where_speculation_gains(-0.05, speculating=True).best_length(8) == 0
+    stays = policy_where_speculation_gains(0.08, speculating=False)
+    assert [stays.lengths(list(range(8)))[0] for _ in range(10)] == [0] * 10  # no probe due yet: regular
+
+
+def test_measured_cost_measures_regular_decoding_before_its_first_choice():
+    """The first step at a batch size drafts `initial` tokens, the second is a regular step
+    (its cost is measured, not extrapolated from k >= 1), then the policy chooses from
+    measured costs: here (step costs as measured at batch 64 on the H100, a draft that
+    accepts two thirds of its tokens) regular decoding, and it stays there."""
+    from bass.coordinator.draft_length import MeasuredCost
+
+    pol = MeasuredCost()
+    costs = {0: (0.0, 4.7), 2: (4.8, 6.1), 4: (8.0, 7.3)}
+    chosen = []
+    for _ in range(6):
+        k = pol.lengths(list(range(64)))[0]
+        chosen.append(k)
+        draft_ms, verify_ms = costs.get(k, (2.0 * k, 6.1 + 0.6 * (k - 2)))
+        pol.observe(list(range(64)), [k] * 64, [min(k, 2)] * 64)
+        pol.observe_costs(64, k, draft_ms / 1000, k, verify_ms / 1000)
+    assert chosen[:2] == [pol.initial, 0]
+    assert chosen[2:] == [0, 0, 0, 0] and pol.speculating is False
