@@ -241,16 +241,25 @@ class Scheduler:
         self._admit(prefill)
         if prefill.limit != limit:
             prefill = PrefillBudget(limit, used=prefill.used)
-        if self._in_flight is not None and (self.draft_up or not self.running):
+        if self._in_flight is not None and not self.running:
             flight, self._in_flight = self._in_flight, None
             finished += self._commit_in_flight(self.clock(), flight)
         if not self.running:
             return finished
-        if self._overlaps and not self.draft_up:
-            return finished + self._pipelined_step()
-        step_started = self.clock()
         batch = self.running
-        lengths = self._draft_lengths(batch, prefill)  # may attach sequences to the draft (self._draft_add)
+        wanted = self._wanted_lengths(batch, prefill)  # may attach sequences to the draft (self._draft_add)
+        if self._overlaps and not any(wanted.values()) and not self._draft_add:
+            # Regular decoding (the policy's choice, or no draft). Releases for the draft wait
+            # for its next call, or for the loop to go idle (flush_releases).
+            return finished + self._pipelined_step()
+        if self._in_flight is not None:  # speculation resumes: the regular step in flight first
+            flight, self._in_flight = self._in_flight, None
+            finished += self._commit_in_flight(self.clock(), flight)
+            batch = self.running
+            if not batch:
+                return finished
+        step_started = self.clock()
+        lengths = self._capped_lengths(batch, wanted)
         # Step times feed the draft-length policy only when they are steady-state costs: no
         # prefill of new sequences, and no draft catching up on tokens it skipped (k = 0 steps).
         clean_verify, clean_draft = not self._target_add, not self._draft_add and self._drafted_last_step
@@ -468,9 +477,11 @@ class Scheduler:
             self.running.extend(run.sequences)
             self._slots_held += n
 
-    def _draft_lengths(self, batch: list[SequenceRun], prefill: PrefillBudget) -> list[int]:
+    def _wanted_lengths(self, batch: list[SequenceRun], prefill: PrefillBudget) -> dict[int, int]:
+        """The policy's draft length per sequence (by seq_id), with sequences attached to the
+        draft where speculation first wants them."""
         if not self.draft_up:
-            return [0] * len(batch)
+            return {s.seq_id: 0 for s in batch}
         wanted = self.policy.lengths([s.seq_id for s in batch])
         if not any(s.drafted for s in batch):
             # Nothing is speculating yet (a first wave, speculation turned back on, a draft
@@ -480,13 +491,16 @@ class Scheduler:
             prefill = PrefillBudget(sys.maxsize)
         self._attach_to_draft([s for s, k in zip(batch, wanted)
                                if k > 0 and not s.drafted and s.request.request.speculate], prefill)
+        return {s.seq_id: k for s, k in zip(batch, wanted)}
+
+    def _capped_lengths(self, batch: list[SequenceRun], wanted: dict[int, int]) -> list[int]:
         out = []
-        for seq, k in zip(batch, wanted):
+        for seq in batch:
             # Drafts may run past max_new_tokens (the stop check cuts the committed tokens
             # there), which keeps every sequence at the same k, so the step stays one CUDA
             # graph; they must not run past the KV cache: the pending token plus k drafts.
             room = self.max_seq_len - len(seq.request.prompt_ids) - len(seq.output)
-            out.append(min(k, room) if seq.drafted else 0)
+            out.append(min(wanted[seq.seq_id], room) if seq.drafted else 0)
         return out
 
     def _attach_to_draft(self, seqs: list[SequenceRun], prefill: PrefillBudget) -> None:

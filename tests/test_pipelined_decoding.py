@@ -163,3 +163,47 @@ def test_regular_decoding_through_the_services_equals_in_process(llama_target, l
         assert services.target.engine.runner.sequences == {}, "every slot is released"
     finally:
         services.stop()
+
+
+class ScriptedPolicy:
+    """Regular decoding for steps 3-9, k = 3 otherwise (as `auto` switches)."""
+
+    def __init__(self):
+        self.step = 0
+
+    def lengths(self, seq_ids):
+        self.step += 1
+        return [0 if 3 <= self.step <= 9 else 3] * len(seq_ids)
+
+    def observe(self, *args):
+        pass
+
+    def observe_costs(self, *args):
+        pass
+
+    def forget(self, seq_id):
+        pass
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.8, top_p=0.95)],
+                         ids=["greedy", "sampled"])
+def test_regular_steps_chosen_with_the_draft_up_are_pipelined_too(llama_target, llama_draft, sampling):
+    """When the policy picks regular decoding for the batch while the draft is up, those steps
+    keep a call in flight as well; speculation resuming commits it first. Lossless either way:
+    the same tokens as step-by-step decoding with the same choices of k."""
+    plain = build_scheduler(llama_target, llama_draft, draft_length="3")
+    base = build_scheduler(llama_target, llama_draft, draft_length="3")
+    target = OverlappingTarget(base.target)
+    overlapping = Scheduler(target, base.draft, base.codec, base.config)
+    for s in (plain, overlapping):
+        s.policy = ScriptedPolicy()
+    want = run_staggered(plain, requests_that_stop_early(llama_target, sampling))
+    got = run_staggered(overlapping, requests_that_stop_early(llama_target, sampling))
+    assert tokens(got) == tokens(want)
+    # The same speculation, before and after the regular steps, request by request.
+    assert [r.stats.draft_tokens for r in got] == [r.stats.draft_tokens for r in want]
+    assert overlapping.step_stats.draft_tokens > 0
+    sends = [i for kind, i in target.events if kind == "send"]
+    assert len(sends) == 7, "the seven regular steps, and only they, went through start_verify"
+    assert any(target.events.index(("send", i + 1)) < target.events.index(("result", i)) for i in sends[:-1])
+    assert not base.target.runner.sequences and not base.draft.runner.sequences, "every slot is released"
