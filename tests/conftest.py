@@ -63,3 +63,27 @@ def build_scheduler(target: Path, draft: Path | None = None, draft_length: str =
                                   max_prefill_tokens_per_step=prefill_budget,
                                   draft_length=DraftLengthConfig.parse(draft_length)),
         draft_top_n=draft_top_n)
+
+
+@pytest.fixture
+def row_exact_interpreter_dot(monkeypatch):
+    """Bitwise batch-invariance tests run Triton's CPU interpreter, whose `tl.dot` is NumPy's
+    matmul. OpenBLAS's AVX2 kernels (Haswell, Zen; CI's CPUs) round a row differently depending
+    on where it sits in the tile, so those tests would check OpenBLAS, not our kernels. This dot
+    sums every element in the same order (k = 0, 1, ...) wherever its row or column sits, which
+    is what a GPU's MMA does; what the tests then check is ours: tiling, masks, no split-K.
+    On a GPU nothing is replaced."""
+    if torch.cuda.is_available():
+        return
+    import numpy as np
+    from triton.runtime import interpreter
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        acc_dtype = d.data.dtype
+        lhs, rhs = a.data.astype(acc_dtype), b.data.astype(acc_dtype)
+        total = np.zeros(lhs.shape[:-1] + rhs.shape[-1:], dtype=acc_dtype)
+        for k in range(lhs.shape[-1]):
+            total += lhs[..., :, k:k + 1] * rhs[..., k:k + 1, :]
+        return interpreter.TensorHandle(total + d.data, d.dtype.scalar)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)

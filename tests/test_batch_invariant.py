@@ -33,7 +33,7 @@ def test_linear_matches_f_linear(with_bias):
 
 
 @pytest.mark.parametrize("cols", [96, 16384])  # the narrow and the wide tiling
-def test_a_row_is_the_same_in_any_batch(cols):
+def test_a_row_is_the_same_in_any_batch(cols, row_exact_interpreter_dot):
     torch.manual_seed(1)
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
     x, w = torch.randn(70, 256, device=DEVICE).to(dtype), torch.randn(cols, 256, device=DEVICE).to(dtype)

@@ -279,7 +279,7 @@ def test_gpu_qwen_shapes(shape_name, model, dtype):
     torch.testing.assert_close(got.float(), ref, atol=tol, rtol=tol)
 
 
-def test_invariant_plan_gives_a_query_the_same_output_in_decode_and_verification():
+def test_invariant_plan_gives_a_query_the_same_output_in_decode_and_verification(row_exact_interpreter_dot):
     """The batch-invariant plan (block_m 64, no split, every tile masked): the query at position
     P gives bitwise the same output as the one query of a decode step, as one of the k + 1
     queries of a verification (any of its rows), and beside other sequences, for positions on
