@@ -146,6 +146,7 @@ class Scheduler:
         # Regular decoding over a target that overlaps calls keeps one step in flight.
         self._overlaps = bool(getattr(target, "overlaps_calls", False))
         self._in_flight: InFlight | None = None
+        self._uncounted_step_s = 0.0  # a pipelined step that committed nothing: counted with the next
         self.step_stats = StepStats()
 
     # -- requests ---------------------------------------------------------------------------------
@@ -247,17 +248,20 @@ class Scheduler:
         if not self.running:
             return finished
         batch = self.running
-        wanted = self._wanted_lengths(batch, prefill)  # may attach sequences to the draft (self._draft_add)
+        wanted = self._wanted_lengths(batch)
         if self._overlaps and not any(wanted.values()) and not self._draft_add:
             # Regular decoding (the policy's choice, or no draft). Releases for the draft wait
             # for its next call, or for the loop to go idle (flush_releases).
             return finished + self._pipelined_step()
-        if self._in_flight is not None:  # speculation resumes: the regular step in flight first
+        if self._in_flight is not None:
+            # Speculation resumes: the regular step in flight is committed first, so that the
+            # sequences joining the draft bring all their tokens and none that finished joins.
             flight, self._in_flight = self._in_flight, None
             finished += self._commit_in_flight(self.clock(), flight)
             batch = self.running
             if not batch:
                 return finished
+        self._attach_where_wanted(batch, wanted, prefill)
         step_started = self.clock()
         lengths = self._capped_lengths(batch, wanted)
         # Step times feed the draft-length policy only when they are steady-state costs: no
@@ -313,7 +317,10 @@ class Scheduler:
         in_flight = InFlight(pending, batch, clean=not self._target_add, send_s=self.clock() - step_started)
         self._target_add, self._target_release = [], []
         previous, self._in_flight = self._in_flight, in_flight
-        return self._commit_in_flight(step_started, previous) if previous is not None else []
+        if previous is None:  # the first call in flight: its launch is part of the next step's time
+            self._uncounted_step_s += self.clock() - step_started
+            return []
+        return self._commit_in_flight(step_started, previous)
 
     def _commit_in_flight(self, step_started: float, flight: InFlight) -> list[RequestRun]:
         """Wait for a pipelined Verify and commit it."""
@@ -325,7 +332,8 @@ class Scheduler:
         counted = any(seq.finish_reason is None for seq in flight.batch)  # else not a step (see _commit)
         finished = self._commit(flight.batch, [()] * len(flight.batch), verified, 0, 0.0, verify_s)
         if counted:
-            self.step_stats.step_s += self.clock() - step_started
+            self.step_stats.step_s += self.clock() - step_started + self._uncounted_step_s
+            self._uncounted_step_s = 0.0
         return finished
 
     def _commit(self, batch: list[SequenceRun], drafts: list[tuple[int, ...]], verified: VerifyResponse,
@@ -477,21 +485,24 @@ class Scheduler:
             self.running.extend(run.sequences)
             self._slots_held += n
 
-    def _wanted_lengths(self, batch: list[SequenceRun], prefill: PrefillBudget) -> dict[int, int]:
-        """The policy's draft length per sequence (by seq_id), with sequences attached to the
-        draft where speculation first wants them."""
+    def _wanted_lengths(self, batch: list[SequenceRun]) -> dict[int, int]:
+        """The policy's draft length per sequence (by seq_id); none while the draft is down."""
         if not self.draft_up:
             return {s.seq_id: 0 for s in batch}
-        wanted = self.policy.lengths([s.seq_id for s in batch])
+        return dict(zip([s.seq_id for s in batch], self.policy.lengths([s.seq_id for s in batch])))
+
+    def _attach_where_wanted(self, batch: list[SequenceRun], wanted: dict[int, int], prefill: PrefillBudget) -> None:
+        """Attach sequences to the draft where speculation first wants them."""
+        if not self.draft_up:
+            return
         if not any(s.drafted for s in batch):
             # Nothing is speculating yet (a first wave, speculation turned back on, a draft
             # restart): everyone joins at once. Joining a few per step would leave the rest
             # decoding without drafts, and steps with mixed lengths run without CUDA graphs:
             # on the H100 at batch 64 that cost 48 steps instead of 37 for 128 tokens.
             prefill = PrefillBudget(sys.maxsize)
-        self._attach_to_draft([s for s, k in zip(batch, wanted)
-                               if k > 0 and not s.drafted and s.request.request.speculate], prefill)
-        return {s.seq_id: k for s, k in zip(batch, wanted)}
+        self._attach_to_draft([s for s in batch if wanted[s.seq_id] > 0 and not s.drafted
+                               and s.request.request.speculate], prefill)
 
     def _capped_lengths(self, batch: list[SequenceRun], wanted: dict[int, int]) -> list[int]:
         out = []

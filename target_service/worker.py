@@ -1,16 +1,32 @@
 """TargetWorker: one ragged forward over [pending tokens, d1..dk] of every sequence, the
 target's own token at each of those positions, and per-sequence verification (the longest
-matching prefix); the cache keeps exactly the committed prefix afterwards."""
+matching prefix); the cache keeps exactly the committed prefix afterwards.
+
+A call has two halves (`start_verify`, then the pending call's `result`): the launch queues all
+of its GPU work and an asynchronous copy of the verdicts to the host; the finish waits for that
+copy and commits. Between the two the host is free, and that is where regular decoding gains:
+the coordinator sends step t + 1 before it reads step t (Scheduler._pipelined_step), and a
+regular step launched while the previous regular step is unfinished runs *ahead* of it. Its
+input, the token step t decides, is taken from the device (`forward_fed`), so the GPU runs
+step t + 1 while the host reads back and commits step t, instead of idling through it. The
+cache records a placeholder for that input until step t's finish settles it.
+
+A sampled row's token can change at the finish (a top-k / top-p cut outside the race's window
+is redone exactly, `race_unsynced`), after the step ahead already ran from the first value.
+The finish then repairs the step ahead for those sequences: it re-runs their input with the
+right token and races again, so what every sequence emits is exactly what step-by-step
+decoding emits (tests/test_target_run_ahead.py).
+"""
 
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import torch
 
-from bass.engine.runner import ModelRunner
+from bass.engine.runner import ModelRunner, SequenceState
 from bass.engine.sampling import RowParams, noise_keys, race, race_unsynced
 from bass.engine.transfer import to_device
 from bass.engine.verification import accept_matching_prefix
@@ -29,9 +45,56 @@ def pad_rows(rows: torch.Tensor, counts: list[int], width: int) -> torch.Tensor:
     return out
 
 
+@dataclass
+class LaunchedVerify:
+    """A Verify whose GPU work is queued and whose verdicts are on their way to the host."""
+
+    seq_ids: list[int]
+    states: list[SequenceState]
+    rows_per_seq: list[int]
+    max_k: int
+    logits: torch.Tensor  # [rows, vocab] fp32, kept for the exact race of flagged rows
+    row_params: RowParams | None
+    keys: torch.Tensor | None
+    drafts: torch.Tensor | None
+    draft_lens: torch.Tensor | None
+    raced: torch.Tensor | None  # [rows] the target's token at every row (first pass)
+    packed: torch.Tensor | None  # [seqs, 2 + max_k (+ rows flags)]: accepted, tokens, redo flags
+    ready: torch.cuda.Event | None  # set once `packed` has reached the host
+    # Run ahead of the previous call: the cache position of each sequence's input token, a
+    # placeholder that the previous call's finish settles.
+    fed_at: list[int] | None = None
+    # Repairs (see the module docstring): sequence index -> its token, decided again.
+    overrides: dict[int, int] = field(default_factory=dict)
+    response: VerifyResponse | None = None
+    worker_s: float = 0.0  # host time inside the worker, launch and finish
+
+    @property
+    def regular(self) -> bool:
+        return self.max_k == 0 and bool(self.seq_ids)
+
+
+class PendingVerify:
+    """TargetWorkerAPI's pending call, in-process: `result` finishes the call (and any
+    launched before it); `discard` leaves it to be finished with the worker's next call."""
+
+    def __init__(self, worker: "TargetWorker", launched: LaunchedVerify):
+        self._worker, self._launched = worker, launched
+
+    def result(self) -> VerifyResponse:
+        return self._worker.finish(self._launched)
+
+    def discard(self) -> None:
+        pass
+
+
 class TargetWorker:
+    overlaps_calls = True  # regular decoding keeps one call in flight (see the module docstring)
+
     def __init__(self, runner: ModelRunner):
         self.runner = runner
+        self._unfinished: list[LaunchedVerify] = []  # launched, in launch order
+        self._deferred_release: list[int] = []  # held by an unfinished call when released
 
     def info(self) -> WorkerInfo:
         return self.runner.info()
@@ -42,76 +105,191 @@ class TargetWorker:
         self.runner.warm_up(graph_shapes=[(k + 1, k + 1) for k in range(self.runner.config.graph_max_draft + 1)])
 
     def release(self, seq_ids: Sequence[int]) -> None:
+        self._finish_all()
         self.runner.release(seq_ids)
 
     def reset(self) -> None:
         """Drop every sequence (the coordinator restarted or lost track of this worker)."""
+        self._unfinished.clear()
+        self._deferred_release.clear()
         self.runner.release(list(self.runner.sequences))
 
     def verify(self, request: VerifyRequest) -> VerifyResponse:
-        started = time.perf_counter()
-        response = self._verify(request)
-        return replace(response, compute_s=time.perf_counter() - started)
+        return self.finish(self.start_verify(request)._launched)
 
-    @torch.inference_mode()
-    def _verify(self, request: VerifyRequest) -> VerifyResponse:
+    def start_verify(self, request: VerifyRequest) -> PendingVerify:
+        started = time.perf_counter()
+        with torch.inference_mode():
+            launched = self._launch(request)
+        launched.worker_s += time.perf_counter() - started
+        return PendingVerify(self, launched)
+
+    def finish(self, launched: LaunchedVerify) -> VerifyResponse:
+        """Finish every call up to `launched` (in launch order) and return its answer."""
+        while launched.response is None:
+            self._finish_next()
+        return launched.response
+
+    # -- launch --------------------------------------------------------------------------------
+    def _launch(self, request: VerifyRequest) -> LaunchedVerify:
         runner = self.runner
-        runner.release(request.release)
-        runner.add(request.add)
         items = list(request.items)
-        if not items:
-            return VerifyResponse(verdicts=[])
+        while len(self._unfinished) > 1:  # run ahead of one call at most
+            self._finish_next()
+        previous = self._runs_ahead_of(request)
+        if previous is None:
+            self._finish_all()
+            runner.release(request.release)
+        else:
+            self._deferred_release.extend(request.release)
+        runner.add(request.add)
         states = [runner.get(it.seq_id) for it in items]
-        device = runner.device
         counts = [len(it.draft_tokens) for it in items]
-        max_k = max(counts)
         rows_per_seq = [c + 1 for c in counts]
+        launched = LaunchedVerify(seq_ids=[it.seq_id for it in items], states=states, rows_per_seq=rows_per_seq,
+                                  max_k=max(counts, default=0), logits=None, row_params=None, keys=None, drafts=None,
+                                  draft_lens=None, raced=None, packed=None, ready=None)
+        if not items:
+            launched.response = VerifyResponse(verdicts=[])
+            return launched
         # The forward is queued first, and the host prepares the sampling inputs (pinned,
-        # asynchronous copies) while the GPU runs it; the one sync is reading the verdicts back.
-        logits = runner.forward([(s, list(it.draft_tokens)) for s, it in zip(states, items)], rows_per_seq)
-        params = [it.sampling.params for it in items]
-        row_params = RowParams.build([p for p, n in zip(params, rows_per_seq) for _ in range(n)], device)
-        keys = None
-        if not row_params.all_greedy:
+        # asynchronous copies) while the GPU runs it.
+        if previous is None:
+            launched.logits = runner.forward([(s, list(it.draft_tokens)) for s, it in zip(states, items)],
+                                             rows_per_seq)
             # Row j of sequence b decides the token at position len(committed) + j: every row races
             # with its own keyed noise, so a position is decided the same way whatever k was.
-            keys = to_device(noise_keys([it.sampling.seed_key for it, n in zip(items, rows_per_seq) for _ in range(n)],
-                                        [len(s.committed) + j for s, n in zip(states, rows_per_seq) for j in range(n)]),
-                             torch.int64, device)
-        drafts = to_device([list(it.draft_tokens) + [0] * (max_k - len(it.draft_tokens)) for it in items],
-                           torch.int64, device).view(len(items), max_k)
-        draft_lens = to_device(counts, torch.int64, device)
-        raced, redo = race_unsynced(logits, row_params, keys)
-        verdicts, redo_rows = self._verdicts(raced, redo, rows_per_seq, max_k, drafts, draft_lens)
-        if redo_rows:  # rows whose cut lay outside the window: their exact race, then the verdicts again
-            index = to_device(redo_rows, torch.int64, device)
-            raced[index] = race(logits[index], row_params.take(index), keys[index])
-            verdicts, _ = self._verdicts(raced, None, rows_per_seq, max_k, drafts, draft_lens)
-        return self._commit(states, [v[0] for v in verdicts], [v[1:] for v in verdicts])
+            decided = [len(s.committed) + j for s, n in zip(states, rows_per_seq) for j in range(n)]
+        else:
+            launched.fed_at = [runner.cached(s) for s in states]
+            launched.logits = runner.forward_fed(states, self._inputs_from(previous, launched.seq_ids))
+            decided = [p + 1 for p in launched.fed_at]
+        device = runner.device
+        params = [it.sampling.params for it in items]
+        launched.row_params = RowParams.build([p for p, n in zip(params, rows_per_seq) for _ in range(n)], device)
+        if not launched.row_params.all_greedy:
+            launched.keys = to_device(noise_keys([it.sampling.seed_key for it, n in zip(items, rows_per_seq)
+                                                  for _ in range(n)], decided), torch.int64, device)
+        launched.drafts = to_device([list(it.draft_tokens) + [0] * (launched.max_k - c) for it, c in zip(items, counts)],
+                                    torch.int64, device).view(len(items), launched.max_k)
+        launched.draft_lens = to_device(counts, torch.int64, device)
+        launched.raced, redo = race_unsynced(launched.logits, launched.row_params, launched.keys)
+        packed = self._verdict_columns(launched, redo)
+        if packed.is_cuda:
+            launched.packed = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+            launched.packed.copy_(packed, non_blocking=True)
+            launched.ready = torch.cuda.Event()
+            launched.ready.record()
+        else:
+            launched.packed = packed
+        self._unfinished.append(launched)
+        return launched
+
+    def _runs_ahead_of(self, request: VerifyRequest) -> LaunchedVerify | None:
+        """The unfinished call this one can run ahead of: a regular step right after a regular
+        step, over sequences that call holds, with nothing to add and room in every cache."""
+        if not self._unfinished or request.add or not request.items:
+            return None
+        previous = self._unfinished[0]
+        held = set(previous.seq_ids)
+        if not previous.regular or any(it.draft_tokens or it.seq_id not in held for it in request.items):
+            return None
+        if len({it.seq_id for it in request.items}) != len(request.items):
+            return None
+        runner = self.runner
+        room = runner.cache.max_seq_len
+        return previous if all(runner.cached(runner.get(it.seq_id)) < room for it in request.items) else None
+
+    def _inputs_from(self, previous: LaunchedVerify, seq_ids: list[int]) -> torch.Tensor:
+        """The tokens `previous` decides for these sequences, on the device."""
+        tokens = previous.raced  # one row per sequence in a regular step
+        if seq_ids == previous.seq_ids:
+            return tokens
+        index = {seq_id: i for i, seq_id in enumerate(previous.seq_ids)}
+        return tokens[to_device([index[s] for s in seq_ids], torch.int64, tokens.device)]
 
     @staticmethod
-    def _verdicts(raced: torch.Tensor, redo: torch.Tensor | None, rows_per_seq: list[int], max_k: int,
-                  drafts: torch.Tensor, draft_lens: torch.Tensor) -> tuple[list[list[int]], list[int]]:
-        """[accepted, tokens...] per sequence, and the packed indices of the rows that `redo`
-        flags (read back in the same copy)."""
-        accepted, tokens = accept_matching_prefix(pad_rows(raced, rows_per_seq, max_k + 1), drafts, draft_lens)
+    def _verdict_columns(launched: LaunchedVerify, redo: torch.Tensor | None) -> torch.Tensor:
+        """[accepted, tokens..., redo flags...] per sequence, on the device."""
+        width = launched.max_k + 1
+        accepted, tokens = accept_matching_prefix(pad_rows(launched.raced, launched.rows_per_seq, width),
+                                                  launched.drafts, launched.draft_lens)
         columns = [accepted[:, None], tokens]
         if redo is not None:
-            columns.append(pad_rows(redo.to(torch.int64), rows_per_seq, max_k + 1))
-        rows = torch.cat(columns, dim=1).tolist()
-        if redo is None:
-            return rows, []
-        width = max_k + 2  # accepted + max_k + 1 tokens, then the flags
-        flagged, offset = [], 0
-        for row, n in zip(rows, rows_per_seq):
-            flagged += [offset + j for j in range(n) if row[width + j]]
-            offset += n
-        return [row[:width] for row in rows], flagged
+            columns.append(pad_rows(redo.to(torch.int64), launched.rows_per_seq, width))
+        return torch.cat(columns, dim=1)
 
-    def _commit(self, states, accepted: list[int], tokens: list[list[int]]) -> VerifyResponse:
+    # -- finish --------------------------------------------------------------------------------
+    def _finish_all(self) -> None:
+        while self._unfinished:
+            self._finish_next()
+
+    @torch.inference_mode()
+    def _finish_next(self) -> None:
+        started = time.perf_counter()
+        launched = self._unfinished.pop(0)
+        following = self._unfinished[0] if self._unfinished and self._unfinished[0].fed_at is not None else None
+        first_pass, tokens = self._read_verdicts(launched)
+        runner = self.runner
+        stale = []
+        if following is not None:
+            # Its inputs were this call's first-pass tokens: settle their placeholders with the
+            # final ones; where the two differ it ran from a wrong token and is repaired below.
+            index = {seq_id: i for i, seq_id in enumerate(launched.seq_ids)}
+            for j, (seq_id, state, position) in enumerate(zip(following.seq_ids, following.states, following.fed_at)):
+                i = index[seq_id]
+                runner.settle(state, position, [tokens[i][0]])
+                if first_pass[i] != tokens[i][0]:
+                    stale.append(j)
         verdicts = []
-        for state, a, row in zip(states, accepted, tokens):
-            emitted = row[:a + 1]
-            self.runner.commit(state, emitted)
-            verdicts.append(Verdict(accepted=a, tokens=emitted))
-        return VerifyResponse(verdicts=verdicts)
+        for state, emitted in zip(launched.states, tokens):
+            runner.commit(state, emitted)
+            verdicts.append(Verdict(accepted=len(emitted) - 1, tokens=emitted))
+        if stale:
+            self._repair(following, stale)
+        held = {seq_id for call in self._unfinished for seq_id in call.seq_ids}
+        free = [seq_id for seq_id in self._deferred_release if seq_id not in held]
+        if free:
+            self._deferred_release = [seq_id for seq_id in self._deferred_release if seq_id in held]
+            runner.release(free)
+        launched.worker_s += time.perf_counter() - started
+        launched.response = VerifyResponse(verdicts=verdicts, compute_s=launched.worker_s)
+        launched.logits = launched.keys = None  # the call's device memory goes with it
+
+    def _read_verdicts(self, launched: LaunchedVerify) -> tuple[list[int], list[list[int]]]:
+        """(the first row's token per sequence as the device first decided it, with repairs;
+        the tokens each sequence emits). Rows whose cut lay outside the window are raced again
+        exactly, then the verdicts are read once more."""
+        if launched.ready is not None:
+            launched.ready.synchronize()
+        rows = launched.packed.tolist()
+        width = launched.max_k + 2  # accepted + max_k + 1 tokens, then the flags
+        for i, token in launched.overrides.items():
+            rows[i] = [0, token] + [0] * (len(rows[i]) - 2)  # a regular step: no drafts, no flags
+        first_pass = [row[1] for row in rows]
+        flagged, offset = [], 0
+        if len(rows[0]) > width:
+            for row, n in zip(rows, launched.rows_per_seq):
+                flagged += [offset + j for j in range(n) if row[width + j]]
+                offset += n
+        if flagged:
+            index = to_device(flagged, torch.int64, launched.raced.device)
+            launched.raced[index] = race(launched.logits[index], launched.row_params.take(index), launched.keys[index])
+            rows = self._verdict_columns(launched, None).tolist()
+        return first_pass, [row[1:row[0] + 2] for row in rows]
+
+    def _repair(self, launched: LaunchedVerify, stale: list[int]) -> None:
+        """Sequences of `launched` (run ahead) whose input token was decided again after it ran:
+        run that token once more (its cache position becomes pending again) and race the row
+        again; the result replaces the row's token on the device (for any call run ahead of
+        this one) and in what its finish reads."""
+        runner = self.runner
+        states = [launched.states[j] for j in stale]
+        for state in states:
+            runner.rewind(state, 1)
+        logits = runner.forward([(state, []) for state in states], [1] * len(states))
+        index = to_device(stale, torch.int64, logits.device)
+        keys = None if launched.keys is None else launched.keys[index]
+        tokens = race(logits, launched.row_params.take(index), keys)
+        launched.raced[index] = tokens
+        launched.overrides.update(zip(stale, tokens.tolist()))

@@ -220,6 +220,10 @@ class RecordingTarget:
         self.adds.append([len(a.prompt_ids) for a in request.add])
         return self.inner.verify(request)
 
+    def start_verify(self, request):  # regular steps, one in flight
+        self.adds.append([len(a.prompt_ids) for a in request.add])
+        return self.inner.start_verify(request)
+
 
 def prompts_of(lengths):
     return [tuple(range(3 + 7 * i, 3 + 7 * i + n)) for i, n in enumerate(lengths)]

@@ -1,0 +1,163 @@
+"""The target worker running a regular step ahead of the previous one (target_service/worker.py):
+in-process regular decoding keeps one Verify in flight, and the worker launches step t + 1 from
+step t's tokens on the device before step t is read back. The output must be exactly what
+step-by-step decoding gives (one call finished before the next starts), greedy and seeded
+sampling, with requests joining, stopping and leaving mid-way, and when a sampled row's token is
+decided again at the finish (the repair path)."""
+
+import pytest
+import torch
+
+from bass.config import SamplingParams
+from bass.coordinator.requests import FinishReason, GenerationRequest
+from bass.coordinator.scheduler import Scheduler
+from bass.worker_api import AddSequence, SequenceSampling, VerifyItem, VerifyRequest
+from conftest import build_scheduler
+
+SAMPLED = SamplingParams(temperature=0.8, top_p=0.95)
+
+
+class StepByStep:
+    """The in-process target with its calls one at a time: the reference."""
+
+    overlaps_calls = False
+
+    def __init__(self, worker):
+        self.worker = worker
+
+    def __getattr__(self, name):  # info, verify, release, reset, runner
+        return getattr(self.worker, name)
+
+
+class CountingLaunches:
+    """Counts the worker's launches and how many ran ahead of the call before."""
+
+    def __init__(self, worker):
+        self.worker, self.launches, self.ahead = worker, 0, 0
+        self._launch = worker._launch
+        worker._launch = self
+
+    def __call__(self, request):
+        launched = self._launch(request)
+        self.launches += 1
+        self.ahead += launched.fed_at is not None
+        return launched
+
+
+def requests(sampling, stop_on=((), (), (), ())):
+    return [GenerationRequest(prompt_ids=p, max_new_tokens=m, n=n, stop_token_ids=s, ignore_eos=True,
+                              sampling=sampling, seed=200 + i)
+            for i, (p, m, n, s) in enumerate(zip([(5, 17, 33), (42,), tuple(range(3, 22)), (100, 101)],
+                                                 [9, 23, 4, 16], [1, 2, 1, 3], stop_on))]
+
+
+def run_staggered(scheduler, reqs):
+    """Two requests at the start, one after 3 steps, one after 6."""
+    runs = [scheduler.submit(r) for r in reqs[:2]]
+    steps = 0
+    while scheduler.has_work or len(runs) < len(reqs):
+        if steps in (3, 6) and len(runs) < len(reqs):
+            runs.append(scheduler.submit(reqs[len(runs)]))
+        scheduler.step()
+        steps += 1
+    scheduler.flush_releases()
+    return [[(s.token_ids, s.finish_reason) for s in r.result.sequences] for r in runs]
+
+
+def reference_scheduler(target_dir):
+    s = build_scheduler(target_dir, None, "0")
+    return Scheduler(StepByStep(s.target), None, s.codec, s.config)
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLED], ids=["greedy", "sampled"])
+def test_running_ahead_gives_the_step_by_step_tokens(llama_target, sampling):
+    probe = run_staggered(reference_scheduler(llama_target), requests(sampling))
+    # Requests 1 and 3 stop on a token their first sequence makes mid-way.
+    reqs = requests(sampling, [(), (probe[1][0][0][6],), (), (probe[3][0][0][4],)])
+    want = run_staggered(reference_scheduler(llama_target), reqs)
+    scheduler = build_scheduler(llama_target, None, "0")
+    counter = CountingLaunches(scheduler.target)
+    got = run_staggered(scheduler, reqs)
+    assert got == want
+    assert {reason for r in got for _, reason in r} == {FinishReason.STOP, FinishReason.LENGTH}
+    assert counter.ahead >= counter.launches // 2, (counter.ahead, counter.launches)
+    runner = scheduler.target.runner
+    assert not runner.sequences and runner.cache.free_slots == runner.config.num_slots, "every slot is freed"
+
+
+def test_a_token_decided_again_at_the_finish_repairs_the_step_ahead(llama_target, monkeypatch):
+    """With a race window of 2, most sampled rows' top-p cut lies outside it, so their first-pass
+    token (which the step ahead already ran from) is replaced by the exact race's at the finish,
+    and the step ahead is repaired. The tokens are still step-by-step decoding's."""
+    import bass.engine.sampling as sampling
+    import bass.target_service.worker as target_worker
+
+    reqs = requests(SAMPLED)
+    want = run_staggered(reference_scheduler(llama_target), reqs)
+    repairs = []
+    original = target_worker.TargetWorker._repair
+    monkeypatch.setattr(sampling, "CUT_WINDOW", 2)
+    monkeypatch.setattr(target_worker.TargetWorker, "_repair",
+                        lambda self, launched, stale: repairs.append(len(stale)) or original(self, launched, stale))
+    assert run_staggered(build_scheduler(llama_target, None, "0"), reqs) == want
+    assert sum(repairs) >= 3, repairs
+
+
+def test_a_speculative_step_after_an_unfinished_regular_one_finishes_it_first(llama_target):
+    """The worker's own contract, without the scheduler: calls finish in launch order whatever
+    order their results are asked in, and a call that cannot run ahead (drafts, new sequences)
+    waits for the unfinished ones."""
+    plain = build_scheduler(llama_target, None, "0").target
+    worker = build_scheduler(llama_target, None, "0").target
+    greedy = SequenceSampling(SamplingParams(), 1)
+    add = VerifyRequest(items=[VerifyItem(1, (), greedy)], add=[AddSequence(1, (5, 6, 7))])
+    step = VerifyRequest(items=[VerifyItem(1, (), greedy)])
+    want = [plain.verify(add).verdicts[0].tokens]
+    want += [plain.verify(step).verdicts[0].tokens for _ in range(2)]
+    first = worker.start_verify(add)
+    second = worker.start_verify(step)  # runs ahead of the first
+    assert second._launched.fed_at is not None
+    third = worker.start_verify(step)  # two unfinished: waits for the first, runs ahead of the second
+    assert first._launched.response is not None and third._launched.fed_at is not None
+    got = [third.result().verdicts[0].tokens, second.result().verdicts[0].tokens, first.result().verdicts[0].tokens]
+    assert got[::-1] == want
+    # Drafts of the target's own next tokens: all accepted, after the unfinished call is finished.
+    nxt = plain.verify(step).verdicts[0].tokens
+    after = plain.verify(step).verdicts[0].tokens
+    pending = worker.start_verify(step)
+    speculative = worker.verify(VerifyRequest(items=[VerifyItem(1, tuple(after), greedy)]))
+    assert pending.result().verdicts[0].tokens == nxt
+    assert speculative.verdicts[0].accepted == 1
+    assert worker.runner.sequences[1].committed == plain.runner.sequences[1].committed + [
+        speculative.verdicts[0].tokens[1]]
+    worker.release([1])
+    assert not worker.runner.sequences
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("window", [256, 2], ids=["window256", "window2"])
+@pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLED], ids=["greedy", "sampled"])
+def test_running_ahead_on_the_gpu_through_cuda_graphs(llama_target, sampling, window, monkeypatch):
+    """On a GPU the step ahead replays a CUDA graph fed from the device while the previous step's
+    verdicts travel to pinned memory; fp32, so the tokens must equal step by step's exactly
+    (window 2: the repair path, which re-runs inputs through graphs too)."""
+    import bass.engine.sampling as sampling_module
+    from bass.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
+    from bass.local import build_local_scheduler
+
+    monkeypatch.setattr(sampling_module, "CUT_WINDOW", window)
+    cfg = RunnerConfig(model_dir=llama_target, device="cuda", dtype="float32", num_slots=16, max_seq_len=256,
+                       attention="triton")
+
+    def scheduler():
+        return build_local_scheduler(cfg, None, scheduler=SchedulerConfig(draft_length=DraftLengthConfig.parse("0")))
+
+    base = scheduler()
+    reqs = requests(sampling)
+    want = run_staggered(Scheduler(StepByStep(base.target), None, base.codec, base.config), reqs)
+    ahead = scheduler()
+    counter = CountingLaunches(ahead.target)
+    assert run_staggered(ahead, reqs) == want
+    assert counter.ahead >= counter.launches // 2
+    assert ahead.target.runner.graphs.graphs and not ahead.target.runner.sequences
