@@ -148,8 +148,8 @@ class DraftLengthConfig:
     max_length: int = 32
     cost_ratio: float = 0.2
     # "auto": from regular decoding, speculate only where its measured throughput beats regular
-    # decoding by this fraction (see coordinator/draft_length.MeasuredCost for why and the data).
-    speculation_margin: float = 0.15
+    # decoding by this fraction (see coordinator/draft_length.MeasuredCost).
+    speculation_margin: float = 0.05
 
     def __post_init__(self) -> None:
         _require(self.policy in DRAFT_LENGTH_POLICIES, "draft_length.policy",

@@ -111,6 +111,13 @@ class PerSequenceAdaptive(_NoCosts):
         self._stats.pop(seq_id, None)
 
 
+# Leaving regular decoding for a draft length whose cost is a line through other lengths needs
+# this much more measured throughput: the line misjudges short drafts (a draft call's fixed part;
+# a speculative Verify waits out its whole round trip, while regular steps overlap theirs), and
+# at batch 64 on an H100 it made k = 1 look 6% faster than regular decoding, which it was not.
+EXTRAPOLATED_MARGIN = 0.15
+
+
 class _CostModel:
     """Step costs at one batch-size bucket: the median of recent observations of a draft call's
     time and of the verification time, at each k (a median, so that an odd slow step does not
@@ -134,6 +141,10 @@ class _CostModel:
     @property
     def ready(self) -> bool:
         return bool(self.draft) and bool(self.verify)
+
+    def measured(self, k: int) -> bool:
+        """Whether a step of k drafts was timed here (rather than extrapolated)."""
+        return k in self.verify and (k == 0 or k in self.draft)
 
     def draft_cost(self, k: int) -> float:
         return 0.0 if k == 0 else self._at(self.draft, k, proportional=True)
@@ -163,31 +174,33 @@ class MeasuredCost:
     acceptance; a step costs a draft call of k tokens plus one verification, both timed as the
     coordinator sees them (RPC included; steps with prefill or draft catch-up are not counted)
     and modelled per batch-size bucket. It picks argmax_k E(k) / cost(k) over 1..max_length,
-    and regular decoding (k = 0) unless that speculation beats it by `margin`: speculating
-    costs a draft catch-up each time it resumes, and its gain is uneven across sequences (a
-    sequence that accepts little needs more steps, each dearer than a regular one, and a
-    multi-sequence request waits for its last sequence). On an H100 sweep over batches 1-64
-    (bench/results, 2026-11-24) speculation finished a batch sooner only where its measured
-    throughput beat regular decoding by more than about 15%. Once speculating, it stays unless
-    regular decoding is measured faster outright (hysteresis: the two thresholds keep it from
-    flapping, each flap being a catch-up). k grows by at most 2 a step (an estimate from one k
-    says little about much longer drafts). Every `probe_every` steps it tries k = 0 or a
-    neighbour of the best k, k = 0 first, to keep costs and acceptance current; when regular
-    decoding is chosen, the probe (k = 1) makes the draft catch up on every token it skipped,
-    so those probes back off exponentially, up to `max_probe_every` steps apart.
+    and regular decoding (k = 0) unless that speculation beats it by `margin` (5%; 15% where
+    its cost is extrapolated, not measured): speculating costs a draft catch-up each time it
+    resumes. Once speculating, it stays unless regular
+    decoding is measured faster outright (hysteresis: the two thresholds keep it from flapping,
+    each flap being a catch-up). k grows by at most 2 a step (an estimate from one k says
+    little about much longer drafts). While speculating, every `probe_every` steps it tries
+    k = 0 or a neighbour of the best k, k = 0 first, to keep costs and acceptance current.
+    While decoding regularly, a probe (k = 1) makes the draft catch up on every token it
+    skipped, for every sequence: at batch 64 on an H100 one such probe cost as much as ~15
+    regular steps (bench/results, 2026-11-25), so the first comes after `regular_probe_every`
+    steps and the next ones ever further apart, up to `max_probe_every`. Acceptance learnt
+    while speculating at other batch sizes still moves the choice between probes.
     """
 
     def __init__(self, initial: int = 4, max_length: int = 8, decay: float = 0.9, probe_every: int = 16,
-                 max_probe_every: int = 512, window: int = 16, margin: float = 0.15):
+                 regular_probe_every: int = 2048, max_probe_every: int = 16384, window: int = 16,
+                 margin: float = 0.05):
         self.initial, self.max_length, self.decay = initial, max_length, decay
         self.probe_every, self.max_probe_every, self.window = probe_every, max_probe_every, window
+        self.regular_probe_every = regular_probe_every
         self.margin = margin
         self.costs: dict[int, _CostModel] = {}
         self.alpha = [0.0, 0.0]  # decayed (successes, trials)
         self.steps = 0
         self.last_k = initial
         self.speculating: bool | None = None  # the mode chosen, probes aside (None: not yet)
-        self.zero_probe_every, self.next_zero_probe = probe_every, probe_every
+        self.zero_probe_every, self.next_zero_probe = regular_probe_every, regular_probe_every
 
     @staticmethod
     def bucket(batch: int) -> int:
@@ -210,11 +223,18 @@ class MeasuredCost:
         scores = self.scores(batch)
         if scores is None:  # a batch size not measured yet: drafts of `initial` measure it, unless
             return 0 if self.speculating is False else self.initial  # regular decoding was chosen
-        best = max(range(1, len(scores)), key=scores.__getitem__)
-        # Speculation must win by the margin to be chosen (first, or over regular decoding);
-        # while speculating, only regular decoding measured faster outright turns it off.
-        needed = 1.0 if self.speculating else 1 + self.margin
-        return best if scores[best] > needed * scores[0] else 0
+        # Speculation must win by the margin to be chosen (first, or over regular decoding), by
+        # a wider one where its cost is extrapolated from other lengths; while speculating,
+        # only regular decoding measured faster outright turns it off.
+        model = self.costs[self.bucket(batch)]
+
+        def needed(k: int) -> float:
+            if self.speculating:
+                return 1.0
+            return 1 + (self.margin if model.measured(k) else max(self.margin, EXTRAPOLATED_MARGIN))
+
+        winners = [k for k in range(1, len(scores)) if scores[k] > needed(k) * scores[0]]
+        return max(winners, key=scores.__getitem__) if winners else 0
 
     def lengths(self, seq_ids):
         self.steps += 1
@@ -234,8 +254,8 @@ class MeasuredCost:
                 self.zero_probe_every = min(2 * self.zero_probe_every, self.max_probe_every)
                 self.next_zero_probe = self.steps + self.zero_probe_every
         else:
-            self.zero_probe_every = self.probe_every
-            self.next_zero_probe = self.steps + self.probe_every
+            self.zero_probe_every = self.regular_probe_every
+            self.next_zero_probe = self.steps + self.regular_probe_every
             if self.steps % self.probe_every == 0:
                 # Probes cycle: none, longer, shorter, longer. The k = 0 probe comes first: it
                 # measures regular decoding itself, which a line through k >= 1 misjudges (at
