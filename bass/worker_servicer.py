@@ -25,7 +25,11 @@ class WorkerServicerBase:
     def Session(self, request_iterator, context):
         handlers = {"info": self.Info, "release": self.Release, "reset": self.Reset,
                     self.step_call: getattr(self, self.step_call.capitalize())}
-        return serve_session(handlers, request_iterator, context, self.service_name)
+        return serve_session(handlers, request_iterator, context, self.service_name, self.starters())
+
+    def starters(self) -> dict:
+        """Session bodies whose pipelined calls may overlap (bass/worker_session.py): none here."""
+        return {}
 
     def Info(self, request, context):
         return wire.info_to_proto(self.worker.info())

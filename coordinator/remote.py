@@ -49,16 +49,17 @@ class _RemoteWorker:
         except grpc.RpcError as e:
             raise self._failed(method, e.code(), e.details()) from None
 
-    def _start(self, method: str, request) -> "PendingCall":
+    def _start(self, method: str, request, pipelined: bool = False) -> "PendingCall":
         """Send a call without waiting for its answer (the session transport; a unary call is
-        made at once). Raises the same errors as `_call`, from here or from `result`."""
+        made at once). Raises the same errors as `_call`, from here or from `result`.
+        pipelined: the caller may send its next call before reading this answer."""
         if self.transport != "session":
             return PendingCall(self, method, answer=self._call(method, request))
         if self._session is None or self._session.ended:
             self._session = Session(self.stub.Session, self.timeout_s)
         try:
             return PendingCall(self, method, session=self._session,
-                               call_id=self._session.send(method.lower(), request))
+                               call_id=self._session.send(method.lower(), request, pipelined))
         except SessionError as e:
             raise self._failed(method, e.code, e.details) from None
 
@@ -135,10 +136,12 @@ class RemoteTargetWorker(_RemoteWorker):
     stub_class = worker_pb2_grpc.TargetWorkerStub
 
     def verify(self, request: VerifyRequest) -> VerifyResponse:
-        return self.start_verify(request).result()
+        return PendingVerify(self._start("Verify", wire.verify_request_to_proto(request))).result()
 
     def start_verify(self, request: VerifyRequest) -> "PendingVerify":
-        return PendingVerify(self._start("Verify", wire.verify_request_to_proto(request)))
+        """Regular decoding's call: the next one is sent before this answer is read, and the
+        worker may start it ahead (WorkerCall.pipelined)."""
+        return PendingVerify(self._start("Verify", wire.verify_request_to_proto(request), pipelined=True))
 
 
 class PendingVerify:

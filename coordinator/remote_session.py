@@ -56,14 +56,15 @@ class Session:
         self.ended = False  # the stream is over: open a new Session
         threading.Thread(target=self._watch, name="bass-session-watchdog", daemon=True).start()
 
-    def send(self, kind: str, message) -> int:
-        """Queue one call (`kind`: the WorkerCall body); returns its id for `result`."""
+    def send(self, kind: str, message, pipelined: bool = False) -> int:
+        """Queue one call (`kind`: the WorkerCall body); returns its id for `result`.
+        pipelined: the next call may be sent before this one's answer is read (WorkerCall)."""
         with self._send_lock:
             if self.ended:
                 raise SessionError(grpc.StatusCode.UNAVAILABLE, "the session has ended", True)
             call_id = next(self._ids)
             self._unanswered.append(call_id)
-            self._requests.put(pb.WorkerCall(call_id=call_id, **{kind: message}))
+            self._requests.put(pb.WorkerCall(call_id=call_id, pipelined=pipelined, **{kind: message}))
             return call_id
 
     def discard(self, call_id: int) -> None:

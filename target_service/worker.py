@@ -84,6 +84,11 @@ class PendingVerify:
     def result(self) -> VerifyResponse:
         return self._worker.finish(self._launched)
 
+    def ready(self) -> bool:
+        """Whether `result` can answer without waiting for the GPU."""
+        launched = self._launched
+        return launched.response is not None or launched.ready is None or launched.ready.query()
+
     def discard(self) -> None:
         pass
 

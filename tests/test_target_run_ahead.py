@@ -161,3 +161,32 @@ def test_running_ahead_on_the_gpu_through_cuda_graphs(llama_target, sampling, wi
     assert run_staggered(ahead, reqs) == want
     assert counter.ahead >= counter.launches // 2
     assert ahead.target.runner.graphs.graphs and not ahead.target.runner.sequences
+
+
+def test_through_the_services_the_target_runs_regular_steps_ahead(llama_target, llama_draft):
+    """The coordinator's pipelined Verify frames (WorkerCall.pipelined) let the target service
+    launch step t + 1 before it answers step t; requests from several clients at once, greedy
+    and seeded sampling, give step-by-step decoding's tokens."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bass.client import FINISH_REASON_NAMES, BassClient
+    from services import start_services
+
+    reqs = requests(SamplingParams()) + requests(SAMPLED)
+    want = [[(list(tokens), reason.value) for tokens, reason in r]
+            for r in [run_staggered(reference_scheduler(llama_target), [q])[0] for q in reqs]]
+    services = start_services(llama_target, llama_draft, policy="0")
+    counter = CountingLaunches(services.target.engine)
+    try:
+        def ask(r):
+            with BassClient(services.address, timeout_s=60) as client:
+                answer = client.generate(list(r.prompt_ids), n=r.n, max_new_tokens=r.max_new_tokens, ignore_eos=True,
+                                         seed=r.seed, temperature=r.sampling.temperature, top_p=r.sampling.top_p)
+            return [(list(s.token_ids), FINISH_REASON_NAMES[s.finish_reason]) for s in answer.sequences]
+
+        with ThreadPoolExecutor(len(reqs)) as pool:
+            got = list(pool.map(ask, reqs))
+        assert got == want
+        assert counter.ahead > 0, (counter.ahead, counter.launches)
+    finally:
+        services.stop()

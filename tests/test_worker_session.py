@@ -255,3 +255,68 @@ def test_draft_client_defaults_to_the_session():
     assert RemoteDraftWorker("127.0.0.1:1").transport == "session"
     with pytest.raises(ValueError):
         RemoteTargetWorker("127.0.0.1:1", transport="carrier-pigeon")
+
+
+class OverlappingFakeTarget(FakeTarget):
+    """FakeTarget whose Verify has two halves, like TargetWorker: `start_verify`, then the
+    pending call's `result`. A started call reports itself done `busy_s` after it starts."""
+
+    def __init__(self, busy_s: float):
+        super().__init__()
+        self.busy_s, self.events = busy_s, []
+
+    def start_verify(self, request):
+        ids = tuple(item.seq_id for item in request.items)
+        if 0 in ids:
+            raise InvalidRequestError("items[0].seq_id", "must be > 0")
+        self.events.append(("start", ids))
+        worker, started = self, time.monotonic()
+
+        class Pending:
+            def ready(self):
+                return time.monotonic() - started >= worker.busy_s
+
+            def result(self):
+                worker.events.append(("finish", ids))
+                return FakeTarget.verify(worker, request)
+
+        return Pending()
+
+
+def test_pipelined_calls_start_ahead_of_the_answer_before_and_are_answered_in_order():
+    """Three pipelined Verify frames sent at once: each is launched before the one before it is
+    answered (the worker's GPU goes from step to step), answers go out in order, a call whose
+    launch fails is answered in its place, and the last is answered when the client half-closes."""
+    worker = OverlappingFakeTarget(busy_s=30.0)  # never done by itself: only the next frame moves it on
+    server = serve(worker)
+    channel = grpc.insecure_channel(server.address)
+    try:
+        from bass.v1 import worker_pb2_grpc
+        stub = worker_pb2_grpc.TargetWorkerStub(channel)
+        calls = [pb.WorkerCall(call_id=i + 1, verify=one_sequence(s), pipelined=True) for i, s in enumerate((1, 2, 0, 3))]
+        replies = list(stub.Session(iter(calls), timeout=10))
+        assert [r.call_id for r in replies] == [1, 2, 3, 4]
+        assert [list(r.verify.tokens) for r in replies[:2]] == [[1], [2]] and list(replies[3].verify.tokens) == [3]
+        assert replies[2].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert worker.events == [("start", (1,)), ("start", (2,)), ("finish", (1,)),
+                                 ("finish", (2,)), ("start", (3,)), ("finish", (3,))]
+    finally:
+        channel.close()
+        server.stop(0)
+
+
+def test_a_pipelined_call_with_nothing_after_it_is_answered_once_done():
+    """The client sends one pipelined call and waits for it (the last step of a run): the worker
+    answers as soon as the call is done, without waiting for a frame that will not come."""
+    worker = OverlappingFakeTarget(busy_s=0.05)
+    server = serve(worker)
+    client = RemoteTargetWorker(server.address)
+    try:
+        started = time.monotonic()
+        assert client.start_verify(request(4)).result().verdicts[0].tokens == [5, 6, 4]
+        assert 0.05 <= time.monotonic() - started < 5
+        assert client.verify(request(7)).verdicts[0].tokens == [8, 9, 7]  # an unpipelined call: the plain handler
+        assert worker.events == [("start", (4,)), ("finish", (4,))]
+    finally:
+        client.close()
+        server.stop(0)
