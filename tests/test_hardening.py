@@ -44,13 +44,18 @@ def expected(llama_target):
 
 
 def _slow_verify(worker, delay_s: float):
-    original = worker.verify
+    """Every Verify takes delay_s longer: unpipelined ones and those regular decoding pipelines."""
+    original, original_start = worker.verify, worker.start_verify
 
     def verify(request):
         time.sleep(delay_s)
         return original(request)
 
-    worker.verify = verify
+    def start_verify(request):
+        time.sleep(delay_s)
+        return original_start(request)
+
+    worker.verify, worker.start_verify = verify, start_verify
 
 
 def _health(address: str, service: str = "bass.v1.Generation") -> int:

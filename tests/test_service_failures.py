@@ -142,13 +142,17 @@ def test_health_answers_while_a_step_runs(services):
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     worker = services.target.engine
-    original = worker.verify
+    original, original_start = worker.verify, worker.start_verify
 
     def slow_verify(request):
         time.sleep(0.5)
         return original(request)
 
-    worker.verify = slow_verify
+    def slow_start_verify(request):
+        time.sleep(0.5)
+        return original_start(request)
+
+    worker.verify, worker.start_verify = slow_verify, slow_start_verify
     try:
         with BassClient(services.address, timeout_s=60) as client:
             call = threading.Thread(target=client.generate, args=(PROMPT,), kwargs=dict(max_new_tokens=4))
@@ -161,7 +165,7 @@ def test_health_answers_while_a_step_runs(services):
             assert time.monotonic() - t0 < 0.3, "health must not wait for the model"
             call.join(30)
     finally:
-        worker.verify = original
+        worker.verify, worker.start_verify = original, original_start
 
 
 def test_graceful_shutdown_finishes_in_flight_calls(services, expected):
