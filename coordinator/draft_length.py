@@ -116,6 +116,8 @@ class PerSequenceAdaptive(_NoCosts):
 # a speculative Verify waits out its whole round trip, while regular steps overlap theirs), and
 # at batch 64 on an H100 it made k = 1 look 6% faster than regular decoding, which it was not.
 EXTRAPOLATED_MARGIN = 0.15
+# Steady steps of one draft length timed at a batch-size bucket before the first choice there.
+MIN_TIMED_STEPS = 3
 
 
 class _CostModel:
@@ -140,7 +142,10 @@ class _CostModel:
 
     @property
     def ready(self) -> bool:
-        return bool(self.draft) and bool(self.verify)
+        """Enough steps timed to choose from: a few of one draft length (one step says little:
+        the first steps after a start or a batch change run slower or faster by chance)."""
+        return (any(len(d) >= MIN_TIMED_STEPS for d in self.draft.values())
+                and any(len(v) >= MIN_TIMED_STEPS for k, v in self.verify.items() if k > 0))
 
     def measured(self, k: int) -> bool:
         """Whether a step of k drafts was timed here (rather than extrapolated)."""
@@ -201,6 +206,7 @@ class MeasuredCost:
         self.last_k = initial
         self.speculating: bool | None = None  # the mode chosen, probes aside (None: not yet)
         self.zero_probe_every, self.next_zero_probe = regular_probe_every, regular_probe_every
+        self.regular_probe_left = 0  # further regular steps of a k = 0 probe
 
     @staticmethod
     def bucket(batch: int) -> int:
@@ -249,6 +255,7 @@ class MeasuredCost:
             self.speculating = best > 0
         k = min(best, self.last_k + 2)
         if best == 0:
+            self.regular_probe_left = 0
             if self.steps >= self.next_zero_probe:
                 k = 1
                 self.zero_probe_every = min(2 * self.zero_probe_every, self.max_probe_every)
@@ -264,6 +271,12 @@ class MeasuredCost:
                 # cheap: the draft skips one step, so it catches up on a single token.
                 phase = (self.steps // self.probe_every - 1) % 4
                 k = 0 if phase == 0 else max(1, k - 1) if phase == 2 else min(self.max_length, k + 1)
+                # A regular step is timed only when the next one was sent before it was read
+                # (Scheduler._commit_in_flight), so a k = 0 probe is two regular steps.
+                self.regular_probe_left = 1 if k == 0 else 0
+            elif self.regular_probe_left:
+                self.regular_probe_left -= 1
+                k = 0
         self.last_k = k
         return [k] * len(seq_ids)
 

@@ -320,14 +320,18 @@ class Scheduler:
         if previous is None:  # the first call in flight: its launch is part of the next step's time
             self._uncounted_step_s += self.clock() - step_started
             return []
-        return self._commit_in_flight(step_started, previous)
+        return self._commit_in_flight(step_started, previous, overlapped=True)
 
-    def _commit_in_flight(self, step_started: float, flight: InFlight) -> list[RequestRun]:
-        """Wait for a pipelined Verify and commit it."""
+    def _commit_in_flight(self, step_started: float, flight: InFlight, overlapped: bool = False) -> list[RequestRun]:
+        """Wait for a pipelined Verify and commit it. overlapped: the next regular step was sent
+        first, so this wait is the steady state's; a call committed alone (the last of a run,
+        a lone k = 0 probe) waits out its whole step, which no run of regular steps does, and
+        its time would make regular decoding look dearer than it is."""
         started = self.clock()
         verified = flight.pending.result()
         verify_s = flight.send_s + self.clock() - started  # the loop's time spent on this call
-        self.policy.observe_costs(len(flight.batch), 0, 0.0, 0, verify_s if flight.clean else None)
+        steady = flight.clean and overlapped
+        self.policy.observe_costs(len(flight.batch), 0, 0.0, 0, verify_s if steady else None)
         self._drafted_last_step = False
         counted = any(seq.finish_reason is None for seq in flight.batch)  # else not a step (see _commit)
         finished = self._commit(flight.batch, [()] * len(flight.batch), verified, 0, 0.0, verify_s)

@@ -169,7 +169,7 @@ def test_measured_cost_leaves_regular_decoding_only_for_a_clear_gain_and_does_no
     def policy_where_speculation_gains(gain: float, speculating: bool) -> MeasuredCost:
         pol = MeasuredCost(margin=0.15)
         pol.alpha = [9.0, 10.0]
-        for k in range(1, pol.max_length + 1):  # draft 1.2 ms per token, verification 3 ms
+        for k in list(range(1, pol.max_length + 1)) * 3:  # draft 1.2 ms per token, verification 3 ms
             pol.observe_costs(8, k, 0.0012 * k, k, 0.003)
         pol.observe_costs(8, 0, 0.0, 0, 1.0)
         best_speculative = max(pol.scores(8)[1:])
@@ -187,7 +187,7 @@ def test_measured_cost_leaves_regular_decoding_only_for_a_clear_gain_and_does_no
 
 
 def test_measured_cost_measures_regular_decoding_before_its_first_choice():
-    """The first step at a batch size drafts `initial` tokens, the second is a regular step
+    """The first steps at a batch size draft `initial` tokens, the next is a regular step
     (its cost is measured, not extrapolated from k >= 1), then the policy chooses from
     measured costs: here (step costs as measured at batch 64 on the H100, a draft that
     accepts two thirds of its tokens) regular decoding, and it stays there."""
@@ -196,14 +196,14 @@ def test_measured_cost_measures_regular_decoding_before_its_first_choice():
     pol = MeasuredCost()
     costs = {0: (0.0, 4.7), 2: (4.8, 6.1), 4: (8.0, 7.3)}
     chosen = []
-    for _ in range(6):
+    for _ in range(8):
         k = pol.lengths(list(range(64)))[0]
         chosen.append(k)
         draft_ms, verify_ms = costs.get(k, (2.0 * k, 6.1 + 0.6 * (k - 2)))
         pol.observe(list(range(64)), [k] * 64, [min(k, 2)] * 64)
         pol.observe_costs(64, k, draft_ms / 1000, k, verify_ms / 1000)
-    assert chosen[:2] == [pol.initial, 0]
-    assert chosen[2:] == [0, 0, 0, 0] and pol.speculating is False
+    assert chosen[:4] == [pol.initial] * 3 + [0]  # three steps timed before the first choice
+    assert chosen[4:] == [0, 0, 0, 0] and pol.speculating is False
 
 
 def test_measured_cost_trusts_a_measured_gain_more_than_an_extrapolated_one():
@@ -216,7 +216,7 @@ def test_measured_cost_trusts_a_measured_gain_more_than_an_extrapolated_one():
     def policy(timed: list[int], gain: float) -> tuple[MeasuredCost, int]:
         pol = MeasuredCost()
         pol.alpha = [9.0, 10.0]
-        for k in timed:  # draft 1.2 ms per token, verification 3 ms
+        for k in timed * 3:  # draft 1.2 ms per token, verification 3 ms
             pol.observe_costs(8, k, 0.0012 * k, k, 0.003)
         pol.observe_costs(8, 0, 0.0, 0, 0.003)
         scores = pol.scores(8)
@@ -244,3 +244,51 @@ def test_measured_cost_keeps_regular_decoding_without_catch_up_probes_for_long()
     chosen = [pol.lengths(list(range(64)))[0] for _ in range(pol.regular_probe_every + 10)]
     assert set(chosen[:pol.regular_probe_every - 10]) == {0}
     assert chosen.count(1) == 1
+
+
+def test_measured_cost_probes_regular_decoding_with_two_steps_while_speculating():
+    """Only a regular step whose successor was sent before it was read is timed (a lone one
+    waits out its whole step), so a k = 0 probe while speculating is two regular steps."""
+    from bass.coordinator.draft_length import MeasuredCost
+
+    pol = MeasuredCost(probe_every=8)
+    feed(pol, 8, 4, 1.0, lambda k: 3.0 if k else 6.0, alpha=0.9, steps=4)
+    feed(pol, 8, 0, 0.0, lambda k: 6.0, alpha=0.9, steps=4)
+    chosen = [pol.lengths(list(range(8)))[0] for _ in range(64)]
+    zeros = [step for step, k in enumerate(chosen) if k == 0]
+    assert zeros and len(zeros) % 2 == 0 and all(b == a + 1 for a, b in zip(zeros[::2], zeros[1::2])), chosen
+    assert chosen.count(0) <= 2 * (64 // 32 + 1)
+
+
+def test_a_regular_step_is_timed_only_when_the_next_was_sent_first(llama_target, llama_draft):
+    """Scheduler._commit_in_flight: the cost of a regular step committed alone (the last of a run
+    before speculation resumes) is not reported to the policy; one whose successor was sent
+    first is."""
+    from conftest import build_scheduler
+    from bass.coordinator.requests import GenerationRequest
+
+    class Scripted:
+        def __init__(self):
+            self.step, self.costs = 0, []
+
+        def lengths(self, seq_ids):
+            self.step += 1
+            return [0 if self.step in (3, 6, 7, 8) else 2] * len(seq_ids)
+
+        def observe(self, *args):
+            pass
+
+        def observe_costs(self, batch, draft_forwards, draft_s, verify_k, verify_s):
+            if verify_k == 0:
+                self.costs.append(verify_s)
+
+        def forget(self, seq_id):
+            pass
+
+    s = build_scheduler(llama_target, llama_draft, "2")
+    s.policy = policy = Scripted()
+    s.generate([GenerationRequest(prompt_ids=(5, 6, 7), max_new_tokens=30, ignore_eos=True)])
+    # step 3 alone: untimed; steps 6-8: 6 and 7 timed (each committed after the next was sent), 8 alone
+    assert len(policy.costs) == 4
+    assert policy.costs[0] is None and policy.costs[3] is None
+    assert policy.costs[1] is not None and policy.costs[2] is not None
