@@ -118,6 +118,13 @@ class PerSequenceAdaptive(_NoCosts):
 EXTRAPOLATED_MARGIN = 0.15
 # Steady steps of one draft length timed at a batch-size bucket before the first choice there.
 MIN_TIMED_STEPS = 3
+# E(k) is the mean sequence's tokens per step, but a batch (and a request of n sequences) waits
+# for its slowest: at batch 64 on an H100, k = 4 took 37 steps for 128 tokens where the mean
+# acceptance predicts 30. So leaving regular decoding needs more the larger the batch: the margin
+# grows by up to this much, reached at batch 8 (H100, 2026-11-25: at batch 1 speculation measured
+# 10-18% faster than regular decoding and is taken at a 5% margin; at batches 8 and 64 the model
+# put it 5-10% ahead while regular decoding finished the batch 3-30% sooner).
+BATCH_TAIL_MARGIN = 0.10
 
 
 class _CostModel:
@@ -179,9 +186,10 @@ class MeasuredCost:
     acceptance; a step costs a draft call of k tokens plus one verification, both timed as the
     coordinator sees them (RPC included; steps with prefill or draft catch-up are not counted)
     and modelled per batch-size bucket. It picks argmax_k E(k) / cost(k) over 1..max_length,
-    and regular decoding (k = 0) unless that speculation beats it by `margin` (5%; 15% where
-    its cost is extrapolated, not measured): speculating costs a draft catch-up each time it
-    resumes. Once speculating, it stays unless regular
+    and regular decoding (k = 0) unless that speculation beats it by `margin` (5% at batch 1,
+    growing to 15% at batch 8 and beyond, since a batch waits for its slowest sequence; at
+    least 15% where the cost is extrapolated, not measured): speculating costs a draft catch-up
+    each time it resumes. Once speculating, it stays unless regular
     decoding is measured faster outright (hysteresis: the two thresholds keep it from flapping,
     each flap being a catch-up). k grows by at most 2 a step (an estimate from one k says
     little about much longer drafts). While speculating, every `probe_every` steps it tries
@@ -234,10 +242,12 @@ class MeasuredCost:
         # only regular decoding measured faster outright turns it off.
         model = self.costs[self.bucket(batch)]
 
+        margin = self.margin + BATCH_TAIL_MARGIN * min(1.0, math.log2(self.bucket(batch)) / 3)
+
         def needed(k: int) -> float:
             if self.speculating:
                 return 1.0
-            return 1 + (self.margin if model.measured(k) else max(self.margin, EXTRAPOLATED_MARGIN))
+            return 1 + (margin if model.measured(k) else max(margin, EXTRAPOLATED_MARGIN))
 
         winners = [k for k in range(1, len(scores)) if scores[k] > needed(k) * scores[0]]
         return max(winners, key=scores.__getitem__) if winners else 0
