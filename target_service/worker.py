@@ -53,14 +53,14 @@ class LaunchedVerify:
     states: list[SequenceState]
     rows_per_seq: list[int]
     max_k: int
-    logits: torch.Tensor  # [rows, vocab] fp32, kept for the exact race of flagged rows
-    row_params: RowParams | None
-    keys: torch.Tensor | None
-    drafts: torch.Tensor | None
-    draft_lens: torch.Tensor | None
-    raced: torch.Tensor | None  # [rows] the target's token at every row (first pass)
-    packed: torch.Tensor | None  # [seqs, 2 + max_k (+ rows flags)]: accepted, tokens, redo flags
-    ready: torch.cuda.Event | None  # set once `packed` has reached the host
+    logits: torch.Tensor | None = None  # [rows, vocab] fp32, kept for the exact race of flagged rows
+    row_params: RowParams | None = None
+    keys: torch.Tensor | None = None
+    drafts: torch.Tensor | None = None
+    draft_lens: torch.Tensor | None = None
+    raced: torch.Tensor | None = None  # [rows] the target's token at every row (first pass)
+    packed: torch.Tensor | None = None  # [seqs, 2 + max_k (+ rows flags)]: accepted, tokens, redo flags
+    ready: torch.cuda.Event | None = None  # set once `packed` has reached the host
     # Run ahead of the previous call: the cache position of each sequence's input token, a
     # placeholder that the previous call's finish settles.
     fed_at: list[int] | None = None
@@ -120,7 +120,7 @@ class TargetWorker:
         self.runner.release(list(self.runner.sequences))
 
     def verify(self, request: VerifyRequest) -> VerifyResponse:
-        return self.finish(self.start_verify(request)._launched)
+        return self.start_verify(request).result()
 
     def start_verify(self, request: VerifyRequest) -> PendingVerify:
         started = time.perf_counter()
@@ -152,8 +152,7 @@ class TargetWorker:
         counts = [len(it.draft_tokens) for it in items]
         rows_per_seq = [c + 1 for c in counts]
         launched = LaunchedVerify(seq_ids=[it.seq_id for it in items], states=states, rows_per_seq=rows_per_seq,
-                                  max_k=max(counts, default=0), logits=None, row_params=None, keys=None, drafts=None,
-                                  draft_lens=None, raced=None, packed=None, ready=None)
+                                  max_k=max(counts, default=0))
         if not items:
             launched.response = VerifyResponse(verdicts=[])
             return launched

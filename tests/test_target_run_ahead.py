@@ -13,6 +13,7 @@ from bass.coordinator.requests import FinishReason, GenerationRequest
 from bass.coordinator.scheduler import Scheduler
 from bass.worker_api import AddSequence, SequenceSampling, VerifyItem, VerifyRequest
 from conftest import build_scheduler
+from test_pipelined_decoding import run_staggered as staggered, tokens
 
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.95)
 
@@ -52,16 +53,8 @@ def requests(sampling, stop_on=((), (), (), ())):
 
 
 def run_staggered(scheduler, reqs):
-    """Two requests at the start, one after 3 steps, one after 6."""
-    runs = [scheduler.submit(r) for r in reqs[:2]]
-    steps = 0
-    while scheduler.has_work or len(runs) < len(reqs):
-        if steps in (3, 6) and len(runs) < len(reqs):
-            runs.append(scheduler.submit(reqs[len(runs)]))
-        scheduler.step()
-        steps += 1
-    scheduler.flush_releases()
-    return [[(s.token_ids, s.finish_reason) for s in r.result.sequences] for r in runs]
+    """Two requests at the start, one after 3 steps, one after 6: each sequence's tokens and finish."""
+    return tokens(staggered(scheduler, reqs))
 
 
 def reference_scheduler(target_dir):
