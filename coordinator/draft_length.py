@@ -112,18 +112,19 @@ class PerSequenceAdaptive(_NoCosts):
 
 
 # Leaving regular decoding for a draft length whose cost is a line through other lengths needs
-# this much more measured throughput: the line misjudges short drafts (a draft call's fixed part;
-# a speculative Verify waits out its whole round trip, while regular steps overlap theirs), and
-# at batch 64 on an H100 it made k = 1 look 6% faster than regular decoding, which it was not.
+# at least this much more throughput: the line misjudges short drafts (a draft call has a fixed
+# part, and a speculative Verify waits out its whole round trip while regular steps overlap
+# theirs). 15% is the single margin the policy used before 2026-11-25 (not tuned separately).
 EXTRAPOLATED_MARGIN = 0.15
 # Steady steps of one draft length timed at a batch-size bucket before the first choice there.
 MIN_TIMED_STEPS = 3
 # E(k) is the mean sequence's tokens per step, but a batch (and a request of n sequences) waits
-# for its slowest: at batch 64 on an H100, k = 4 took 37 steps for 128 tokens where the mean
-# acceptance predicts 30. So leaving regular decoding needs more the larger the batch: the margin
-# grows by up to this much, reached at batch 8 (H100, 2026-11-25: at batch 1 speculation measured
-# 10-18% faster than regular decoding and is taken at a 5% margin; at batches 8 and 64 the model
-# put it 5-10% ahead while regular decoding finished the batch 3-30% sooner).
+# for its slowest: at batch 64 on an H100, k = 4 took 37 steps for 128 tokens where its mean
+# acceptance (0.815) predicts 30. So leaving regular decoding needs more the larger the batch:
+# the margin grows by up to this much, reached at batch 8. H100, 2026-11-25 (bench/results): at
+# batch 1, k = 4 ran 10-23% faster than regular decoding; with a flat 5% margin (6c00cde) auto
+# speculated at batches 8 and 64 where regular decoding ran 27-42% faster. The value 0.10 (15% in
+# all from batch 8, the margin used before) is a choice, not yet measured.
 BATCH_TAIL_MARGIN = 0.10
 
 
@@ -195,9 +196,10 @@ class MeasuredCost:
     little about much longer drafts). While speculating, every `probe_every` steps it tries
     k = 0 or a neighbour of the best k, k = 0 first, to keep costs and acceptance current.
     While decoding regularly, a probe (k = 1) makes the draft catch up on every token it
-    skipped, for every sequence: at batch 64 on an H100 one such probe cost as much as ~15
-    regular steps (bench/results, 2026-11-25), so the first comes after `regular_probe_every`
-    steps and the next ones ever further apart, up to `max_probe_every`. Acceptance learnt
+    skipped, for every sequence (at batch 64 on an H100, auto choosing regular decoding but
+    probing from step 16 on ran 10-20% slower than regular decoding; bench/results,
+    2026-11-25), so the first comes after `regular_probe_every` steps and the next ones ever
+    further apart, up to `max_probe_every`. Acceptance learnt
     while speculating at other batch sizes still moves the choice between probes.
     """
 

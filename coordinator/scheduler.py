@@ -493,7 +493,8 @@ class Scheduler:
         """The policy's draft length per sequence (by seq_id); none while the draft is down."""
         if not self.draft_up:
             return {s.seq_id: 0 for s in batch}
-        return dict(zip([s.seq_id for s in batch], self.policy.lengths([s.seq_id for s in batch])))
+        seq_ids = [s.seq_id for s in batch]
+        return dict(zip(seq_ids, self.policy.lengths(seq_ids)))
 
     def _attach_where_wanted(self, batch: list[SequenceRun], wanted: dict[int, int], prefill: PrefillBudget) -> None:
         """Attach sequences to the draft where speculation first wants them."""

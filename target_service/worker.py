@@ -21,7 +21,7 @@ decoding emits (tests/test_target_run_ahead.py).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -251,9 +251,9 @@ class TargetWorker:
             verdicts.append(Verdict(accepted=len(emitted) - 1, tokens=emitted))
         if stale:
             self._repair(following, stale)
-        held = {seq_id for call in self._unfinished for seq_id in call.seq_ids}
-        free = [seq_id for seq_id in self._deferred_release if seq_id not in held]
-        if free:
+        if self._deferred_release:
+            held = {seq_id for call in self._unfinished for seq_id in call.seq_ids}
+            free = [seq_id for seq_id in self._deferred_release if seq_id not in held]
             self._deferred_release = [seq_id for seq_id in self._deferred_release if seq_id in held]
             runner.release(free)
         launched.worker_s += time.perf_counter() - started
