@@ -366,6 +366,8 @@ class Scheduler:
             req.stats.steps += 1
         st = self.step_stats
         st.steps += 1
+        k = max(map(len, drafts))
+        st.steps_by_length[k] = st.steps_by_length.get(k, 0) + 1
         st.sequence_steps += len(batch)
         st.committed_tokens += sum(len(v.tokens) for v in verdicts)
         st.draft_tokens += sum(len(d) for d in drafts)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass
@@ -19,6 +19,9 @@ class StepStats:
     draft_compute_s: float = 0.0  # inside the draft worker
     verify_s: float = 0.0  # Verify calls, transport included
     verify_compute_s: float = 0.0  # inside the target worker
+    # Steps by the step's draft length (its longest draft; 0 = regular): what a policy such as
+    # `auto` chose, probes included, which the means above hide.
+    steps_by_length: dict[int, int] = field(default_factory=dict)
 
     def breakdown(self) -> dict:
         """Mean milliseconds per step: draft and verify compute, transport (RPC), and the

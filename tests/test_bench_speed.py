@@ -24,6 +24,8 @@ def test_speed_bench_accounts_for_every_token_and_millisecond(llama_target, tmp_
         assert abs(parts - b["step_ms"]) < 1e-6 * max(1, b["step_ms"]) + 1e-3
         assert min(b.values()) >= -1e-3
     assert regular["tokens_per_sequence_step"] == 1.0 and regular["step_stats"]["draft_tokens"] == 0
+    assert regular["step_stats"]["steps_by_length"] == {"0": regular["steps"]}
+    assert spec["step_stats"]["steps_by_length"] == {"3": spec["steps"]}
     # draft == target: every proposal accepted, so each step commits k + 1 = 4 tokens per sequence
     assert spec["acceptance_rate"] == 1.0 and spec["tokens_per_sequence_step"] > 3
     if services:
