@@ -1,0 +1,86 @@
+"""Where an in-process step's time goes, for several (mode, batch, policy) runs in one process:
+wall time per step against the GPU's busy time per step (the kernels' summed time; busy much
+under wall means the host or a sync is the bound), and the kernels that fill it.
+
+Usage (GPU machine, after setup.sh): python3 profile_steps.py TARGET DRAFT OUT_DIR CASE...
+where a CASE is MODE:BATCH:POLICY, e.g. t0.8-p0.95:64:0 (MODE as in `bass bench speed`).
+Writes OUT_DIR/profile-MODE-bBATCH-kPOLICY.txt per case and prints a one-line summary of each.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from bass.bench.humaneval import load_problems, select
+from bass.bench.speed import MODES
+from bass.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
+from bass.coordinator.requests import GenerationRequest
+from bass.coordinator.scheduler import Scheduler
+from bass.coordinator.step_stats import StepStats
+from bass.coordinator.tokenizer import load_codec
+from bass.local import build_local_workers
+
+NEW_TOKENS = int(os.environ.get("PROFILE_TOKENS", 128))
+DEVICE = os.environ.get("PROFILE_DEVICE", "cuda")  # cpu: a smoke test of this script
+
+
+def main() -> None:
+    target, draft, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    cases = [c.split(":") for c in sys.argv[4:]]
+    slots = max(int(b) for _, b, _ in cases)
+    runner = dict(device=DEVICE, dtype="bfloat16" if DEVICE == "cuda" else "float32", num_slots=slots, max_seq_len=1024,
+                  attention="triton" if DEVICE == "cuda" else "pad")
+    prompts = [p["prompt"] for p in select(load_problems(), "0:16")]
+    target_worker, draft_worker = build_local_workers(RunnerConfig(model_dir=target, **runner),
+                                                      RunnerConfig(model_dir=draft, **runner))
+    codec = load_codec(Path(target))
+    for mode, batch, policy in cases:
+        batch = int(batch)
+        length = DraftLengthConfig.parse(policy)
+        # As `bass bench speed` does: a fresh scheduler (and policy) per case, no draft for k = 0.
+        scheduler = Scheduler(target_worker, draft_worker if length.speculates else None, codec,
+                              SchedulerConfig(max_batch_size=batch, max_n=1, max_new_tokens=NEW_TOKENS,
+                                              draft_length=length))
+
+        def run(tokens: int, round_: int):
+            return scheduler.generate([GenerationRequest(prompt=prompts[i % len(prompts)], max_new_tokens=tokens,
+                                                         ignore_eos=True, sampling=MODES[mode], seed=1000 * round_ + i)
+                                       for i in range(batch)])
+
+        run(min(16, NEW_TOKENS), 0)
+        run(NEW_TOKENS, 1)  # the policy learns its costs, as in `bass bench speed`'s first round
+        _sync()
+        scheduler.step_stats = StepStats()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            started = time.perf_counter()
+            run(NEW_TOKENS, 2)
+            _sync()
+            wall = time.perf_counter() - started
+        st = scheduler.step_stats
+        events = prof.key_averages()
+        busy_us = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+        steps = max(st.steps, 1)
+        summary = (f"{mode} batch {batch} policy {policy}: {1000 * wall / NEW_TOKENS:.3f} ms/token/seq (profiled), "
+                   f"{st.steps} steps {dict(sorted(st.steps_by_length.items()))}, wall {1000 * wall / steps:.3f} "
+                   f"ms/step, GPU busy {busy_us / 1000 / steps:.3f} ms/step, breakdown {st.to_dict()['breakdown_ms_per_step']}")
+        print(summary, flush=True)
+        name = f"profile-{mode}-b{batch}-k{policy}.txt"
+        (out / name).write_text(summary + "\n\n"
+                                + events.table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=70)
+                                + "\n\n" + events.table(sort_by="self_cpu_time_total", row_limit=30,
+                                                        max_name_column_width=70))
+
+
+def _sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
