@@ -15,6 +15,11 @@ worker will run (`precapture`), and only those replay: a capture costs tens of m
 and one taken in the middle of serving would show up as a slow step (and mislead the
 draft-length policy, which times steps). The LM head runs after the replay, outside the graph, so a graph's static output
 is [rows, hidden], not [rows, vocab]: a hundred graphs then cost megabytes, not gigabytes.
+
+A worker may also give a *tail*: a function of a graph's hidden output and a staged vector of
+host values (the target's sampled verification, engine/verify_tail.py), captured as a second
+graph per shape in the same memory pool. Its [rows, vocab] temporaries are freed at the end of
+each capture, so every tail reuses the same blocks; only its small outputs stay.
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, Protocol
+
+import numpy as np
 
 import torch
 
@@ -93,6 +100,36 @@ class _Graph:
     hidden: torch.Tensor | None  # static output: final hidden states of the logit rows
 
 
+class GraphTail(Protocol):
+    """Work that follows a forward, captured per shape: outputs = tail(hidden, staged, bucket,
+    rows), with staged a float64 vector of width(bucket, rows) host values (blank: padding)."""
+
+    def width(self, bucket: int, rows: int) -> int: ...
+    def blank(self, bucket: int, rows: int) -> np.ndarray: ...
+    def __call__(self, hidden: torch.Tensor, staged: torch.Tensor, bucket: int,
+                 rows: int) -> tuple[torch.Tensor, ...]: ...
+
+
+class _TailGraph:
+    """A captured tail and its staged input: a pinned host vector copied to the device once
+    per replay."""
+
+    def __init__(self, width: int, device: torch.device):
+        self.host = torch.zeros(width, dtype=torch.float64).pin_memory()
+        self.staged = torch.zeros(width, dtype=torch.float64, device=device)
+        self.copied: torch.cuda.Event | None = None  # the last copy out of `host` (see StaticInputs)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.outputs: tuple[torch.Tensor, ...] = ()
+
+    def load(self, values: np.ndarray) -> None:
+        if self.copied is not None:
+            self.copied.synchronize()
+        self.host.copy_(torch.from_numpy(values))
+        self.staged.copy_(self.host, non_blocking=True)
+        self.copied = torch.cuda.Event()
+        self.copied.record()
+
+
 def capture(pool, warm_up: Callable[[], object], body: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph, object]:
     """A CUDA graph of `body` in `pool`, and body's output (its static result). warm_up runs
     twice first, on a side stream (Triton compilation, the allocator's first blocks); it must
@@ -115,6 +152,7 @@ class DecodeGraphs:
         self.device = model.device
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[tuple[int, int, int], _Graph] = {}
+        self.tails: dict[tuple[int, int, int], _TailGraph] = {}
 
     @staticmethod
     def bucket(num_seqs: int) -> int | None:
@@ -131,25 +169,46 @@ class DecodeGraphs:
     def run(self, chunks: list[SequenceChunk], input_ids: torch.Tensor | None = None) -> torch.Tensor:
         """fp32 logits for an eligible batch ([len(chunks) * logit_rows, vocab]). input_ids, a
         device tensor of every chunk's tokens in order, replaces the chunks' own token lists."""
+        return self.model.logits(self._replay(chunks, input_ids))
+
+    def has_tail(self, chunks: list[SequenceChunk]) -> bool:
+        return self.eligible(chunks) and self._key(chunks) in self.tails
+
+    def run_tail(self, chunks: list[SequenceChunk], staged: np.ndarray,
+                 input_ids: torch.Tensor | None = None) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """The forward of `run` and then its shape's tail on `staged` (made for the bucket):
+        (the tail's static outputs, the forward's hidden rows [len(chunks) * logit_rows, H]).
+        Both are overwritten by the next replay of this shape: keep copies of what must last."""
+        tail = self.tails[self._key(chunks)]
+        hidden = self._replay(chunks, input_ids)
+        tail.load(staged)
+        tail.graph.replay()
+        return tail.outputs, hidden
+
+    def _key(self, chunks: list[SequenceChunk]) -> tuple[int, int, int]:
+        return self.bucket(len(chunks)), len(chunks[0].tokens), chunks[0].logit_rows
+
+    def _replay(self, chunks: list[SequenceChunk], input_ids: torch.Tensor | None) -> torch.Tensor:
         num, q, rows = len(chunks), len(chunks[0].tokens), chunks[0].logit_rows
-        key = (self.bucket(num), q, rows)
-        graph = self.graphs[key]
+        graph = self.graphs[self._key(chunks)]
         graph.inputs.fill(chunks)
         if input_ids is not None:
             graph.inputs.batch.input_ids[:num * q].copy_(input_ids)
         graph.graph.replay()
-        return self.model.logits(graph.hidden[:num * rows])
+        return graph.hidden[:num * rows]
 
-    def precapture(self, shapes: list[tuple[int, int]], max_batch: int) -> None:
+    def precapture(self, shapes: list[tuple[int, int]], max_batch: int, tail: GraphTail | None = None) -> None:
         """Capture graphs for every batch bucket up to max_batch's and each (tokens per
-        sequence, logit rows per sequence) in `shapes`."""
+        sequence, logit rows per sequence) in `shapes`, each followed by a graph of `tail`."""
         last = self.bucket(max_batch) or BATCH_BUCKETS[-1]
         for bucket in (b for b in BATCH_BUCKETS if b <= last):
             for q, rows in shapes:
                 key = (bucket, q, rows)
                 if q <= MAX_GRAPH_Q and key not in self.graphs:
                     self.graphs[key] = self._capture(*key)
-        log.info("%d CUDA graphs captured (batch buckets up to %d)", len(self.graphs), last)
+                if tail is not None and key in self.graphs and key not in self.tails:
+                    self.tails[key] = self._capture_tail(tail, key)
+        log.info("%d CUDA graphs captured (batch buckets up to %d), %d tails", len(self.graphs), last, len(self.tails))
 
     # -- internals -----------------------------------------------------------------------------
     def _capture(self, bucket: int, q: int, rows: int) -> _Graph:
@@ -159,3 +218,11 @@ class DecodeGraphs:
         forward = functools.partial(self.model.hidden, inputs.batch, self.cache)
         graph, hidden = capture(self.pool, forward, forward)
         return _Graph(graph=graph, inputs=inputs, hidden=hidden)
+
+    def _capture_tail(self, tail: GraphTail, key: tuple[int, int, int]) -> _TailGraph:
+        bucket, _, rows = key
+        out = _TailGraph(tail.width(bucket, rows), self.device)
+        out.staged.copy_(torch.from_numpy(tail.blank(bucket, rows)))
+        body = functools.partial(tail, self.graphs[key].hidden, out.staged, bucket, rows)
+        out.graph, out.outputs = capture(self.pool, body, body)
+        return out

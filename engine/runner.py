@@ -158,10 +158,26 @@ class ModelRunner:
         of each sequence, concatenated in order.
 
         With run_all_but_last, the last committed token stays pending (prefill)."""
-        chunks = self.stage(work, logits_per_seq, run_all_but_last)
+        return self.run(self.stage(work, logits_per_seq, run_all_but_last))
+
+    def run(self, chunks: list[SequenceChunk], input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """fp32 logits of staged chunks (`stage`, `stage_fed`), from a CUDA graph where one was
+        captured for their shape. input_ids: the chunks' tokens, on the device (`stage_fed`)."""
         if self.graphs is not None and self.graphs.eligible(chunks):
-            return self.graphs.run(chunks)
-        return self.model.forward(RaggedBatch.build(chunks, self.device), self.cache)
+            return self.graphs.run(chunks, input_ids=input_ids)
+        batch = RaggedBatch.build(chunks, self.device)
+        if input_ids is not None:
+            batch = replace(batch, input_ids=input_ids)
+        return self.model.forward(batch, self.cache)
+
+    def has_tail(self, chunks: list[SequenceChunk]) -> bool:
+        """Whether `run_tail` can run these chunks (a graph and a tail were captured for them)."""
+        return self.graphs is not None and self.graphs.has_tail(chunks)
+
+    def run_tail(self, chunks: list[SequenceChunk], staged, input_ids: torch.Tensor | None = None):
+        """The forward of staged chunks and the warm-up's tail after it, both as CUDA graphs
+        (DecodeGraphs.run_tail)."""
+        return self.graphs.run_tail(chunks, staged, input_ids=input_ids)
 
     def stage(self, work: list[tuple[SequenceState, list[int]]], logits_per_seq: list[int],
               run_all_but_last: bool = False) -> list[SequenceChunk]:
@@ -187,22 +203,25 @@ class ModelRunner:
         the host queues the next step while the GPU runs this one. The cache records
         placeholders for these tokens; `settle` writes their values once the caller has copied
         all its results to the host."""
+        return self.run(self.stage_fed(states), input_ids)
+
+    def stage_fed(self, states: list[SequenceState]) -> list[SequenceChunk]:
+        """What `forward_fed` runs, without running it: a placeholder position per sequence."""
         chunks = []
         for state in states:
             start = self.reserve(state, 1)
             chunks.append(SequenceChunk(slot=state.slot, start=start, tokens=[PLACEHOLDER], logit_rows=1))
-        if self.graphs is not None and self.graphs.eligible(chunks):
-            return self.graphs.run(chunks, input_ids=input_ids)
-        return self.model.forward(replace(RaggedBatch.build(chunks, self.device), input_ids=input_ids), self.cache)
+        return chunks
 
     def settle(self, state: SequenceState, start: int, tokens: Sequence[int]) -> None:
         """The values of placeholder tokens run by forward_fed, from cache position `start`."""
         self.cache.settle(state.slot, start, list(tokens))
 
-    def warm_up(self, graph_shapes: Sequence[tuple[int, int]] = ()) -> None:
+    def warm_up(self, graph_shapes: Sequence[tuple[int, int]] = (), tail=None) -> None:
         """One tiny forward, so the first real request does not pay for lazy initialization;
         with CUDA graphs, capture the step shapes (tokens per sequence, logit rows per
-        sequence) the worker runs, for every batch size up to num_slots."""
+        sequence) the worker runs, for every batch size up to num_slots, each followed by a
+        graph of `tail` (graphs.GraphTail) where one is given."""
         with torch.inference_mode():
             slot = self.cache.allocate()
             try:
@@ -212,7 +231,7 @@ class ModelRunner:
             finally:
                 self.cache.release(slot)
             if self.graphs is not None and graph_shapes:
-                self.graphs.precapture(list(graph_shapes), self.config.num_slots)
+                self.graphs.precapture(list(graph_shapes), self.config.num_slots, tail=tail)
 
     # -- checks ----------------------------------------------------------------------------------
     def _check_new(self, seq_id: int) -> None:

@@ -19,6 +19,20 @@ from __future__ import annotations
 
 import torch
 
+from bass.engine.transfer import to_device
+
+
+def pad_rows(rows: torch.Tensor, counts: list[int], width: int) -> torch.Tensor:
+    """Packed rows [sum(counts), ...] to [len(counts), width, ...], zero-filled; a free view
+    when every count equals width (the common case under a batch-level draft length)."""
+    if all(c == width for c in counts):
+        return rows.view(len(counts), width, *rows.shape[1:])
+    out = rows.new_zeros(len(counts), width, *rows.shape[1:])
+    seq = [b for b, c in enumerate(counts) for _ in range(c)]
+    offset = [j for c in counts for j in range(c)]
+    out[to_device(seq, torch.int64, rows.device), to_device(offset, torch.int64, rows.device)] = rows
+    return out
+
 
 def accept_matching_prefix(target_tokens: torch.Tensor, draft_tokens: torch.Tensor,
                            draft_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,3 +51,17 @@ def accept_matching_prefix(target_tokens: torch.Tensor, draft_tokens: torch.Tens
     ok = (draft_tokens == target_tokens[:, :max_k]) & in_range
     accepted = ok.to(torch.int64).cumprod(dim=-1).sum(dim=-1)
     return accepted, target_tokens
+
+
+def verdict_columns(raced: torch.Tensor, redo: torch.Tensor | None, drafts: torch.Tensor, draft_lens: torch.Tensor,
+                    rows_per_seq: list[int]) -> torch.Tensor:
+    """What a Verify reads back, per sequence: [accepted, the k + 1 tokens, then (when redo
+    is given) a flag per row], int64 [B, 2 + 2K or 1 + K], from the target's token at every
+    row (raced, packed [sum(rows_per_seq)]), the rows whose token must be decided again
+    (redo, bool, same rows) and the drafts ([B, K], draft_lens [B])."""
+    width = drafts.shape[1] + 1
+    accepted, tokens = accept_matching_prefix(pad_rows(raced, rows_per_seq, width), drafts, draft_lens)
+    columns = [accepted[:, None], tokens]
+    if redo is not None:
+        columns.append(pad_rows(redo.to(torch.int64), rows_per_seq, width))
+    return torch.cat(columns, dim=1)

@@ -24,25 +24,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from bass.engine.runner import ModelRunner, SequenceState
 from bass.engine.sampling import RowParams, noise_keys, race, race_unsynced
+from bass.engine import verify_tail
 from bass.engine.transfer import to_device
-from bass.engine.verification import accept_matching_prefix
+from bass.engine.verification import verdict_columns
 from bass.worker_api import Verdict, VerifyRequest, VerifyResponse, WorkerInfo
-
-
-def pad_rows(rows: torch.Tensor, counts: list[int], width: int) -> torch.Tensor:
-    """Packed rows [sum(counts), ...] to [len(counts), width, ...], zero-filled; a free view
-    when every count equals width (the common case under a batch-level draft length)."""
-    if all(c == width for c in counts):
-        return rows.view(len(counts), width, *rows.shape[1:])
-    out = rows.new_zeros(len(counts), width, *rows.shape[1:])
-    seq = [b for b, c in enumerate(counts) for _ in range(c)]
-    offset = [j for c in counts for j in range(c)]
-    out[to_device(seq, torch.int64, rows.device), to_device(offset, torch.int64, rows.device)] = rows
-    return out
 
 
 @dataclass
@@ -54,6 +44,9 @@ class LaunchedVerify:
     rows_per_seq: list[int]
     max_k: int
     logits: torch.Tensor | None = None  # [rows, vocab] fp32, kept for the exact race of flagged rows
+    hidden: torch.Tensor | None = None  # [rows, H] instead, where the tail ran as a graph
+    # Host values of the sampling inputs: (row SamplingParams, noise keys, padded drafts, draft counts).
+    exact_inputs: tuple | None = None
     row_params: RowParams | None = None
     keys: torch.Tensor | None = None
     drafts: torch.Tensor | None = None
@@ -106,8 +99,9 @@ class TargetWorker:
 
     def warm_up(self) -> None:
         """Capture verification shapes: the pending token plus k drafts, k + 1 logit rows, for
-        k = 0 (regular decoding) to graph_max_draft."""
-        self.runner.warm_up(graph_shapes=[(k + 1, k + 1) for k in range(self.runner.config.graph_max_draft + 1)])
+        k = 0 (regular decoding) to graph_max_draft; each with the sampled verification tail."""
+        self.runner.warm_up(graph_shapes=[(k + 1, k + 1) for k in range(self.runner.config.graph_max_draft + 1)],
+                            tail=verify_tail.SampledVerifyTail(self.runner.model.logits))
 
     def release(self, seq_ids: Sequence[int]) -> None:
         self._finish_all()
@@ -156,29 +150,48 @@ class TargetWorker:
         if not items:
             launched.response = VerifyResponse(verdicts=[])
             return launched
-        # The forward is queued first, and the host prepares the sampling inputs (pinned,
-        # asynchronous copies) while the GPU runs it.
+        # Staged, not run: whether the step's shape replays as CUDA graphs decides how it samples.
         if previous is None:
-            launched.logits = runner.forward([(s, list(it.draft_tokens)) for s, it in zip(states, items)],
-                                             rows_per_seq)
+            chunks = runner.stage([(s, list(it.draft_tokens)) for s, it in zip(states, items)], rows_per_seq)
+            input_ids = None
             # Row j of sequence b decides the token at position len(committed) + j: every row races
             # with its own keyed noise, so a position is decided the same way whatever k was.
             decided = [len(s.committed) + j for s, n in zip(states, rows_per_seq) for j in range(n)]
         else:
             launched.fed_at = [runner.cached(s) for s in states]
-            launched.logits = runner.forward_fed(states, self._inputs_from(previous, launched.seq_ids))
+            chunks = runner.stage_fed(states)
+            input_ids = self._inputs_from(previous, launched.seq_ids)
             decided = [p + 1 for p in launched.fed_at]
-        device = runner.device
-        params = [it.sampling.params for it in items]
-        launched.row_params = RowParams.build([p for p, n in zip(params, rows_per_seq) for _ in range(n)], device)
-        if not launched.row_params.all_greedy:
-            launched.keys = to_device(noise_keys([it.sampling.seed_key for it, n in zip(items, rows_per_seq)
-                                                  for _ in range(n)], decided), torch.int64, device)
-        launched.drafts = to_device([list(it.draft_tokens) + [0] * (launched.max_k - c) for it, c in zip(items, counts)],
-                                    torch.int64, device).view(len(items), launched.max_k)
-        launched.draft_lens = to_device(counts, torch.int64, device)
-        launched.raced, redo = race_unsynced(launched.logits, launched.row_params, launched.keys)
-        packed = self._verdict_columns(launched, redo)
+        row_params = [it.sampling.params for it, n in zip(items, rows_per_seq) for _ in range(n)]
+        sampled = not all(p.greedy for p in row_params)
+        drafts = [list(it.draft_tokens) + [0] * (launched.max_k - c) for it, c in zip(items, counts)]
+        launched.exact_inputs = (row_params, None, drafts, counts)
+
+        def keys() -> np.ndarray | None:
+            if not sampled:
+                return None
+            seed_keys = [it.sampling.seed_key for it, n in zip(items, rows_per_seq) for _ in range(n)]
+            launched.exact_inputs = (row_params, noise_keys(seed_keys, decided).numpy(), drafts, counts)
+            return launched.exact_inputs[1]
+
+        if sampled and runner.has_tail(chunks):
+            # The sampled tail replays as a graph (engine/verify_tail.py): one launch for what
+            # is eagerly some sixty. A redo's logits (flagged rows) are recomputed from a copy
+            # of the hidden rows (_exact_inputs).
+            staged = verify_tail.stage(row_params, keys(), drafts, runner.graphs.bucket(len(items)),
+                                       launched.max_k + 1)
+            (packed, raced), hidden = runner.run_tail(chunks, staged, input_ids)
+            launched.hidden = hidden.clone()
+            launched.raced = raced[:len(row_params)].clone()
+            packed = packed[:len(items)]
+        else:
+            # The forward is queued first, and the host prepares the sampling inputs (pinned,
+            # asynchronous copies) while the GPU runs it.
+            launched.logits = runner.run(chunks, input_ids)
+            keys()
+            self._exact_inputs(launched)
+            launched.raced, redo = race_unsynced(launched.logits, launched.row_params, launched.keys)
+            packed = self._verdict_columns(launched, redo)
         if packed.is_cuda:
             launched.packed = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
             launched.packed.copy_(packed, non_blocking=True)
@@ -188,6 +201,21 @@ class TargetWorker:
             launched.packed = packed
         self._unfinished.append(launched)
         return launched
+
+    def _exact_inputs(self, launched: LaunchedVerify) -> None:
+        """The call's sampling inputs on the device (row parameters, noise keys, drafts), and
+        its logits where only hidden rows were kept (a graph-replayed tail)."""
+        if launched.row_params is not None:
+            return
+        row_params, keys, drafts, counts = launched.exact_inputs
+        device = self.runner.device
+        if launched.logits is None:
+            launched.logits = self.runner.model.logits(launched.hidden)
+        launched.row_params = RowParams.build(row_params, device)
+        if keys is not None:
+            launched.keys = to_device(torch.from_numpy(keys), torch.int64, device)
+        launched.drafts = to_device(drafts, torch.int64, device).view(len(drafts), launched.max_k)
+        launched.draft_lens = to_device(counts, torch.int64, device)
 
     def _runs_ahead_of(self, request: VerifyRequest) -> LaunchedVerify | None:
         """The unfinished call this one can run ahead of: a regular step right after a regular
@@ -215,13 +243,7 @@ class TargetWorker:
     @staticmethod
     def _verdict_columns(launched: LaunchedVerify, redo: torch.Tensor | None) -> torch.Tensor:
         """[accepted, tokens..., redo flags...] per sequence, on the device."""
-        width = launched.max_k + 1
-        accepted, tokens = accept_matching_prefix(pad_rows(launched.raced, launched.rows_per_seq, width),
-                                                  launched.drafts, launched.draft_lens)
-        columns = [accepted[:, None], tokens]
-        if redo is not None:
-            columns.append(pad_rows(redo.to(torch.int64), launched.rows_per_seq, width))
-        return torch.cat(columns, dim=1)
+        return verdict_columns(launched.raced, redo, launched.drafts, launched.draft_lens, launched.rows_per_seq)
 
     # -- finish --------------------------------------------------------------------------------
     def _finish_all(self) -> None:
@@ -258,7 +280,7 @@ class TargetWorker:
             runner.release(free)
         launched.worker_s += time.perf_counter() - started
         launched.response = VerifyResponse(verdicts=verdicts, compute_s=launched.worker_s)
-        launched.logits = launched.keys = None  # the call's device memory goes with it
+        launched.logits = launched.hidden = launched.keys = None  # the call's device memory goes with it
 
     def _read_verdicts(self, launched: LaunchedVerify) -> tuple[list[int], list[list[int]]]:
         """(the first row's token per sequence as the device first decided it, with repairs;
@@ -277,6 +299,7 @@ class TargetWorker:
                 flagged += [offset + j for j in range(n) if row[width + j]]
                 offset += n
         if flagged:
+            self._exact_inputs(launched)
             index = to_device(flagged, torch.int64, launched.raced.device)
             launched.raced[index] = race(launched.logits[index], launched.row_params.take(index), launched.keys[index])
             rows = self._verdict_columns(launched, None).tolist()
@@ -288,6 +311,7 @@ class TargetWorker:
         again; the result replaces the row's token on the device (for any call run ahead of
         this one) and in what its finish reads."""
         runner = self.runner
+        self._exact_inputs(launched)
         states = [launched.states[j] for j in stale]
         for state in states:
             runner.rewind(state, 1)
