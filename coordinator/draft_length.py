@@ -192,7 +192,8 @@ class MeasuredCost:
     least 15% where the cost is extrapolated, not measured): speculating costs a draft catch-up
     each time it resumes. Once speculating, it stays unless regular
     decoding is measured faster outright (hysteresis: the two thresholds keep it from flapping,
-    each flap being a catch-up). k grows by at most 2 a step (an estimate from one k says
+    each flap being a catch-up); per batch-size bucket, since the tail of a batch (a few
+    sequences left) can favour speculation where the full batch does not. k grows by at most 2 a step (an estimate from one k says
     little about much longer drafts). While speculating, every `probe_every` steps it tries
     k = 0 or a neighbour of the best k, k = 0 first, to keep costs and acceptance current.
     While decoding regularly, a probe (k = 1) makes the draft catch up on every token it
@@ -214,7 +215,10 @@ class MeasuredCost:
         self.alpha = [0.0, 0.0]  # decayed (successes, trials)
         self.steps = 0
         self.last_k = initial
-        self.speculating: bool | None = None  # the mode chosen, probes aside (None: not yet)
+        self.speculating: bool | None = None  # the mode last chosen, probes aside (None: not yet)
+        # The mode chosen at each batch-size bucket: leaving it needs that bucket's evidence
+        # (a choice made with a few sequences left says nothing about a full batch).
+        self.chosen: dict[int, bool] = {}
         self.zero_probe_every, self.next_zero_probe = regular_probe_every, regular_probe_every
         self.regular_probe_left = 0  # further regular steps of a k = 0 probe
 
@@ -240,14 +244,15 @@ class MeasuredCost:
         if scores is None:  # a batch size not measured yet: drafts of `initial` measure it, unless
             return 0 if self.speculating is False else self.initial  # regular decoding was chosen
         # Speculation must win by the margin to be chosen (first, or over regular decoding), by
-        # a wider one where its cost is extrapolated from other lengths; while speculating,
-        # only regular decoding measured faster outright turns it off.
+        # a wider one where its cost is extrapolated from other lengths; while speculating at
+        # this batch size, only regular decoding measured faster outright turns it off.
         model = self.costs[self.bucket(batch)]
+        speculating = self.chosen.get(self.bucket(batch), False)
 
         margin = self.margin + BATCH_TAIL_MARGIN * min(1.0, math.log2(self.bucket(batch)) / 3)
 
         def needed(k: int) -> float:
-            if self.speculating:
+            if speculating:
                 return 1.0
             return 1 + (margin if model.measured(k) else max(margin, EXTRAPOLATED_MARGIN))
 
@@ -264,7 +269,7 @@ class MeasuredCost:
             return [0] * len(seq_ids)
         best = self.best_length(len(seq_ids))
         if model is not None and model.ready:
-            self.speculating = best > 0
+            self.speculating = self.chosen[self.bucket(len(seq_ids))] = best > 0
         k = min(best, self.last_k + 2)
         if best == 0:
             self.regular_probe_left = 0
@@ -306,6 +311,18 @@ class MeasuredCost:
 
     def forget(self, seq_id):
         pass
+
+    def describe(self) -> dict:
+        """What the policy knows (for benchmarks and logs): per batch-size bucket, the median
+        timed cost of each draft length (ms), how many steps timed it, and the mode chosen;
+        the acceptance estimate."""
+        def ms(samples) -> list:
+            return [round(1000 * statistics.median(samples), 3), len(samples)]
+
+        return {"acceptance": round(self.acceptance(), 4), "chosen": dict(self.chosen),
+                "buckets": {bucket: {"draft": {k: ms(v) for k, v in sorted(m.draft.items())},
+                                     "verify": {k: ms(v) for k, v in sorted(m.verify.items())}}
+                            for bucket, m in sorted(self.costs.items())}}
 
 
 def make_policy(config: DraftLengthConfig) -> DraftLengthPolicy:

@@ -56,3 +56,5 @@ def test_speed_bench_runs_every_policy_on_the_same_seeded_texts(llama_target, ll
     assert digests[0] == digests[1] == digests[2]
     assert len(set(digests[0])) == 3
     assert rows[1]["step_stats"]["draft_tokens"] > 0
+    state = rows[2]["policy_state"]  # auto's costs as it measured them, per batch-size bucket
+    assert "policy_state" not in rows[1] and state["buckets"]["2"]["verify"] and 0 < state["acceptance"] < 1

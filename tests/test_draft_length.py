@@ -175,7 +175,7 @@ def test_measured_cost_leaves_regular_decoding_only_for_a_clear_gain_and_does_no
         best_speculative = max(pol.scores(8)[1:])
         pol.observe_costs(8, 0, 0.0, 0, (1 + gain) / best_speculative)  # regular decoding's cost
         pol.costs[8].verify[0].popleft()
-        pol.speculating = speculating
+        pol.chosen[8] = speculating
         return pol
 
     assert policy_where_speculation_gains(0.08, speculating=True).best_length(8) > 0
@@ -203,7 +203,7 @@ def test_measured_cost_measures_regular_decoding_before_its_first_choice():
         pol.observe(list(range(64)), [k] * 64, [min(k, 2)] * 64)
         pol.observe_costs(64, k, draft_ms / 1000, k, verify_ms / 1000)
     assert chosen[:4] == [pol.initial] * 3 + [0]  # three steps timed before the first choice
-    assert chosen[4:] == [0, 0, 0, 0] and pol.speculating is False
+    assert chosen[4:] == [0, 0, 0, 0] and pol.speculating is False and pol.chosen == {64: False}
 
 
 def test_measured_cost_trusts_a_measured_gain_more_than_an_extrapolated_one():
@@ -263,6 +263,22 @@ def test_measured_cost_asks_more_of_speculation_the_larger_the_batch():
     assert best(1, 0.10) > 0
     assert best(8, 0.10) == 0 and best(64, 0.10) == 0
     assert best(8, 0.20) > 0 and best(64, 0.20) > 0
+
+
+def test_measured_cost_keeps_each_batch_size_to_its_own_choice():
+    """Speculating with a few sequences left (the tail of a batch, where it pays) does not carry
+    over to the full batch: there speculation must again beat regular decoding by the margin."""
+    from bass.coordinator.draft_length import MeasuredCost
+
+    pol = MeasuredCost()
+    pol.alpha = [9.0, 10.0]
+    for batch, gain in ((2, 0.5), (64, 0.08)):  # speculation 50% ahead at 2, 8% at 64
+        for k in list(range(1, pol.max_length + 1)) * 3:
+            pol.observe_costs(batch, k, 0.0012 * k, k, 0.003)
+        pol.observe_costs(batch, 0, 0.0, 0, 1.0)
+        pol.costs[pol.bucket(batch)].verify[0][0] = (1 + gain) / max(pol.scores(batch)[1:])
+    assert pol.lengths([0, 1])[0] > 0 and pol.chosen == {2: True}
+    assert pol.lengths(list(range(64)))[0] == 0 and pol.chosen == {2: True, 64: False}
 
 
 def test_measured_cost_probes_regular_decoding_with_two_steps_while_speculating():

@@ -117,6 +117,8 @@ def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, ba
                        "tokens_per_sequence_step": round(st.committed_tokens / max(st.sequence_steps, 1), 3),
                        "steps": st.steps, "step_stats": st.to_dict(),
                        "achieved_tflops": round(flops / wall / 1e12, 3)}
+                if hasattr(scheduler.policy, "describe"):
+                    row["policy_state"] = scheduler.policy.describe()  # after every run (auto)
                 if peak_tflops:
                     row["gpu_utilization"] = round(flops / wall / 1e12 / peak_tflops, 4)
                 if torch.cuda.is_available() and not services:

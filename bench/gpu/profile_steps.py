@@ -69,6 +69,8 @@ def main() -> None:
         summary = (f"{mode} batch {batch} policy {policy}: {1000 * wall / NEW_TOKENS:.3f} ms/token/seq (profiled), "
                    f"{st.steps} steps {dict(sorted(st.steps_by_length.items()))}, wall {1000 * wall / steps:.3f} "
                    f"ms/step, GPU busy {busy_us / 1000 / steps:.3f} ms/step, breakdown {st.to_dict()['breakdown_ms_per_step']}")
+        if hasattr(scheduler.policy, "describe"):
+            summary += f"\npolicy state: {scheduler.policy.describe()}"
         print(summary, flush=True)
         name = f"profile-{mode}-b{batch}-k{policy}.txt"
         (out / name).write_text(summary + "\n\n"
