@@ -262,9 +262,11 @@ class MeasuredCost:
     def lengths(self, seq_ids):
         self.steps += 1
         model = self.costs.get(self.bucket(len(seq_ids)))
-        if model is not None and model.ready and 0 not in model.verify:
+        if model is not None and model.ready and len(model.verify.get(0, ())) < MIN_TIMED_STEPS:
             # Measure regular decoding at this batch size before choosing: a line through
-            # k >= 1 misjudges it (below), and the draft skips just one token.
+            # k >= 1 misjudges it (below), and the draft skips only a few tokens. Each timed
+            # regular step has regular steps on both sides (Scheduler._commit_in_flight), so
+            # this takes MIN_TIMED_STEPS + 2 steps.
             self.last_k = 0
             return [0] * len(seq_ids)
         best = self.best_length(len(seq_ids))
@@ -288,9 +290,9 @@ class MeasuredCost:
                 # cheap: the draft skips one step, so it catches up on a single token.
                 phase = (self.steps // self.probe_every - 1) % 4
                 k = 0 if phase == 0 else max(1, k - 1) if phase == 2 else min(self.max_length, k + 1)
-                # A regular step is timed only when the next one was sent before it was read
-                # (Scheduler._commit_in_flight), so a k = 0 probe is two regular steps.
-                self.regular_probe_left = 1 if k == 0 else 0
+                # A regular step is timed only between two others (Scheduler._commit_in_flight),
+                # so a k = 0 probe is three regular steps.
+                self.regular_probe_left = 2 if k == 0 else 0
             elif self.regular_probe_left:
                 self.regular_probe_left -= 1
                 k = 0

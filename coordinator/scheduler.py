@@ -99,6 +99,9 @@ class InFlight:
     batch: list[SequenceRun]
     clean: bool  # no prefill in it: its time is a steady-state cost for the policy
     send_s: float
+    # Sent while the previous regular step was in flight: a pipeline's first step starts on
+    # an idle GPU and waits out its whole latency, which no later step does.
+    follows: bool = False
 
 
 @dataclass
@@ -314,7 +317,8 @@ class Scheduler:
         pending = self.target.start_verify(VerifyRequest(
             items=[VerifyItem(s.seq_id, (), s.sampling) for s in batch],
             add=self._target_add, release=self._target_release))
-        in_flight = InFlight(pending, batch, clean=not self._target_add, send_s=self.clock() - step_started)
+        in_flight = InFlight(pending, batch, clean=not self._target_add, send_s=self.clock() - step_started,
+                             follows=self._in_flight is not None)
         self._target_add, self._target_release = [], []
         previous, self._in_flight = self._in_flight, in_flight
         if previous is None:  # the first call in flight: its launch is part of the next step's time
@@ -326,11 +330,12 @@ class Scheduler:
         """Wait for a pipelined Verify and commit it. overlapped: the next regular step was sent
         first, so this wait is the steady state's; a call committed alone (the last of a run,
         a lone k = 0 probe) waits out its whole step, which no run of regular steps does, and
-        its time would make regular decoding look dearer than it is."""
+        its time would make regular decoding look dearer than it is. So would the first of a
+        run (see InFlight.follows): only a step with regular steps on both sides is timed."""
         started = self.clock()
         verified = flight.pending.result()
         verify_s = flight.send_s + self.clock() - started  # the loop's time spent on this call
-        steady = flight.clean and overlapped
+        steady = flight.clean and overlapped and flight.follows
         self.policy.observe_costs(len(flight.batch), 0, 0.0, 0, verify_s if steady else None)
         self._drafted_last_step = False
         counted = any(seq.finish_reason is None for seq in flight.batch)  # else not a step (see _commit)

@@ -1,3 +1,5 @@
+from collections import deque
+
 from bass.config import DraftLengthConfig
 from bass.coordinator.draft_length import BassRule, FixedLength, PerSequenceAdaptive, make_policy
 
@@ -275,15 +277,17 @@ def test_measured_cost_keeps_each_batch_size_to_its_own_choice():
     for batch, gain in ((2, 0.5), (64, 0.08)):  # speculation 50% ahead at 2, 8% at 64
         for k in list(range(1, pol.max_length + 1)) * 3:
             pol.observe_costs(batch, k, 0.0012 * k, k, 0.003)
-        pol.observe_costs(batch, 0, 0.0, 0, 1.0)
-        pol.costs[pol.bucket(batch)].verify[0][0] = (1 + gain) / max(pol.scores(batch)[1:])
+        for _ in range(3):
+            pol.observe_costs(batch, 0, 0.0, 0, 1.0)
+        regular = (1 + gain) / max(pol.scores(batch)[1:])
+        pol.costs[pol.bucket(batch)].verify[0] = deque([regular] * 3)
     assert pol.lengths([0, 1])[0] > 0 and pol.chosen == {2: True}
     assert pol.lengths(list(range(64)))[0] == 0 and pol.chosen == {2: True, 64: False}
 
 
-def test_measured_cost_probes_regular_decoding_with_two_steps_while_speculating():
-    """Only a regular step whose successor was sent before it was read is timed (a lone one
-    waits out its whole step), so a k = 0 probe while speculating is two regular steps."""
+def test_measured_cost_probes_regular_decoding_with_three_steps_while_speculating():
+    """Only a regular step between two others is timed (a lone one, or the first of a run,
+    waits out its whole step), so a k = 0 probe while speculating is three regular steps."""
     from bass.coordinator.draft_length import MeasuredCost
 
     pol = MeasuredCost(probe_every=8)
@@ -291,14 +295,16 @@ def test_measured_cost_probes_regular_decoding_with_two_steps_while_speculating(
     feed(pol, 8, 0, 0.0, lambda k: 6.0, alpha=0.9, steps=4)
     chosen = [pol.lengths(list(range(8)))[0] for _ in range(64)]
     zeros = [step for step, k in enumerate(chosen) if k == 0]
-    assert zeros and len(zeros) % 2 == 0 and all(b == a + 1 for a, b in zip(zeros[::2], zeros[1::2])), chosen
-    assert chosen.count(0) <= 2 * (64 // 32 + 1)
+    runs = [zeros[i:i + 3] for i in range(0, len(zeros), 3)]
+    assert zeros and len(zeros) % 3 == 0 and all(r == list(range(r[0], r[0] + 3)) for r in runs), chosen
+    assert chosen.count(0) <= 3 * (64 // 32 + 1)
 
 
-def test_a_regular_step_is_timed_only_when_the_next_was_sent_first(llama_target, llama_draft):
+def test_a_regular_step_is_timed_only_between_two_regular_steps(llama_target, llama_draft):
     """Scheduler._commit_in_flight: the cost of a regular step committed alone (the last of a run
-    before speculation resumes) is not reported to the policy; one whose successor was sent
-    first is."""
+    before speculation resumes) is not reported to the policy, nor is the first of a run (sent
+    to an idle GPU, it waits out its whole latency); one sent while the step before it was in
+    flight and committed after the next was sent is."""
     from conftest import build_scheduler
     from bass.coordinator.requests import GenerationRequest
 
@@ -323,7 +329,7 @@ def test_a_regular_step_is_timed_only_when_the_next_was_sent_first(llama_target,
     s = build_scheduler(llama_target, llama_draft, "2")
     s.policy = policy = Scripted()
     s.generate([GenerationRequest(prompt_ids=(5, 6, 7), max_new_tokens=30, ignore_eos=True)])
-    # step 3 alone: untimed; steps 6-8: 6 and 7 timed (each committed after the next was sent), 8 alone
+    # step 3 alone: untimed; steps 6-8: 6 first of its run, 8 last, only 7 timed
     assert len(policy.costs) == 4
-    assert policy.costs[0] is None and policy.costs[3] is None
-    assert policy.costs[1] is not None and policy.costs[2] is not None
+    assert policy.costs[0] is None and policy.costs[1] is None and policy.costs[3] is None
+    assert policy.costs[2] is not None
