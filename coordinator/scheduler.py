@@ -300,7 +300,8 @@ class Scheduler:
         self.policy.observe_costs(len(batch), draft_forwards if clean_draft else 0, draft_s, max(lengths, default=0),
                                   verify_s if clean_verify else None)
         self._drafted_last_step = draft_forwards > 0
-        finished += self._commit(batch, drafts, verified, draft_forwards, draft_s, verify_s)
+        finished += self._commit(batch, drafts, verified, draft_forwards, draft_s, verify_s,
+                                 timed=verify_s if clean_verify else None)
         self.step_stats.step_s += self.clock() - step_started
         return finished
 
@@ -339,14 +340,15 @@ class Scheduler:
         self.policy.observe_costs(len(flight.batch), 0, 0.0, 0, verify_s if steady else None)
         self._drafted_last_step = False
         counted = any(seq.finish_reason is None for seq in flight.batch)  # else not a step (see _commit)
-        finished = self._commit(flight.batch, [()] * len(flight.batch), verified, 0, 0.0, verify_s)
+        finished = self._commit(flight.batch, [()] * len(flight.batch), verified, 0, 0.0, verify_s,
+                                timed=verify_s if steady else None)
         if counted:
             self.step_stats.step_s += self.clock() - step_started + self._uncounted_step_s
             self._uncounted_step_s = 0.0
         return finished
 
     def _commit(self, batch: list[SequenceRun], drafts: list[tuple[int, ...]], verified: VerifyResponse,
-                draft_forwards: int, draft_s: float, verify_s: float) -> list[RequestRun]:
+                draft_forwards: int, draft_s: float, verify_s: float, timed: float | None = None) -> list[RequestRun]:
         """Commit a step's verdicts; returns the requests it finished. Sequences that finished
         while the step ran (cancelled, out of time, or done in the step before a pipelined
         one) are skipped."""
@@ -382,6 +384,8 @@ class Scheduler:
         st.draft_s += draft_s
         st.verify_s += verify_s
         st.verify_compute_s += verified.compute_s
+        if st.trace is not None:
+            st.trace.append((k, len(batch), sum(len(v.tokens) for v in verdicts), draft_s, timed, self.clock()))
         self.running = [s for s in self.running if s.finish_reason is None]
         finished = []
         for req in touched.values():

@@ -22,6 +22,10 @@ class StepStats:
     # Steps by the step's draft length (its longest draft; 0 = regular): what a policy such as
     # `auto` chose, probes included, which the means above hide.
     steps_by_length: dict[int, int] = field(default_factory=dict)
+    # Per step, when a benchmark asks for it (a list, else None): (draft length, sequences,
+    # tokens committed, draft seconds, verify seconds as the policy was told or None where
+    # untimed, clock at the commit's end).
+    trace: list[tuple] | None = None
 
     def breakdown(self) -> dict:
         """Mean milliseconds per step: draft and verify compute, transport (RPC), and the

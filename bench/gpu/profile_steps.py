@@ -4,7 +4,8 @@ under wall means the host or a sync is the bound), and the kernels that fill it.
 
 Usage (GPU machine, after setup.sh): python3 profile_steps.py TARGET DRAFT OUT_DIR CASE...
 where a CASE is MODE:BATCH:POLICY, e.g. t0.8-p0.95:64:0 (MODE as in `bass bench speed`).
-Writes OUT_DIR/profile-MODE-bBATCH-kPOLICY.txt per case and prints a one-line summary of each.
+Writes OUT_DIR/profile-MODE-bBATCH-kPOLICY.txt per case (a traced run's steps, the policy's
+costs, then the profile; PROFILE=0: the traced run only) and prints a summary of each.
 """
 
 from __future__ import annotations
@@ -56,28 +57,41 @@ def main() -> None:
         run(min(16, NEW_TOKENS), 0)
         run(NEW_TOKENS, 1)  # the policy learns its costs, as in `bass bench speed`'s first round
         _sync()
-        scheduler.step_stats = StepStats()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            started = time.perf_counter()
-            run(NEW_TOKENS, 2)
-            _sync()
-            wall = time.perf_counter() - started
-        st = scheduler.step_stats
-        events = prof.key_averages()
-        busy_us = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
-        steps = max(st.steps, 1)
-        summary = (f"{mode} batch {batch} policy {policy}: {1000 * wall / NEW_TOKENS:.3f} ms/token/seq (profiled), "
-                   f"{st.steps} steps {dict(sorted(st.steps_by_length.items()))}, wall {1000 * wall / steps:.3f} "
-                   f"ms/step, GPU busy {busy_us / 1000 / steps:.3f} ms/step, breakdown {st.to_dict()['breakdown_ms_per_step']}")
+        # A traced run without the profiler (whose host overhead would distort every step).
+        scheduler.step_stats = traced = StepStats(trace=[])
+        started = time.perf_counter()
+        run(NEW_TOKENS, 2)
+        _sync()
+        traced_ms = 1000 * (time.perf_counter() - started) / NEW_TOKENS
+        report = [f"{mode} batch {batch} policy {policy}: {traced_ms:.3f} ms/token/seq unprofiled, {traced.steps} "
+                  f"steps {dict(sorted(traced.steps_by_length.items()))}"]
         if hasattr(scheduler.policy, "describe"):
-            summary += f"\npolicy state: {scheduler.policy.describe()}"
-        print(summary, flush=True)
-        name = f"profile-{mode}-b{batch}-k{policy}.txt"
-        (out / name).write_text(summary + "\n\n"
-                                + events.table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=70)
-                                + "\n\n" + events.table(sort_by="self_cpu_time_total", row_limit=30,
-                                                        max_name_column_width=70))
-
+            report.append(f"policy state: {scheduler.policy.describe()}")
+        report.append("trace (k, sequences, tokens, draft ms, timed verify ms, ms since the previous commit):")
+        last = started
+        for k, seqs, tokens, draft_s, timed, at in traced.trace:
+            report.append(f"  {k} {seqs} {tokens} {1000 * draft_s:.2f} {'-' if timed is None else f'{1000 * timed:.2f}'}"
+                          f" {1000 * (at - last):.2f}")
+            last = at
+        print(report[0] + ("\n" + report[1] if len(report) > 1 and "policy" in report[1] else ""), flush=True)
+        if os.environ.get("PROFILE", "1") != "0":
+            scheduler.step_stats = StepStats()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                started = time.perf_counter()
+                run(NEW_TOKENS, 3)
+                _sync()
+                wall = time.perf_counter() - started
+            st = scheduler.step_stats
+            events = prof.key_averages()
+            busy_us = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+            steps = max(st.steps, 1)
+            summary = (f"profiled: {1000 * wall / NEW_TOKENS:.3f} ms/token/seq, {st.steps} steps, wall "
+                       f"{1000 * wall / steps:.3f} ms/step, GPU busy {busy_us / 1000 / steps:.3f} ms/step, "
+                       f"breakdown {st.to_dict()['breakdown_ms_per_step']}")
+            print(summary, flush=True)
+            report += ["", summary, events.table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=70),
+                       events.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=70)]
+        (out / f"profile-{mode}-b{batch}-k{policy}.txt").write_text("\n".join(report) + "\n")
 
 def _sync() -> None:
     if DEVICE == "cuda":
