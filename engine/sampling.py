@@ -141,7 +141,9 @@ def _scaled(logits: torch.Tensor, rows: RowParams) -> torch.Tensor:
 # The target finds each row's top-k / top-p cut among the row's CUT_WINDOW largest logits: for
 # code at the temperatures users pick the nucleus nearly always lies inside, and a top-k of 256
 # values costs a fraction of sorting 152k (a full sort took 0.9 of a sampled verification's 3.3
-# ms of GPU time at batch 8 on an H100). Rows whose cut lies beyond the window sort in full.
+# ms of GPU time at batch 8 on an H100). Rows whose cut lies beyond the window: on a GPU, top-p
+# rows get it from a bisection kernel at once; top-k rows (top_k > the window), and every such
+# row on the CPU, sort in full.
 CUT_WINDOW = 256
 _KERNEL_WINDOW = 4096  # the widest window the one-program cut kernel takes
 
@@ -178,7 +180,18 @@ def _windowed_cut(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
         return _cut_in_window(scaled.sort(dim=-1, descending=True).values, lse, top_k, top_p)[0], None, lse
     top = scaled.topk(window, dim=-1).values  # sorted, descending
     cut, inside = _cut_in_window(top, lse, top_k, top_p)
-    return cut, ~inside & ((top_k > 0) | (top_p < 1)), lse  # rows that keep everything need no cut
+    outside = ~inside & ((top_k > 0) | (top_p < 1))  # rows that keep everything need no cut
+    if scaled.is_cuda:
+        # On a GPU a top-p row whose nucleus outgrows the window gets its exact cut at once, on
+        # the device (kernels/triton_sampling.nucleus_cut: a bisection over the row, no sort, no
+        # sync). Verifying 320 rows a step at batch 64, such a row came in about every other
+        # step on an H100, and redoing it on the host took ~4.5 ms.
+        from bass.kernels.triton_sampling import nucleus_cut
+
+        exact = outside & (top_k == 0)
+        nucleus_cut(scaled, lse, top_p, exact, cut)
+        outside = outside & ~exact
+    return cut, outside, lse
 
 
 def shaped_logits(logits: torch.Tensor, rows: RowParams) -> torch.Tensor:
@@ -228,7 +241,8 @@ def race_unsynced(logits: torch.Tensor, rows: RowParams,
                   row_keys: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """race without its host sync: (tokens [R], redo) where redo is None or a device bool
     [R] that is set where a row's top-k / top-p cut lay outside its CUT_WINDOW largest logits
-    (rare: the nucleus of a code model at T = 0.8 is a handful of tokens). There the token is
+    and was not found exactly on the device (see CUT_WINDOW: on a GPU, only rows with a top_k
+    beyond the window; on the CPU, any such row, rare for code at T = 0.8). There the token is
     not race's: a caller reads `redo` back with its results and, where any is set, runs `race`
     again. So a sampled step's host queues all of its GPU work and waits once, at the end,
     instead of once in the middle with every later launch exposed."""

@@ -118,3 +118,62 @@ def window_cut(top: torch.Tensor, lse: torch.Tensor, top_k: torch.Tensor,
                                     top_p.float().contiguous(), cut, inside, width, width,
                                     BLOCK=triton.next_power_of_2(width))
     return cut, inside.bool()
+
+
+@triton.jit
+def _ordered(bits):
+    """int32 bits of fp32 values -> int32 keys in the values' order (an involution)."""
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
+@triton.jit
+def _nucleus_cut_kernel(scaled_ptr, lse_ptr, top_p_ptr, need_ptr, cut_ptr, vocab, row_stride,
+                        BLOCK: tl.constexpr):
+    """One program per row; rows whose `need` flag is set get the exact top-p cut over the whole
+    row: the smallest value v with mass(x > v) < top_p, found by bisection over the values'
+    ordered bit patterns (one pass over the row per step, at most 32 steps)."""
+    row = tl.program_id(0)
+    if tl.load(need_ptr + row) != 0:
+        lse = tl.load(lse_ptr + row)
+        top_p = tl.load(top_p_ptr + row)
+        base = scaled_ptr + row * row_stride
+        lo = _ordered(tl.load(base).to(tl.int32, bitcast=True)).to(tl.int64)
+        hi = lo
+        for start in range(0, vocab, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            valid = cols < vocab
+            keys = _ordered(tl.load(base + cols, mask=valid, other=0.0).to(tl.int32, bitcast=True)).to(tl.int64)
+            lo = tl.minimum(lo, tl.min(tl.where(valid, keys, hi), axis=0))
+            hi = tl.maximum(hi, tl.max(tl.where(valid, keys, lo), axis=0))
+        # The answer lies in [lo, hi]: nothing lies above the largest value (mass 0 < top_p).
+        while lo < hi:
+            mid = lo + (hi - lo) // 2
+            acc = tl.zeros((BLOCK,), tl.float32)
+            for start in range(0, vocab, BLOCK):
+                cols = start + tl.arange(0, BLOCK)
+                valid = cols < vocab
+                x = tl.load(base + cols, mask=valid, other=0.0)
+                above = valid & (_ordered(x.to(tl.int32, bitcast=True)).to(tl.int64) > mid)
+                acc += tl.where(above, tl.exp(x - lse), 0.0)
+            if tl.sum(acc, axis=0) < top_p:
+                hi = mid
+            else:
+                lo = mid + 1
+        tl.store(cut_ptr + row, _ordered(lo.to(tl.int32)).to(tl.float32, bitcast=True))
+
+
+def nucleus_cut(scaled: torch.Tensor, lse: torch.Tensor, top_p: torch.Tensor, need: torch.Tensor,
+                cut: torch.Tensor) -> None:
+    """Where `need` (bool [R]) is set, write into `cut` (fp32 [R]) the row's exact top-p cut
+    (no top-k) over the whole of scaled [R, V] (fp32, rows contiguous), lse [R] or [R, 1] its
+    log-sum-exp: the value of the last token kept by rank, as engine/sampling._cut_in_window_reference
+    finds it over the sorted row. For the rows whose nucleus lies beyond the race's window (rare),
+    without a sort or a host sync, so it runs inside CUDA graphs; each is one program's bisection
+    (~33 passes over its row), the other rows return at once."""
+    rows, vocab = scaled.shape
+    if triton_attention._INTERPRETED:  # loop bounds from tensors (the interpreter's NumPy fix)
+        triton_attention._patch_interpreter_index()
+    if rows:
+        _nucleus_cut_kernel[(rows,)](scaled.contiguous(), lse.float().contiguous(), top_p.float().contiguous(),
+                                     need.to(torch.int8).contiguous(), cut, vocab, vocab, BLOCK=4096,
+                                     num_warps=8)

@@ -130,11 +130,13 @@ def test_a_speculative_step_after_an_unfinished_regular_one_finishes_it_first(ll
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("window", [256, 2], ids=["window256", "window2"])
-@pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLED], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("sampling", [SamplingParams(), SAMPLED, SamplingParams(temperature=0.8, top_k=5)],
+                         ids=["greedy", "sampled", "top_k"])
 def test_running_ahead_on_the_gpu_through_cuda_graphs(llama_target, sampling, window, monkeypatch):
     """On a GPU the step ahead replays a CUDA graph fed from the device while the previous step's
     verdicts travel to pinned memory; fp32, so the tokens must equal step by step's exactly
-    (window 2: the repair path, which re-runs inputs through graphs too)."""
+    (window 2: top-p rows take the exact nucleus kernel, top_k rows beyond the window the host's
+    redo and the repair path, which re-runs inputs through graphs too)."""
     import bass.engine.sampling as sampling_module
     from bass.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
     from bass.local import build_local_scheduler

@@ -87,3 +87,48 @@ def test_kernel_on_real_vocabulary_bf16():
     want = race(logits.float().cpu(), RowParams.build(params, "cpu"), keys)
     # The noise's float transform may round differently on the GPU: only near-ties can differ.
     assert (got == want).float().mean() >= 0.97
+
+
+@pytest.mark.parametrize("vocab", [50, 3000, 9000])
+def test_nucleus_cut_kernel_finds_the_sorted_rows_cut(vocab):
+    """kernels/triton_sampling.nucleus_cut, the GPU's exact top-p cut for rows whose nucleus
+    outgrows the race's window, against the reference over each sorted row: flat rows (a nucleus
+    of thousands), peaked ones, ties at the cut; rows not asked for are left alone."""
+    from bass.engine.sampling import _cut_in_window_reference
+    from bass.kernels.triton_sampling import nucleus_cut
+
+    torch.manual_seed(vocab)
+    scales = torch.tensor([0.05, 0.5, 1.0, 2.0, 4.0, 1.0, 3.0, 0.5])
+    scaled = torch.randn(len(scales), vocab) * scales[:, None]
+    scaled[6, :10] = 20.0  # ten tied tokens hold nearly all the mass
+    scaled[7] = scaled[7].round(decimals=1)  # many ties everywhere
+    top_p = torch.tensor([0.95, 0.9, 0.5, 0.99, 0.3, 0.999999, 0.95, 0.8])
+    need = torch.ones(len(scales), dtype=torch.bool)
+    need[5] = False
+    scaled, top_p, need = scaled.to(DEVICE), top_p.to(DEVICE), need.to(DEVICE)
+    lse = torch.logsumexp(scaled, dim=-1)
+    cut = torch.full((len(scales),), 7.0, device=DEVICE)
+    nucleus_cut(scaled, lse, top_p, need, cut)
+    ordered = scaled.sort(dim=-1, descending=True).values
+    want, _ = _cut_in_window_reference(ordered, torch.exp(ordered - lse[:, None]),
+                                       torch.zeros(len(scales), dtype=torch.int64, device=DEVICE), top_p)
+    assert torch.equal(cut[need], want[need])
+    assert cut[5].item() == 7.0
+    assert (scaled[0] >= cut[0]).sum() > vocab // 2, "the flat row keeps most of its tokens"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the device path of the window cut")
+def test_window_cut_flags_only_top_k_rows_beyond_the_window_on_the_gpu():
+    """On a GPU a top-p row whose nucleus outgrows the window gets its exact cut at once; only a
+    top_k beyond the window still asks the host to redo the row."""
+    from bass.engine.sampling import _windowed_cut
+
+    torch.manual_seed(0)
+    scaled = torch.randn(3, 5000, device="cuda") * 0.1  # flat: every nucleus has thousands of tokens
+    top_k = torch.tensor([0, 1000, 0], device="cuda")
+    top_p = torch.tensor([0.9, 1.0, 1.0], device="cuda")
+    cut, outside, lse = _windowed_cut(scaled, top_k, top_p, 16)
+    assert outside.tolist() == [False, True, False]
+    ordered = scaled[0].sort(descending=True).values
+    kept = (torch.exp(ordered - lse[0]).cumsum(0) - torch.exp(ordered - lse[0]) < 0.9).sum()
+    assert (scaled[0] >= cut[0]).sum() == kept

@@ -72,7 +72,8 @@ def test_staged_values_are_carried_exactly():
 def test_graph_tails_give_the_eager_text_on_the_gpu(llama_target, llama_draft, policy, window, monkeypatch):
     """fp32 on the GPU: a target whose sampled tails replay as CUDA graphs emits, token for token,
     what a target without graphs emits, speculative and regular (run ahead), seeded sampling mixed
-    with greedy rows; window 2 sends most rows down the redo and repair paths."""
+    with greedy rows; window 2 sends most top-p rows to the nucleus kernel and top_k rows down
+    the redo and repair paths."""
     import bass.engine.sampling as sampling_module
     from bass.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
     from bass.local import build_local_scheduler
@@ -89,6 +90,7 @@ def test_graph_tails_give_the_eager_text_on_the_gpu(llama_target, llama_draft, p
 
     reqs = requests(SAMPLED)
     reqs[1] = requests(SamplingParams())[1]  # a greedy request among sampled ones
+    reqs[3] = requests(SamplingParams(temperature=0.9, top_k=7))[3]  # top_k beyond window 2: redone
     want = run_staggered(scheduler(False), reqs)
     graphs = scheduler(True)
     tails = []
