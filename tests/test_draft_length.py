@@ -267,6 +267,22 @@ def test_measured_cost_asks_more_of_speculation_the_larger_the_batch():
     assert best(8, 0.20) > 0 and best(64, 0.20) > 0
 
 
+def test_measured_cost_remembers_acceptance_through_regular_steps():
+    """Regular steps carry no evidence of acceptance, so they leave the estimate alone; draft
+    steps move it."""
+    from bass.coordinator.draft_length import MeasuredCost
+
+    pol = MeasuredCost()
+    feed(pol, 8, 4, 1.0, lambda k: 3.0, alpha=0.95, steps=20)
+    learnt = pol.acceptance()
+    assert learnt > 0.9
+    for _ in range(200):
+        pol.observe(list(range(8)), [0] * 8, [0] * 8)
+    assert pol.acceptance() == learnt
+    pol.observe(list(range(8)), [4] * 8, [0] * 8)
+    assert pol.acceptance() < learnt
+
+
 def test_measured_cost_keeps_each_batch_size_to_its_own_choice():
     """Speculating with a few sequences left (the tail of a batch, where it pays) does not carry
     over to the full batch: there speculation must again beat regular decoding by the margin."""
