@@ -162,33 +162,29 @@ class TargetWorker:
             chunks = runner.stage_fed(states)
             input_ids = self._inputs_from(previous, launched.seq_ids)
             decided = [p + 1 for p in launched.fed_at]
+        sampled = not all(it.sampling.params.greedy for it in items)
+        tail = sampled and runner.has_tail(chunks)
+        if not tail:
+            # The forward is queued first, and the host prepares the sampling inputs (pinned,
+            # asynchronous copies) while the GPU runs it.
+            launched.logits = runner.run(chunks, input_ids)
         row_params = [it.sampling.params for it, n in zip(items, rows_per_seq) for _ in range(n)]
-        sampled = not all(p.greedy for p in row_params)
+        keys = None
+        if sampled:
+            keys = noise_keys([it.sampling.seed_key for it, n in zip(items, rows_per_seq) for _ in range(n)],
+                              decided).numpy()
         drafts = [list(it.draft_tokens) + [0] * (launched.max_k - c) for it, c in zip(items, counts)]
-        launched.exact_inputs = (row_params, None, drafts, counts)
-
-        def keys() -> np.ndarray | None:
-            if not sampled:
-                return None
-            seed_keys = [it.sampling.seed_key for it, n in zip(items, rows_per_seq) for _ in range(n)]
-            launched.exact_inputs = (row_params, noise_keys(seed_keys, decided).numpy(), drafts, counts)
-            return launched.exact_inputs[1]
-
-        if sampled and runner.has_tail(chunks):
+        launched.exact_inputs = (row_params, keys, drafts, counts)
+        if tail:
             # The sampled tail replays as a graph (engine/verify_tail.py): one launch for what
             # is eagerly some sixty. A redo's logits (flagged rows) are recomputed from a copy
             # of the hidden rows (_exact_inputs).
-            staged = verify_tail.stage(row_params, keys(), drafts, runner.graphs.bucket(len(items)),
-                                       launched.max_k + 1)
+            staged = verify_tail.stage(row_params, keys, drafts, runner.graphs.bucket(len(items)), launched.max_k + 1)
             (packed, raced), hidden = runner.run_tail(chunks, staged, input_ids)
             launched.hidden = hidden.clone()
             launched.raced = raced[:len(row_params)].clone()
             packed = packed[:len(items)]
         else:
-            # The forward is queued first, and the host prepares the sampling inputs (pinned,
-            # asynchronous copies) while the GPU runs it.
-            launched.logits = runner.run(chunks, input_ids)
-            keys()
             self._exact_inputs(launched)
             launched.raced, redo = race_unsynced(launched.logits, launched.row_params, launched.keys)
             packed = self._verdict_columns(launched, redo)
