@@ -58,3 +58,22 @@ def test_speed_bench_runs_every_policy_on_the_same_seeded_texts(llama_target, ll
     assert rows[1]["step_stats"]["draft_tokens"] > 0
     state = rows[2]["policy_state"]  # auto's costs as it measured them, per batch-size bucket
     assert "policy_state" not in rows[1] and state["buckets"]["2"]["verify"] and 0 < state["acceptance"] < 1
+
+
+def test_a_step_trace_records_every_step_when_asked(llama_target, llama_draft):
+    """StepStats.trace (benchmarks opt in): one entry per step with its draft length, sequences,
+    tokens and commit time; none kept otherwise."""
+    from bass.coordinator.requests import GenerationRequest
+    from bass.coordinator.step_stats import StepStats
+    from conftest import build_scheduler
+
+    scheduler = build_scheduler(llama_target, llama_draft, "3")
+    assert scheduler.step_stats.trace is None
+    scheduler.step_stats = stats = StepStats(trace=[])
+    scheduler.generate([GenerationRequest(prompt_ids=(5, 6, 7), max_new_tokens=12, n=2, ignore_eos=True)])
+    assert len(stats.trace) == stats.steps > 1
+    assert sum(tokens for _, _, tokens, _, _, _ in stats.trace) == stats.committed_tokens
+    assert {k for k, *_ in stats.trace} == {int(k) for k in stats.steps_by_length}
+    assert all(seqs == 2 for _, seqs, *_ in stats.trace[:-1])
+    times = [at for *_, at in stats.trace]
+    assert times == sorted(times)
