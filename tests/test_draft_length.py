@@ -283,6 +283,35 @@ def test_measured_cost_remembers_acceptance_through_regular_steps():
     assert pol.acceptance() < learnt
 
 
+def test_measured_cost_prefers_a_timed_length_to_a_slightly_better_guess():
+    """While speculating, a length whose cost is extrapolated replaces the best timed choice
+    (regular decoding included) only if it promises more than the extrapolation margin; the
+    probes time neighbours meanwhile."""
+    from bass.coordinator.draft_length import MeasuredCost
+
+    def policy(alpha: float, regular_s: float) -> MeasuredCost:
+        pol = MeasuredCost()
+        pol.alpha = [alpha * 100, 100.0]
+        for _ in range(3):  # k = 4 timed: a draft call of 5.3 ms, verification 3 ms
+            pol.observe_costs(1, 4, 0.0053, 4, 0.003)
+            pol.observe_costs(1, 0, 0.0, 0, regular_s)
+        pol.chosen[1] = True
+        return pol
+
+    # With k = 4 alone timed, the draft's cost is taken as proportional to k, so at these
+    # acceptances a shorter draft looks better than k = 4: by 8% (not taken), then by 18%.
+    close = policy(0.90, 0.0022)
+    scores = close.scores(1)
+    guess = max(range(1, 9), key=scores.__getitem__)
+    assert guess != 4 and scores[4] > scores[0] and 1.0 < scores[guess] / scores[4] < 1.15
+    assert close.best_length(1) == 4
+    far = policy(0.70, 0.003)
+    assert far.scores(1)[1] > 1.15 * far.scores(1)[4] and far.scores(1)[4] > far.scores(1)[0]
+    assert far.best_length(1) == 1
+    # Regular decoding timed faster than k = 4 and a guess only 6% ahead of it: regular.
+    assert policy(0.90, 0.002).best_length(1) == 0
+
+
 def test_measured_cost_keeps_each_batch_size_to_its_own_choice():
     """Speculating with a few sequences left (the tail of a batch, where it pays) does not carry
     over to the full batch: there speculation must again beat regular decoding by the margin."""
