@@ -121,7 +121,8 @@ MIN_TIMED_STEPS = 3
 # E(k) is the mean sequence's tokens per step, but a batch (and a request of n sequences) waits
 # for its slowest: at batch 64 on an H100, k = 4 took 37 steps for 128 tokens where its mean
 # acceptance (0.815) predicts 30. So leaving regular decoding needs more the larger the batch:
-# the margin grows by up to this much, reached at batch 8. H100, 2026-11-25 (bench/results): at
+# the margin grows by up to this much, reached at batch 8, and speculation is left when it is
+# not ahead by this part of the margin. H100, 2026-11-25 (bench/results): at
 # batch 1, k = 4 ran 10-23% faster than regular decoding; with a flat 5% margin (6c00cde) auto
 # speculated at batches 8 and 64 where regular decoding ran 27-42% faster. The value 0.10 (15% in
 # all from batch 8, the margin used before) is a choice, not yet measured.
@@ -190,9 +191,9 @@ class MeasuredCost:
     and regular decoding (k = 0) unless that speculation beats it by `margin` (5% at batch 1,
     growing to 15% at batch 8 and beyond, since a batch waits for its slowest sequence; at
     least 15% where the cost is extrapolated, not measured): speculating costs a draft catch-up
-    each time it resumes. Once speculating, it stays unless regular
-    decoding is measured faster outright (hysteresis: the two thresholds keep it from flapping,
-    each flap being a catch-up); per batch-size bucket, since the tail of a batch (a few
+    each time it resumes. Once speculating, it stays unless it is no longer ahead by the
+    batch-size part of that margin (hysteresis of the base margin: the two thresholds keep it
+    from flapping, each flap being a catch-up); per batch-size bucket, since the tail of a batch (a few
     sequences left) can favour speculation where the full batch does not. k grows by at most 2 a step (an estimate from one k says
     little about much longer drafts). While speculating, every `probe_every` steps it tries
     k = 0 or a neighbour of the best k, k = 0 first, to keep costs and acceptance current.
@@ -249,11 +250,14 @@ class MeasuredCost:
         model = self.costs[self.bucket(batch)]
         speculating = self.chosen.get(self.bucket(batch), False)
 
-        margin = self.margin + BATCH_TAIL_MARGIN * min(1.0, math.log2(self.bucket(batch)) / 3)
+        # The batch-tail part corrects a bias (E(k) is the mean sequence's), so it applies in
+        # both directions; only the base margin (a resumed draft's catch-up) is hysteresis.
+        tail = BATCH_TAIL_MARGIN * min(1.0, math.log2(self.bucket(batch)) / 3)
+        margin = self.margin + tail
 
         def needed(k: int) -> float:
             if speculating:
-                return 1.0
+                return 1 + tail
             return 1 + (margin if model.measured(k) else max(margin, EXTRAPOLATED_MARGIN))
 
         winners = [k for k in range(1, len(scores)) if scores[k] > needed(k) * scores[0]]
