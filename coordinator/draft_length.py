@@ -246,7 +246,7 @@ class MeasuredCost:
             return 0 if self.speculating is False else self.initial  # regular decoding was chosen
         # Speculation must win by the margin to be chosen (first, or over regular decoding), by
         # a wider one where its cost is extrapolated from other lengths; while speculating at
-        # this batch size, only regular decoding measured faster outright turns it off.
+        # this batch size, it stays while ahead by the batch-tail part of the margin.
         model = self.costs[self.bucket(batch)]
         speculating = self.chosen.get(self.bucket(batch), False)
 

@@ -71,7 +71,7 @@ class CoordinatorMetrics:
     def step(self, before: StepStats, after: StepStats) -> None:
         """Count what one step added to the scheduler's cumulative step statistics."""
         d = {f.name: getattr(after, f.name) - getattr(before, f.name) for f in fields(StepStats)
-             if f.type in ("int", "float")}  # the counters (steps_by_length is a shared dict)
+             if isinstance(getattr(after, f.name), (int, float))}  # the counters, not the dict/trace
         if not d["steps"]:
             return
         self.steps.inc(d["steps"])

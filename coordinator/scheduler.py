@@ -376,7 +376,8 @@ class Scheduler:
         k = max(map(len, drafts))
         st.steps_by_length[k] = st.steps_by_length.get(k, 0) + 1
         st.sequence_steps += len(batch)
-        st.committed_tokens += sum(len(v.tokens) for v in verdicts)
+        committed = sum(len(v.tokens) for v in verdicts)
+        st.committed_tokens += committed
         st.draft_tokens += sum(len(d) for d in drafts)
         st.accepted_tokens += sum(v.accepted for v in verdicts)
         st.draft_forwards += draft_forwards
@@ -385,7 +386,7 @@ class Scheduler:
         st.verify_s += verify_s
         st.verify_compute_s += verified.compute_s
         if st.trace is not None:
-            st.trace.append((k, len(batch), sum(len(v.tokens) for v in verdicts), draft_s, timed, self.clock()))
+            st.trace.append((k, len(batch), committed, draft_s, timed, self.clock()))
         self.running = [s for s in self.running if s.finish_reason is None]
         finished = []
         for req in touched.values():

@@ -178,7 +178,7 @@ class TargetWorker:
         if tail:
             # The sampled tail replays as a graph (engine/verify_tail.py): one launch for what
             # is eagerly some sixty. A redo's logits (flagged rows) are recomputed from a copy
-            # of the hidden rows (_exact_inputs).
+            # of the hidden rows (_read_verdicts).
             staged = verify_tail.stage(row_params, keys, drafts, runner.graphs.bucket(len(items)), launched.max_k + 1)
             (packed, raced), hidden = runner.run_tail(chunks, staged, input_ids)
             launched.hidden = hidden.clone()
@@ -199,14 +199,12 @@ class TargetWorker:
         return launched
 
     def _exact_inputs(self, launched: LaunchedVerify) -> None:
-        """The call's sampling inputs on the device (row parameters, noise keys, drafts), and
-        its logits where only hidden rows were kept (a graph-replayed tail)."""
+        """The call's sampling inputs on the device (row parameters, noise keys, drafts); a
+        graph-replayed tail staged them as one vector instead."""
         if launched.row_params is not None:
             return
         row_params, keys, drafts, counts = launched.exact_inputs
         device = self.runner.device
-        if launched.logits is None:
-            launched.logits = self.runner.model.logits(launched.hidden)
         launched.row_params = RowParams.build(row_params, device)
         if keys is not None:
             launched.keys = to_device(torch.from_numpy(keys), torch.int64, device)
@@ -296,6 +294,8 @@ class TargetWorker:
                 offset += n
         if flagged:
             self._exact_inputs(launched)
+            if launched.logits is None:  # a graph-replayed tail kept only the hidden rows
+                launched.logits = self.runner.model.logits(launched.hidden)
             index = to_device(flagged, torch.int64, launched.raced.device)
             launched.raced[index] = race(launched.logits[index], launched.row_params.take(index), launched.keys[index])
             rows = self._verdict_columns(launched, None).tolist()
