@@ -34,7 +34,8 @@ from bass.coordinator.stopping import StopCriteria, check_stop
 from bass.coordinator.tokenizer import Codec
 from bass.errors import InvalidRequestError, WorkerUnavailableError
 from bass.worker_api import (AddSequence, DraftWorkerAPI, PendingVerify, ProposeItem, ProposeRequest,
-                             SequenceSampling, TargetWorkerAPI, VerifyItem, VerifyRequest, VerifyResponse)
+                             ProposeResponse, SequenceSampling, TargetWorkerAPI, VerifyItem, VerifyRequest,
+                             VerifyResponse)
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,17 @@ class InFlight:
     follows: bool = False
 
 
+@dataclass(frozen=True)
+class _Answered:
+    """A proposal from a draft that answers at once (over gRPC): nothing on the device."""
+
+    response: ProposeResponse
+    on_device = None
+
+    def result(self) -> ProposeResponse:
+        return self.response
+
+
 @dataclass
 class PrefillBudget:
     """Prompt tokens the workers may prefill in one step, both workers together. A worker
@@ -149,6 +161,8 @@ class Scheduler:
         # Regular decoding over a target that overlaps calls keeps one step in flight.
         self._overlaps = bool(getattr(target, "overlaps_calls", False))
         self._in_flight: InFlight | None = None
+        # An in-process target can verify an in-process draft's tokens on the device.
+        self._fed_verify = bool(getattr(target, "verifies_device_drafts", False))
         self._uncounted_step_s = 0.0  # a pipelined step that committed nothing: counted with the next
         self.step_stats = StepStats()
 
@@ -272,18 +286,36 @@ class Scheduler:
         clean_verify, clean_draft = not self._target_add, not self._draft_add and self._drafted_last_step
         drafts: list[tuple[int, ...]] = [()] * len(batch)
         draft_forwards, draft_s = 0, 0.0
+        proposal = None
+        started = self.clock()
         if self.draft_up and (any(lengths) or self._draft_add or self._draft_release):
             drafting = [i for i, k in enumerate(lengths) if k > 0]
             draft_forwards = max(lengths, default=0)
-            started = self.clock()
             try:
-                response = self.draft.propose(ProposeRequest(
+                proposal = self._start_propose(ProposeRequest(
                     items=[ProposeItem(batch[i].seq_id, lengths[i], tuple(batch[i].unsent_to_draft),
                                        batch[i].sampling) for i in drafting],
                     add=self._draft_add, release=self._draft_release))
             except Exception as exc:  # noqa: BLE001 - speculation is optional; never fail a request for it
                 self._draft_failed(exc)
                 lengths, draft_forwards = [0] * len(batch), 0
+        items = [VerifyItem(s.seq_id, (), s.sampling) for s in batch]
+        pending = None
+        on_device = proposal.on_device if proposal is not None and len(drafting) == len(batch) else None
+        if on_device is not None:
+            # In-process, on one device: verification is queued behind the draft's forwards and
+            # reads its tokens there, and the host reads them back while the target runs.
+            pending = self.target.start_verify(VerifyRequest(items=items, add=self._target_add,
+                                                             release=self._target_release), drafts=on_device)
+        if proposal is not None:
+            try:
+                response = proposal.result()
+            except Exception as exc:  # noqa: BLE001
+                self._draft_failed(exc)
+                if pending is None:
+                    lengths, draft_forwards = [0] * len(batch), 0
+                else:  # verified from the device: its verdicts stand; the drafts' lengths are known
+                    drafts = [(0,) * k for k in lengths]
             else:
                 draft_s = self.clock() - started
                 self.step_stats.draft_compute_s += response.compute_s
@@ -292,9 +324,12 @@ class Scheduler:
                     batch[i].unsent_to_draft.clear()
                     drafts[i] = tuple(response.tokens[n])
         started = self.clock()
-        verified = self.target.verify(VerifyRequest(
-            items=[VerifyItem(s.seq_id, drafts[i], s.sampling) for i, s in enumerate(batch)],
-            add=self._target_add, release=self._target_release))
+        if pending is not None:
+            verified = pending.result()
+        else:
+            verified = self.target.verify(VerifyRequest(
+                items=[VerifyItem(s.seq_id, drafts[i], s.sampling) for i, s in enumerate(batch)],
+                add=self._target_add, release=self._target_release))
         verify_s = self.clock() - started
         self._target_add, self._target_release = [], []
         self.policy.observe_costs(len(batch), draft_forwards if clean_draft else 0, draft_s, max(lengths, default=0),
@@ -304,6 +339,11 @@ class Scheduler:
                                  timed=verify_s if clean_verify else None)
         self.step_stats.step_s += self.clock() - step_started
         return finished
+
+    def _start_propose(self, request: ProposeRequest):
+        """The draft's proposal, started (in-process: still on the device) or already answered."""
+        start = getattr(self.draft, "start_propose", None) if self._fed_verify else None
+        return start(request) if start is not None else _Answered(self.draft.propose(request))
 
     def _pipelined_step(self) -> list[RequestRun]:
         """Regular decoding over a target that overlaps calls: send this step's Verify, then

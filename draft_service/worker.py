@@ -9,13 +9,16 @@ back, since the verifier only compares them with its own.
 On a GPU, the steady state (every sequence drafts the same k after the same number of pending
 tokens) runs as self-feeding CUDA graphs (engine/draft_loop.py); other steps run forward by
 forward, each token fed from the device to the next.
+
+A proposal is started (`start_propose`: the forwards and the copy of the tokens to the host
+queued) and answered (`PendingProposal.result`); in-process, the target verifies from the
+started proposal's tokens on the device in between (target_service/worker.py).
 """
 
 from __future__ import annotations
 
 import functools
 import time
-from dataclasses import replace
 from typing import Sequence
 
 import torch
@@ -23,7 +26,7 @@ import torch
 from bass.engine.draft_loop import FIRST_STEP_TOKENS, DraftLoopGraphs
 from bass.engine.runner import ModelRunner, SequenceState
 from bass.engine.sampling import RowParams, draft_race, noise_keys
-from bass.engine.transfer import to_device
+from bass.engine.transfer import HostCopy, to_device
 from bass.errors import InvalidRequestError
 from bass.worker_api import ProposeRequest, ProposeResponse, WorkerInfo
 
@@ -62,12 +65,18 @@ class DraftWorker:
         self.runner.release(list(self.runner.sequences))
 
     def propose(self, request: ProposeRequest) -> ProposeResponse:
-        started = time.perf_counter()
-        response = self._propose(request)
-        return replace(response, compute_s=time.perf_counter() - started)
+        return self.start_propose(request).result()
 
-    @torch.inference_mode()
-    def _propose(self, request: ProposeRequest) -> ProposeResponse:
+    def start_propose(self, request: ProposeRequest) -> "PendingProposal":
+        """Queue a proposal's forwards and the copy of its tokens to the host. In-process, the
+        target can verify from `PendingProposal.on_device` before the tokens reach the host."""
+        started = time.perf_counter()
+        with torch.inference_mode():
+            pending = self._launch(request)
+        pending.worker_s += time.perf_counter() - started
+        return pending
+
+    def _launch(self, request: ProposeRequest) -> "PendingProposal":
         runner = self.runner
         runner.release(request.release)
         runner.add(request.add)
@@ -92,26 +101,31 @@ class DraftWorker:
             keys = noise_keys([items[i].sampling.seed_key for i in active for _ in range(steps)],
                               [len(states[i].committed) + j for i in active for j in range(steps)])
             keys = keys.view(len(active), steps)
+        if not active:
+            return PendingProposal(runner, len(items), [], [], [], None)
         if self._loop_fits(drafting, rows, keys is not None):
-            proposed = self._propose_looped(drafting, steps, None if keys is None else params, keys)
-        else:
-            proposed = self._propose_stepwise(drafting, rows, params, keys)
-        drafts: list[list[int]] = [[] for _ in items]
-        for i, tokens in zip(active, proposed):
-            drafts[i] = tokens
-        return ProposeResponse(tokens=drafts)
+            tokens = self._propose_looped(drafting, steps, None if keys is None else params, keys)
+            decode = None
+        elif len(set(rows)) == 1:
+            tokens = torch.stack([t for _, t in self._propose_stepwise(drafting, rows, params, keys)], dim=1)
+            decode = None
+        else:  # per-sequence lengths: the tokens of each step, for the sequences still drafting
+            winners = self._propose_stepwise(drafting, rows, params, keys)
+            tokens = torch.cat([t for _, t in winners])
+            decode = functools.partial(_by_sequence, [live for live, _ in winners], len(drafting))
+        on_device = tokens if decode is None and len(active) == len(items) else None
+        return PendingProposal(runner, len(items), active, drafting, rows, tokens, decode, on_device)
 
     def _propose_stepwise(self, states: list[SequenceState], rows: list[int], params: list,
-                          keys: torch.Tensor | None) -> list[list[int]]:
+                          keys: torch.Tensor | None) -> list[tuple[list[int], torch.Tensor]]:
         """Forward by forward, for any per-sequence lengths: step j's winners feed step j + 1
-        straight from the device, so the host never waits for a draft token, and copies all of
-        them back once, at the end."""
+        straight from the device, so the host never waits for a draft token. Returns, per step,
+        the sequences still drafting and their tokens (on the device)."""
         runner, device = self.runner, self.runner.device
         rows_params = RowParams.build(params, device)
         if keys is not None:
             keys = to_device(keys, torch.int64, device)
-        winners: list[tuple[list[int], torch.Tensor]] = []  # (live sequences, their tokens) per step
-        fed_from: dict[int, int] = {}  # sequence -> cache position of its first device-fed token
+        winners: list[tuple[list[int], torch.Tensor]] = []
         for j in range(max(rows, default=0)):
             live = [n for n in range(len(states)) if rows[n] > j]
             live_index = None if len(live) == len(states) else to_device(live, torch.int64, device)
@@ -119,8 +133,6 @@ class DraftWorker:
             if j == 0:
                 logits = runner.forward([(state, []) for state in live_states], [1] * len(live))
             else:
-                for n, state in zip(live, live_states):
-                    fed_from.setdefault(n, runner.cached(state))
                 prev_live, prev_tokens = winners[-1]
                 if len(live) < len(prev_live):  # per-sequence lengths: some stopped drafting
                     keep = to_device([prev_live.index(n) for n in live], torch.int64, device)
@@ -129,18 +141,7 @@ class DraftWorker:
             live_params = rows_params if live_index is None else rows_params.take(live_index)
             step_keys = None if keys is None else keys[:, j] if live_index is None else keys[live_index, j]
             winners.append((live, self.sample(logits, live_params, step_keys)))
-
-        drafts: list[list[int]] = [[] for _ in states]
-        if winners:
-            values = torch.cat([tokens for _, tokens in winners]).tolist()  # the one device-to-host copy
-            offset = 0
-            for live, _ in winners:
-                for n, t in zip(live, values[offset:offset + len(live)]):
-                    drafts[n].append(t)
-                offset += len(live)
-        for n, start in fed_from.items():
-            runner.settle(states[n], start, drafts[n][:rows[n] - 1])
-        return drafts
+        return winners
 
     # -- the self-feeding graphs ---------------------------------------------------------------
     def _even_out_pending(self, drafting: list[SequenceState]) -> None:
@@ -168,13 +169,62 @@ class DraftWorker:
         return all(len(s.committed) + k - 1 <= runner.cache.max_seq_len for s in states)
 
     def _propose_looped(self, states: list[SequenceState], k: int, params: list | None,
-                        keys: torch.Tensor | None) -> list[list[int]]:
-        """Through the self-feeding graphs: stage the first forward, reserve the fed tokens'
-        positions, and settle their ids once the tokens are back."""
+                        keys: torch.Tensor | None) -> torch.Tensor:
+        """Through the self-feeding graphs: stage the first forward and reserve the fed tokens'
+        positions (settled once the tokens are back). Returns the tokens [len(states), k], on
+        the device."""
         runner = self.runner
         chunks = runner.stage([(state, []) for state in states], [1] * len(states))
-        starts = [runner.reserve(state, k - 1) for state in states]
-        drafts = self.loop.run(chunks, k, params, keys)
-        for state, start, tokens in zip(states, starts, drafts):
-            runner.settle(state, start, tokens[:k - 1])
-        return drafts
+        for state in states:
+            runner.reserve(state, k - 1)
+        return self.loop.run(chunks, k, params, keys)
+
+
+def _by_sequence(steps: list[list[int]], num_seqs: int, values: list[int]) -> list[list[int]]:
+    """Per sequence, its tokens out of the tokens of every step (`steps`: the sequences each
+    step ran, in order), concatenated."""
+    drafts: list[list[int]] = [[] for _ in range(num_seqs)]
+    offset = 0
+    for live in steps:
+        for n, t in zip(live, values[offset:offset + len(live)]):
+            drafts[n].append(t)
+        offset += len(live)
+    return drafts
+
+
+class PendingProposal:
+    """A proposal whose forwards are queued and whose tokens are on their way to the host.
+    `on_device`: every item's tokens [items, k] on the GPU, where every item drafts the same
+    k (else None); valid until the worker's next call. `result` waits for the copy, records
+    the fed tokens' ids in the cache (they ran as placeholders) and answers."""
+
+    def __init__(self, runner: ModelRunner, num_items: int, active: list[int], states: list[SequenceState],
+                 rows: list[int], tokens: torch.Tensor | None, decode=None, on_device: torch.Tensor | None = None):
+        """tokens: [len(states), k] on the device, or, with decode (host values -> per-sequence
+        lists), any layout decode reads."""
+        self._runner, self._num_items, self._active, self._states, self._rows = runner, num_items, active, states, rows
+        self._decode = decode
+        # Every token after a sequence's first ran from the device, at the cache's last positions.
+        self._fed_at = [runner.cached(s) - (r - 1) for s, r in zip(states, rows)]
+        self._copy = HostCopy(tokens) if tokens is not None else None
+        self.on_device = on_device
+        self.worker_s = 0.0
+        self._response: ProposeResponse | None = None
+
+    def result(self) -> ProposeResponse:
+        if self._response is not None:
+            return self._response
+        started = time.perf_counter()
+        drafts: list[list[int]] = []
+        if self._copy is not None:
+            values = self._copy.tolist()
+            drafts = values if self._decode is None else self._decode(values)
+        for state, start, tokens, n in zip(self._states, self._fed_at, drafts, self._rows):
+            if n > 1:
+                self._runner.settle(state, start, tokens[:n - 1])
+        out: list[list[int]] = [[] for _ in range(self._num_items)]
+        for i, tokens in zip(self._active, drafts):
+            out[i] = tokens
+        self.worker_s += time.perf_counter() - started
+        self._response = ProposeResponse(tokens=out, compute_s=self.worker_s)
+        return self._response

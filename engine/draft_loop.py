@@ -12,8 +12,9 @@ writes the next step's inputs itself:
 - the *next* graph runs one token per sequence, the previous winner, at the next position,
   samples, and advances the positions, context lengths and step index it reads.
 
-A proposal of k tokens is one fill of the inputs, the first graph, k - 1 replays of the next
-graph queued back to back, and one copy of the [batch, k] tokens back. Graphs are captured per
+A proposal of k tokens is one fill of the inputs, the first graph and k - 1 replays of the next
+graph queued back to back; its [batch, k] tokens stay on the device, where the target's
+verification reads them, and are copied back once. Graphs are captured per
 (batch bucket, q0, sampling mode) and (batch bucket, mode); the mode is "greedy" (argmax) or
 "sampled" (the draft's Gumbel race with each row's own temperature, top-k and top-p, read from
 buffers the host fills per call, with one noise key per row and step).
@@ -64,20 +65,26 @@ class _Buffers:
         pinned = device.type == "cuda"
         self.host_floats = torch.zeros(3, bucket, dtype=torch.float32, pin_memory=pinned)
         self.host_ints = torch.zeros(3 * bucket + bucket * MAX_STEPS, dtype=torch.int64, pin_memory=pinned)
+        self.copied: torch.cuda.Event | None = None  # the last copy out of the host buffers
 
     def fill_sampling(self, params: Sequence[SamplingParams], keys: torch.Tensor) -> None:
         """Per-row parameters (padding rows: greedy) and noise keys [len(params), k] (host)."""
         floats, ints = RowParams.columns(list(params) + [SamplingParams()] * (self.bucket - len(params)))
         all_keys = torch.zeros(self.bucket, MAX_STEPS, dtype=torch.int64)
         all_keys[:keys.shape[0], :keys.shape[1]] = keys
-        # Every call ends by copying its tokens back (a sync), so no copy out of these staging
-        # buffers is still pending when the next call overwrites them.
+        # The host may queue the next call before this one ran (the target verifies from the
+        # device): the staging buffers are not overwritten before their last copy ran.
+        if self.copied is not None:
+            self.copied.synchronize()
         self.host_floats.copy_(torch.tensor(floats, dtype=torch.float32))
         self.host_ints.copy_(torch.cat([torch.tensor(ints, dtype=torch.int64).view(-1), all_keys.view(-1)]))
         self.floats.copy_(self.host_floats, non_blocking=True)
         dev = self.host_ints.to(self.ints.device, non_blocking=True)
         self.ints.copy_(dev[:3 * self.bucket].view(3, self.bucket))
         self.keys.copy_(dev[3 * self.bucket:].view(self.bucket, MAX_STEPS))
+        if dev.is_cuda:
+            self.copied = torch.cuda.Event()
+            self.copied.record()
 
     def rows(self, mode: str, vocab: int) -> RowParams:
         if mode == "greedy":
@@ -108,11 +115,12 @@ class DraftLoopGraphs:
         return 1 <= k <= MAX_STEPS and (bucket, q0, mode) in self.first and (bucket, mode) in self.next
 
     def run(self, chunks: list[SequenceChunk], k: int, params: Sequence[SamplingParams] | None = None,
-            keys: torch.Tensor | None = None) -> list[list[int]]:
-        """k draft tokens for each chunk's sequence: chunks are the first forward's (q0 pending
-        tokens each, their cache positions reserved; the caller reserves k - 1 more per
-        sequence for the fed tokens). params and keys (host int64 [len(chunks), k]) for the
-        sampled mode; None: every row greedy."""
+            keys: torch.Tensor | None = None) -> torch.Tensor:
+        """k draft tokens for each chunk's sequence, on the device [len(chunks), k] (a view of
+        a buffer the next call overwrites): chunks are the first forward's (q0 pending tokens
+        each, their cache positions reserved; the caller reserves k - 1 more per sequence for
+        the fed tokens). params and keys (host int64 [len(chunks), k]) for the sampled mode;
+        None: every row greedy."""
         if not 1 <= k <= MAX_STEPS:
             raise ValueError(f"the draft loop runs 1..{MAX_STEPS} steps, not {k}")
         num, q0 = len(chunks), len(chunks[0].tokens)
@@ -127,7 +135,7 @@ class DraftLoopGraphs:
         step = self.next[(bucket, mode)]
         for _ in range(k - 1):
             step()
-        return buffers.tokens[:num, :k].tolist()
+        return buffers.tokens[:num, :k]
 
     def prepare(self, max_batch: int) -> None:
         """Capture (or, without capture, set up) the graphs of every batch bucket up to

@@ -101,12 +101,13 @@ class _Graph:
 
 
 class GraphTail(Protocol):
-    """Work that follows a forward, captured per shape: outputs = tail(hidden, staged, bucket,
-    rows), with staged a float64 vector of width(bucket, rows) host values (blank: padding)."""
+    """Work that follows a forward, captured per shape: outputs = tail(hidden, input_ids,
+    staged, bucket, rows), with the forward's input tokens [bucket * q] and staged a float64
+    vector of width(bucket, rows) host values (blank: padding)."""
 
     def width(self, bucket: int, rows: int) -> int: ...
     def blank(self, bucket: int, rows: int) -> np.ndarray: ...
-    def __call__(self, hidden: torch.Tensor, staged: torch.Tensor, bucket: int,
+    def __call__(self, hidden: torch.Tensor, input_ids: torch.Tensor, staged: torch.Tensor, bucket: int,
                  rows: int) -> tuple[torch.Tensor, ...]: ...
 
 
@@ -166,21 +167,21 @@ class DecodeGraphs:
         return ((self.bucket(len(chunks)), q, rows) in self.graphs
                 and all(len(c.tokens) == q and c.logit_rows == rows for c in chunks))
 
-    def run(self, chunks: list[SequenceChunk], input_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """fp32 logits for an eligible batch ([len(chunks) * logit_rows, vocab]). input_ids, a
-        device tensor of every chunk's tokens in order, replaces the chunks' own token lists."""
-        return self.model.logits(self._replay(chunks, input_ids))
+    def run(self, chunks: list[SequenceChunk], fed: torch.Tensor | None = None) -> torch.Tensor:
+        """fp32 logits for an eligible batch ([len(chunks) * logit_rows, vocab]). fed, device
+        int64 [len(chunks), m], replaces the last m tokens of every chunk's list."""
+        return self.model.logits(self._replay(chunks, fed))
 
     def has_tail(self, chunks: list[SequenceChunk]) -> bool:
         return self.eligible(chunks) and self._key(chunks) in self.tails
 
     def run_tail(self, chunks: list[SequenceChunk], staged: np.ndarray,
-                 input_ids: torch.Tensor | None = None) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+                 fed: torch.Tensor | None = None) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
         """The forward of `run` and then its shape's tail on `staged` (made for the bucket):
         (the tail's static outputs, the forward's hidden rows [len(chunks) * logit_rows, H]).
         Both are overwritten by the next replay of this shape: keep copies of what must last."""
         tail = self.tails[self._key(chunks)]
-        hidden = self._replay(chunks, input_ids)
+        hidden = self._replay(chunks, fed)
         tail.load(staged)
         tail.graph.replay()
         return tail.outputs, hidden
@@ -188,12 +189,12 @@ class DecodeGraphs:
     def _key(self, chunks: list[SequenceChunk]) -> tuple[int, int, int]:
         return self.bucket(len(chunks)), len(chunks[0].tokens), chunks[0].logit_rows
 
-    def _replay(self, chunks: list[SequenceChunk], input_ids: torch.Tensor | None) -> torch.Tensor:
+    def _replay(self, chunks: list[SequenceChunk], fed: torch.Tensor | None) -> torch.Tensor:
         num, q, rows = len(chunks), len(chunks[0].tokens), chunks[0].logit_rows
         graph = self.graphs[self._key(chunks)]
         graph.inputs.fill(chunks)
-        if input_ids is not None:
-            graph.inputs.batch.input_ids[:num * q].copy_(input_ids)
+        if fed is not None:
+            graph.inputs.batch.input_ids.view(graph.inputs.bucket, q)[:num, q - fed.shape[1]:].copy_(fed)
         graph.graph.replay()
         return graph.hidden[:num * rows]
 
@@ -223,6 +224,7 @@ class DecodeGraphs:
         bucket, _, rows = key
         out = _TailGraph(tail.width(bucket, rows), self.device)
         out.staged.copy_(torch.from_numpy(tail.blank(bucket, rows)))
-        body = functools.partial(tail, self.graphs[key].hidden, out.staged, bucket, rows)
+        graph = self.graphs[key]
+        body = functools.partial(tail, graph.hidden, graph.inputs.batch.input_ids, out.staged, bucket, rows)
         out.graph, out.outputs = capture(self.pool, body, body)
         return out

@@ -13,12 +13,14 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from bass.config import RunnerConfig
 from bass.engine.batch import RaggedBatch, SequenceChunk
 from bass.engine.kv_cache import KVCache
 from bass.engine.model import Transformer
+from bass.engine.transfer import to_device
 from bass.engine.weights import TORCH_DTYPES, eos_token_ids, load_config, load_weights
 from bass.errors import InvalidRequestError, SequenceTooLongError, UnknownSequenceError
 from bass.worker_api import AddSequence, WorkerInfo
@@ -160,24 +162,34 @@ class ModelRunner:
         With run_all_but_last, the last committed token stays pending (prefill)."""
         return self.run(self.stage(work, logits_per_seq, run_all_but_last))
 
-    def run(self, chunks: list[SequenceChunk], input_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def run(self, chunks: list[SequenceChunk], fed: torch.Tensor | None = None) -> torch.Tensor:
         """fp32 logits of staged chunks (`stage`, `stage_fed`), from a CUDA graph where one was
-        captured for their shape. input_ids: the chunks' tokens, on the device (`stage_fed`)."""
+        captured for their shape. fed: device int64 [len(chunks), m], the last m tokens of every
+        chunk, whose ids the host does not know (its lists hold placeholders there)."""
         if self.graphs is not None and self.graphs.eligible(chunks):
-            return self.graphs.run(chunks, input_ids=input_ids)
+            return self.graphs.run(chunks, fed=fed)
+        return self.model.forward(self._eager_batch(chunks, fed), self.cache)
+
+    def _eager_batch(self, chunks: list[SequenceChunk], fed: torch.Tensor | None) -> RaggedBatch:
         batch = RaggedBatch.build(chunks, self.device)
-        if input_ids is not None:
-            batch = replace(batch, input_ids=input_ids)
-        return self.model.forward(batch, self.cache)
+        if fed is None:
+            return batch
+        m = fed.shape[1]
+        if all(len(c.tokens) == m for c in chunks):  # every token fed (run ahead, a draft step)
+            return replace(batch, input_ids=fed.reshape(-1))
+        ends = np.cumsum([len(c.tokens) for c in chunks])
+        index = (ends[:, None] - m + np.arange(m)[None, :]).reshape(-1)
+        batch.input_ids[to_device(index, torch.int64, self.device)] = fed.reshape(-1)
+        return batch
 
     def has_tail(self, chunks: list[SequenceChunk]) -> bool:
         """Whether `run_tail` can run these chunks (a graph and a tail were captured for them)."""
         return self.graphs is not None and self.graphs.has_tail(chunks)
 
-    def run_tail(self, chunks: list[SequenceChunk], staged, input_ids: torch.Tensor | None = None):
+    def run_tail(self, chunks: list[SequenceChunk], staged, fed: torch.Tensor | None = None):
         """The forward of staged chunks and the warm-up's tail after it, both as CUDA graphs
-        (DecodeGraphs.run_tail)."""
-        return self.graphs.run_tail(chunks, staged, input_ids=input_ids)
+        (DecodeGraphs.run_tail); fed as in `run`."""
+        return self.graphs.run_tail(chunks, staged, fed=fed)
 
     def stage(self, work: list[tuple[SequenceState, list[int]]], logits_per_seq: list[int],
               run_all_but_last: bool = False) -> list[SequenceChunk]:
@@ -203,7 +215,7 @@ class ModelRunner:
         the host queues the next step while the GPU runs this one. The cache records
         placeholders for these tokens; `settle` writes their values once the caller has copied
         all its results to the host."""
-        return self.run(self.stage_fed(states), input_ids)
+        return self.run(self.stage_fed(states), input_ids.view(-1, 1))
 
     def stage_fed(self, states: list[SequenceState]) -> list[SequenceChunk]:
         """What `forward_fed` runs, without running it: a placeholder position per sequence."""

@@ -21,3 +21,27 @@ def to_device(values: Sequence | torch.Tensor, dtype: torch.dtype, device: torch
     if torch.device(device).type != "cuda":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
+
+
+class HostCopy:
+    """A device tensor on its way to the host: the copy is queued behind the work that makes the
+    tensor, so the host goes on queueing (the next model's forward) instead of waiting for it;
+    `tolist` waits for that copy alone, not for what was queued after it."""
+
+    def __init__(self, values: torch.Tensor):
+        if values.is_cuda:
+            self.host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+            self.host.copy_(values, non_blocking=True)
+            self.done: torch.cuda.Event | None = torch.cuda.Event()
+            self.done.record()
+        else:
+            self.host, self.done = values, None
+
+    def ready(self) -> bool:
+        """Whether `tolist` can answer without waiting for the GPU."""
+        return self.done is None or self.done.query()
+
+    def tolist(self) -> list:
+        if self.done is not None:
+            self.done.synchronize()
+        return self.host.tolist()

@@ -29,15 +29,14 @@ _PARAM_COLUMNS = 7  # temperature, divisor, top_p | top_k, greedy, truncating | 
 
 def staged_width(bucket: int, rows_per_seq: int) -> int:
     """Length of the staged vector of a step of `bucket` sequences x `rows_per_seq` rows."""
-    return _PARAM_COLUMNS * bucket * rows_per_seq + bucket * (rows_per_seq - 1)
+    return _PARAM_COLUMNS * bucket * rows_per_seq
 
 
-def stage(params: Sequence[SamplingParams], keys: np.ndarray, drafts: Sequence[Sequence[int]], bucket: int,
-          rows_per_seq: int) -> np.ndarray:
+def stage(params: Sequence[SamplingParams], keys: np.ndarray, bucket: int, rows_per_seq: int) -> np.ndarray:
     """The staged vector (float64, exact for every value it carries) of a step whose rows have
-    these parameters and noise keys (one of each per row, sequence-major) and whose
-    sequences proposed these drafts (rows_per_seq - 1 each). Sequences past len(drafts) up to
-    `bucket` are padding: greedy rows whose results are dropped."""
+    these parameters and noise keys (one of each per row, sequence-major). Rows past
+    len(params) up to `bucket` x `rows_per_seq` are padding: greedy rows whose results are
+    dropped. The drafts are not staged: they are the forward's own input tokens."""
     total = bucket * rows_per_seq
     floats, ints = RowParams.columns(list(params))
     out = np.zeros(staged_width(bucket, rows_per_seq), dtype=np.float64)
@@ -48,18 +47,16 @@ def stage(params: Sequence[SamplingParams], keys: np.ndarray, drafts: Sequence[S
     columns[0:3, :n] = floats
     columns[3:6, :n] = ints
     columns[6, :n] = keys
-    k = rows_per_seq - 1
-    if k and drafts:
-        out[_PARAM_COLUMNS * total:_PARAM_COLUMNS * total + len(drafts) * k] = np.asarray(drafts, dtype=np.float64).ravel()
     return out
 
 
-def sampled_verdicts(lm_head, hidden: torch.Tensor, staged: torch.Tensor, bucket: int,
+def sampled_verdicts(lm_head, hidden: torch.Tensor, input_ids: torch.Tensor, staged: torch.Tensor, bucket: int,
                      rows_per_seq: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(packed verdicts [bucket, 1 + rows_per_seq + rows_per_seq]: accepted, tokens, redo
     flags, as TargetWorker reads them; the target's token at every row [bucket * rows_per_seq])
-    of hidden [bucket * rows_per_seq, H] and a vector made by `stage`. lm_head: hidden -> fp32
-    logits."""
+    of hidden [bucket * rows_per_seq, H], the forward's input tokens [bucket * q] (each
+    sequence's last rows_per_seq - 1 are its drafts) and a vector made by `stage`. lm_head:
+    hidden -> fp32 logits."""
     total = bucket * rows_per_seq
     k = rows_per_seq - 1
     columns = staged[:_PARAM_COLUMNS * total].view(_PARAM_COLUMNS, total)
@@ -67,7 +64,7 @@ def sampled_verdicts(lm_head, hidden: torch.Tensor, staged: torch.Tensor, bucket
                                   max_top_k=0)
     keys = columns[6].long()
     raced, redo = race_unsynced(lm_head(hidden), rows, keys)
-    drafts = staged[_PARAM_COLUMNS * total:].view(bucket, k).long()
+    drafts = input_ids.view(bucket, -1)[:, input_ids.numel() // bucket - k:]
     draft_lens = torch.full((bucket,), k, dtype=torch.int64, device=hidden.device)
     return verdict_columns(raced, redo, drafts, draft_lens, [rows_per_seq] * bucket), raced
 
@@ -82,8 +79,8 @@ class SampledVerifyTail:
         return staged_width(bucket, rows)
 
     def blank(self, bucket: int, rows: int) -> np.ndarray:
-        return stage([], np.zeros(0), [], bucket, rows)
+        return stage([], np.zeros(0), bucket, rows)
 
-    def __call__(self, hidden: torch.Tensor, staged: torch.Tensor, bucket: int,
+    def __call__(self, hidden: torch.Tensor, input_ids: torch.Tensor, staged: torch.Tensor, bucket: int,
                  rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return sampled_verdicts(self.lm_head, hidden, staged, bucket, rows)
+        return sampled_verdicts(self.lm_head, hidden, input_ids, staged, bucket, rows)

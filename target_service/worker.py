@@ -16,21 +16,28 @@ is redone exactly, `race_unsynced`), after the step ahead already ran from the f
 The finish then repairs the step ahead for those sequences: it re-runs their input with the
 right token and races again, so what every sequence emits is exactly what step-by-step
 decoding emits (tests/test_target_run_ahead.py).
+
+Speculative steps gain the same way in-process: the draft's proposal stays on the device and
+the target's forward reads it there (`start_verify(request, drafts=...)`), queued behind the
+draft's forwards while their tokens travel to the host, so the GPU goes from the draft's last
+forward straight to verification. The drafts' cache positions hold placeholders until the
+finish, which settles the accepted ones from the verdicts (they are the emitted tokens); a
+rejected draft stays a placeholder, which the commit drops (tests/test_device_drafts.py).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
 import torch
 
-from bass.engine.runner import ModelRunner, SequenceState
+from bass.engine.runner import PLACEHOLDER, ModelRunner, SequenceState
 from bass.engine.sampling import RowParams, noise_keys, race, race_unsynced
 from bass.engine import verify_tail
-from bass.engine.transfer import to_device
+from bass.engine.transfer import HostCopy, to_device
 from bass.engine.verification import verdict_columns
 from bass.worker_api import Verdict, VerifyRequest, VerifyResponse, WorkerInfo
 
@@ -52,15 +59,22 @@ class LaunchedVerify:
     drafts: torch.Tensor | None = None
     draft_lens: torch.Tensor | None = None
     raced: torch.Tensor | None = None  # [rows] the target's token at every row (first pass)
-    packed: torch.Tensor | None = None  # [seqs, 2 + max_k (+ rows flags)]: accepted, tokens, redo flags
-    ready: torch.cuda.Event | None = None  # set once `packed` has reached the host
-    # Run ahead of the previous call: the cache position of each sequence's input token, a
-    # placeholder that the previous call's finish settles.
+    packed: HostCopy | None = None  # [seqs, 2 + max_k (+ rows flags)]: accepted, tokens, redo flags
+    # Cache positions of tokens that ran from the device, placeholders until settled: run ahead
+    # of the previous call, each sequence's input token (the previous call's finish settles
+    # it); with the draft's proposal on the device (drafts_fed), each sequence's first draft
+    # (this call's finish settles the accepted ones).
     fed_at: list[int] | None = None
+    drafts_fed: bool = False
     # Repairs (see the module docstring): sequence index -> its token, decided again.
     overrides: dict[int, int] = field(default_factory=dict)
     response: VerifyResponse | None = None
     worker_s: float = 0.0  # host time inside the worker, launch and finish
+
+    @property
+    def ahead(self) -> bool:
+        """Run ahead of the call before it (its input token decided by that call)."""
+        return self.fed_at is not None and not self.drafts_fed
 
     @property
     def regular(self) -> bool:
@@ -80,7 +94,7 @@ class PendingVerify:
     def ready(self) -> bool:
         """Whether `result` can answer without waiting for the GPU."""
         launched = self._launched
-        return launched.response is not None or launched.ready is None or launched.ready.query()
+        return launched.response is not None or launched.packed.ready()
 
     def discard(self) -> None:
         pass
@@ -88,6 +102,7 @@ class PendingVerify:
 
 class TargetWorker:
     overlaps_calls = True  # regular decoding keeps one call in flight (see the module docstring)
+    verifies_device_drafts = True  # start_verify(request, drafts=the draft's tokens on the GPU)
 
     def __init__(self, runner: ModelRunner):
         self.runner = runner
@@ -116,10 +131,14 @@ class TargetWorker:
     def verify(self, request: VerifyRequest) -> VerifyResponse:
         return self.start_verify(request).result()
 
-    def start_verify(self, request: VerifyRequest) -> PendingVerify:
+    def start_verify(self, request: VerifyRequest, drafts: torch.Tensor | None = None) -> PendingVerify:
+        """Queue a Verify. drafts (in-process): every item's draft tokens as a device tensor
+        [items, k], in place of the items' own (empty) draft_tokens: the draft's proposal, still
+        on the GPU, so that verification is queued behind the draft's forwards instead of
+        waiting for their tokens to reach the host."""
         started = time.perf_counter()
         with torch.inference_mode():
-            launched = self._launch(request)
+            launched = self._launch(request, drafts)
         launched.worker_s += time.perf_counter() - started
         return PendingVerify(self, launched)
 
@@ -130,12 +149,22 @@ class TargetWorker:
         return launched.response
 
     # -- launch --------------------------------------------------------------------------------
-    def _launch(self, request: VerifyRequest) -> LaunchedVerify:
+    def _launch(self, request: VerifyRequest, fed_drafts: torch.Tensor | None) -> LaunchedVerify:
         runner = self.runner
         items = list(request.items)
+        if fed_drafts is not None:
+            if any(it.draft_tokens for it in items) or fed_drafts.shape[0] != len(items):
+                raise ValueError("device drafts replace the items' own: one row per item, items without drafts")
+            if fed_drafts.device != runner.device:  # another GPU's proposal: through the host
+                items = [replace(it, draft_tokens=tuple(row)) for it, row in zip(items, fed_drafts.tolist())]
+                fed_drafts = None
+            elif fed_drafts.shape[1] == 0:
+                fed_drafts = None
+            else:  # the draft's buffer is rewritten by its next call; a redo reads these later
+                fed_drafts = fed_drafts.clone()
         while len(self._unfinished) > 1:  # run ahead of one call at most
             self._finish_next()
-        previous = self._runs_ahead_of(request)
+        previous = self._runs_ahead_of(request) if fed_drafts is None else None
         if previous is None:
             self._finish_all()
             runner.release(request.release)
@@ -143,7 +172,7 @@ class TargetWorker:
             self._deferred_release.extend(request.release)
         runner.add(request.add)
         states = [runner.get(it.seq_id) for it in items]
-        counts = [len(it.draft_tokens) for it in items]
+        counts = [len(it.draft_tokens) if fed_drafts is None else fed_drafts.shape[1] for it in items]
         rows_per_seq = [c + 1 for c in counts]
         launched = LaunchedVerify(seq_ids=[it.seq_id for it in items], states=states, rows_per_seq=rows_per_seq,
                                   max_k=max(counts, default=0))
@@ -152,35 +181,41 @@ class TargetWorker:
             return launched
         # Staged, not run: whether the step's shape replays as CUDA graphs decides how it samples.
         if previous is None:
-            chunks = runner.stage([(s, list(it.draft_tokens)) for s, it in zip(states, items)], rows_per_seq)
-            input_ids = None
+            drafted = [list(it.draft_tokens) for it in items] if fed_drafts is None else \
+                [[PLACEHOLDER] * k for k in counts]
+            chunks = runner.stage(list(zip(states, drafted)), rows_per_seq)
+            fed = fed_drafts
+            if fed is not None:  # the drafts' positions, settled from the verdicts (_finish_next)
+                launched.fed_at = [c.start + len(c.tokens) - c_k for c, c_k in zip(chunks, counts)]
+                launched.drafts_fed = True
             # Row j of sequence b decides the token at position len(committed) + j: every row races
             # with its own keyed noise, so a position is decided the same way whatever k was.
             decided = [len(s.committed) + j for s, n in zip(states, rows_per_seq) for j in range(n)]
         else:
             launched.fed_at = [runner.cached(s) for s in states]
             chunks = runner.stage_fed(states)
-            input_ids = self._inputs_from(previous, launched.seq_ids)
+            fed = self._inputs_from(previous, launched.seq_ids).view(-1, 1)
             decided = [p + 1 for p in launched.fed_at]
         sampled = not all(it.sampling.params.greedy for it in items)
         tail = sampled and runner.has_tail(chunks)
         if not tail:
             # The forward is queued first, and the host prepares the sampling inputs (pinned,
             # asynchronous copies) while the GPU runs it.
-            launched.logits = runner.run(chunks, input_ids)
+            launched.logits = runner.run(chunks, fed)
         row_params = [it.sampling.params for it, n in zip(items, rows_per_seq) for _ in range(n)]
         keys = None
         if sampled:
             keys = noise_keys([it.sampling.seed_key for it, n in zip(items, rows_per_seq) for _ in range(n)],
                               decided).numpy()
-        drafts = [list(it.draft_tokens) + [0] * (launched.max_k - c) for it, c in zip(items, counts)]
+        drafts = fed_drafts if fed_drafts is not None else \
+            [list(it.draft_tokens) + [0] * (launched.max_k - c) for it, c in zip(items, counts)]
         launched.exact_inputs = (row_params, keys, drafts, counts)
         if tail:
             # The sampled tail replays as a graph (engine/verify_tail.py): one launch for what
             # is eagerly some sixty. A redo's logits (flagged rows) are recomputed from a copy
             # of the hidden rows (_read_verdicts).
-            staged = verify_tail.stage(row_params, keys, drafts, runner.graphs.bucket(len(items)), launched.max_k + 1)
-            (packed, raced), hidden = runner.run_tail(chunks, staged, input_ids)
+            staged = verify_tail.stage(row_params, keys, runner.graphs.bucket(len(items)), launched.max_k + 1)
+            (packed, raced), hidden = runner.run_tail(chunks, staged, fed)
             launched.hidden = hidden.clone()
             launched.raced = raced[:len(row_params)].clone()
             packed = packed[:len(items)]
@@ -188,13 +223,7 @@ class TargetWorker:
             self._exact_inputs(launched)
             launched.raced, redo = race_unsynced(launched.logits, launched.row_params, launched.keys)
             packed = self._verdict_columns(launched, redo)
-        if packed.is_cuda:
-            launched.packed = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
-            launched.packed.copy_(packed, non_blocking=True)
-            launched.ready = torch.cuda.Event()
-            launched.ready.record()
-        else:
-            launched.packed = packed
+        launched.packed = HostCopy(packed)
         self._unfinished.append(launched)
         return launched
 
@@ -208,7 +237,8 @@ class TargetWorker:
         launched.row_params = RowParams.build(row_params, device)
         if keys is not None:
             launched.keys = to_device(torch.from_numpy(keys), torch.int64, device)
-        launched.drafts = to_device(drafts, torch.int64, device).view(len(drafts), launched.max_k)
+        launched.drafts = drafts if isinstance(drafts, torch.Tensor) else \
+            to_device(drafts, torch.int64, device).view(len(drafts), launched.max_k)
         launched.draft_lens = to_device(counts, torch.int64, device)
 
     def _runs_ahead_of(self, request: VerifyRequest) -> LaunchedVerify | None:
@@ -248,7 +278,7 @@ class TargetWorker:
     def _finish_next(self) -> None:
         started = time.perf_counter()
         launched = self._unfinished.pop(0)
-        following = self._unfinished[0] if self._unfinished and self._unfinished[0].fed_at is not None else None
+        following = self._unfinished[0] if self._unfinished and self._unfinished[0].ahead else None
         first_pass, tokens = self._read_verdicts(launched)
         runner = self.runner
         stale = []
@@ -262,7 +292,11 @@ class TargetWorker:
                 if first_pass[i] != tokens[i][0]:
                     stale.append(j)
         verdicts = []
-        for state, emitted in zip(launched.states, tokens):
+        for j, (state, emitted) in enumerate(zip(launched.states, tokens)):
+            if launched.drafts_fed:
+                # The accepted drafts are the emitted tokens; a rejected one stays a placeholder,
+                # which no committed token equals, so the commit drops it from the cache.
+                runner.settle(state, launched.fed_at[j], emitted[:-1])
             runner.commit(state, emitted)
             verdicts.append(Verdict(accepted=len(emitted) - 1, tokens=emitted))
         if stale:
@@ -280,8 +314,6 @@ class TargetWorker:
         """(the first row's token per sequence as the device first decided it, with repairs;
         the tokens each sequence emits). Rows whose cut lay outside the window are raced again
         exactly, then the verdicts are read once more."""
-        if launched.ready is not None:
-            launched.ready.synchronize()
         rows = launched.packed.tolist()
         width = launched.max_k + 2  # accepted + max_k + 1 tokens, then the flags
         for i, token in launched.overrides.items():

@@ -110,11 +110,18 @@ class FlakyDraft:
         return getattr(self.inner, name)
 
     def propose(self, request):
+        self._count()
+        return self.inner.propose(request)
+
+    def start_propose(self, request):  # in-process, the scheduler starts proposals this way
+        self._count()
+        return self.inner.start_propose(request)
+
+    def _count(self):
         self.calls += 1
         if self.calls == self.fail_at:
             self.inner.reset()
             raise WorkerUnavailableError("draft killed (test)")
-        return self.inner.propose(request)
 
 
 SEEDED = GenerationRequest(prompt_ids=(5, 17, 33, 200), n=2, max_new_tokens=24, seed=7, ignore_eos=True,

@@ -36,6 +36,7 @@ class OverlappingTarget:
     records when each call is sent and answered."""
 
     overlaps_calls = True
+    verifies_device_drafts = False  # as a remote target: drafts come in the request
 
     def __init__(self, worker, fail_at=None):
         self.worker, self.fail_at = worker, fail_at

@@ -180,6 +180,10 @@ class RecordingDraft:
         self.calls.append(request)
         return self.inner.propose(request)
 
+    def start_propose(self, request):  # in-process, the scheduler starts proposals this way
+        self.calls.append(request)
+        return self.inner.start_propose(request)
+
 
 @pytest.mark.parametrize("script", [[0, 0, 0, 3], [3]])
 def test_sequences_join_the_draft_only_when_speculation_wants_them(llama_target, script):
@@ -220,9 +224,9 @@ class RecordingTarget:
         self.adds.append([len(a.prompt_ids) for a in request.add])
         return self.inner.verify(request)
 
-    def start_verify(self, request):  # regular steps, one in flight
+    def start_verify(self, request, drafts=None):  # regular steps, one in flight; drafts on the device
         self.adds.append([len(a.prompt_ids) for a in request.add])
-        return self.inner.start_verify(request)
+        return self.inner.start_verify(request, drafts)
 
 
 def prompts_of(lengths):

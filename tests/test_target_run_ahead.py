@@ -38,10 +38,10 @@ class CountingLaunches:
         self._launch = worker._launch
         worker._launch = self
 
-    def __call__(self, request):
-        launched = self._launch(request)
+    def __call__(self, request, drafts=None):
+        launched = self._launch(request, drafts)
         self.launches += 1
-        self.ahead += launched.fed_at is not None
+        self.ahead += launched.ahead
         return launched
 
 

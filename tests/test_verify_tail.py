@@ -36,9 +36,14 @@ def test_the_tail_gives_the_eager_verdicts(k, monkeypatch):
     drafts = raced.view(seqs, rows)[:, :k].clone()
     if k:
         drafts[1, 1] = (drafts[1, 1] + 1) % vocab
-    staged = verify_tail.stage(row_params, keys.numpy(), drafts.tolist(), bucket, rows)
+    staged = verify_tail.stage(row_params, keys.numpy(), bucket, rows)
+    # The forward's input tokens: each sequence's pending token, then its drafts (padding: 0).
+    input_ids = torch.zeros(bucket, rows, dtype=torch.int64)
+    input_ids[:seqs, 0] = 7
+    input_ids[:seqs, 1:] = drafts
     with torch.inference_mode():
-        packed, tail_raced = verify_tail.sampled_verdicts(head, hidden, torch.from_numpy(staged), bucket, rows)
+        packed, tail_raced = verify_tail.sampled_verdicts(head, hidden, input_ids.view(-1), torch.from_numpy(staged),
+                                                          bucket, rows)
 
     raced, redo = race_unsynced(logits, RowParams.build(row_params, "cpu"), keys)
     want = verdict_columns(raced, redo, drafts, torch.full((seqs,), k), [rows] * seqs)
@@ -53,8 +58,8 @@ def test_the_tail_gives_the_eager_verdicts(k, monkeypatch):
 def test_staged_values_are_carried_exactly():
     keys = np.array([2**32 - 1, 7], dtype=np.int64)
     params = [SamplingParams(temperature=0.7, top_p=0.9, top_k=151935), SamplingParams()]
-    staged = verify_tail.stage(params, keys, [[151935], [3]], 2, 2)
-    assert staged.shape == (verify_tail.staged_width(2, 2),)
+    staged = verify_tail.stage(params, keys, 2, 2)
+    assert staged.shape == (verify_tail.staged_width(2, 2),) == (7 * 4,)
     columns = torch.from_numpy(staged)[:7 * 4].view(7, 4)
     rows = RowParams.from_columns(columns[0:3].float(), columns[3:6].long(), any_greedy=True, any_truncation=True,
                                   max_top_k=0)
@@ -62,7 +67,6 @@ def test_staged_values_are_carried_exactly():
     assert torch.equal(rows.divisor[:2], want.divisor) and torch.equal(rows.top_p[:2], want.top_p)
     assert rows.top_k[:2].tolist() == want.top_k.tolist() == [151935, 0]
     assert columns[6, :2].long().tolist() == keys.tolist()
-    assert torch.from_numpy(staged)[28:].long().tolist() == [151935, 3]
 
 
 @pytest.mark.gpu
