@@ -131,7 +131,7 @@ BATCH_TAIL_MARGIN = 0.10
 
 class _CostModel:
     """Step costs at one batch-size bucket: the median of recent observations of a draft call's
-    time and of the verification time, at each k (a median, so that an odd slow step does not
+    time and of the rest of the step ("verify": verification and the loop's own work), at each k (a median, so that an odd slow step does not
     steer the policy). At an unobserved k, a straight line through the observed ones: a draft
     call has a fixed part (its first forward runs the pending tokens, and the results are
     copied back once: ~0.5-0.9 ms on the H100) beside its per-token forwards, so with two or
@@ -185,9 +185,10 @@ class MeasuredCost:
     """The batch-level draft length that maximizes measured throughput (our default).
 
     Tokens per step follow E(k) = (1 - a^(k+1)) / (1 - a) with a the batch's per-token
-    acceptance; a step costs a draft call of k tokens plus one verification, both timed as the
-    coordinator sees them (RPC included; steps with prefill or draft catch-up are not counted)
-    and modelled per batch-size bucket. It picks argmax_k E(k) / cost(k) over 1..max_length,
+    acceptance; a step costs a draft call of k tokens plus the rest of the step (verification
+    and the coordinator's own work around it, which regular decoding pays once per token), both
+    timed as the coordinator sees them (RPC included; steps with prefill or draft catch-up are
+    not counted) and modelled per batch-size bucket. It picks argmax_k E(k) / cost(k) over 1..max_length,
     and regular decoding (k = 0) unless that speculation beats it by `margin` (5% at batch 1,
     growing to 15% at batch 8 and beyond, since a batch waits for its slowest sequence; at
     least 15% where the cost is extrapolated, not measured): speculating costs a draft catch-up

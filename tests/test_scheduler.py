@@ -3,6 +3,8 @@
 import json
 import shutil
 
+import time
+
 import pytest
 
 from bass.coordinator.requests import FinishReason, GenerationRequest
@@ -165,6 +167,39 @@ class ScriptedPolicy:
 
     def forget(self, seq_id):
         pass
+
+
+class CostRecordingPolicy(ScriptedPolicy):
+    def __init__(self, ks):
+        super().__init__(ks)
+        self.costs = []  # (k, verification seconds as given) per timed step
+
+    def observe_costs(self, batch, draft_forwards, draft_s, verify_k, verify_s):
+        if verify_s is not None:
+            self.costs.append((verify_k, verify_s))
+
+
+def test_the_policy_is_given_whole_steps_with_the_loops_own_work(llama_target, llama_draft, monkeypatch):
+    """A step costs its draft call, its Verify, and the loop's work around them (the commit,
+    the next step's set-up); regular decoding pays that work once per token, speculation once
+    per step, so the policy must see it in both, or it favours regular decoding. Here the
+    commit is made to take 30 ms, far more than a Verify of the tiny model: every timed step,
+    regular (pipelined) and speculative, must include it."""
+    s = build_scheduler(llama_target, llama_draft, "4")
+    s.policy = CostRecordingPolicy([0] * 8 + [3] * 6 + [0])
+    commit = s._commit
+    slow_commit_s = 0.03
+
+    def slow_commit(*args, **kwargs):
+        time.sleep(slow_commit_s)
+        return commit(*args, **kwargs)
+
+    monkeypatch.setattr(s, "_commit", slow_commit)
+    s.generate([GenerationRequest(prompt_ids=PROMPT, n=2, max_new_tokens=40, ignore_eos=True)])
+    regular = [cost for k, cost in s.policy.costs if k == 0]
+    speculative = [cost for k, cost in s.policy.costs if k > 0]
+    assert len(regular) >= 3 and len(speculative) >= 3, s.policy.costs
+    assert min(regular + speculative) >= slow_commit_s, s.policy.costs
 
 
 class RecordingDraft:
