@@ -312,14 +312,14 @@ class Scheduler:
             except Exception as exc:  # noqa: BLE001 - speculation is optional; never fail a request for it
                 self._draft_failed(exc)
                 lengths, draft_forwards = [0] * len(batch), 0
-        items = [VerifyItem(s.seq_id, (), s.sampling) for s in batch]
         pending = None
         on_device = proposal.on_device if proposal is not None and len(drafting) == len(batch) else None
         if on_device is not None:
             # In-process, on one device: verification is queued behind the draft's forwards and
             # reads its tokens there, and the host reads them back while the target runs.
-            pending = self.target.start_verify(VerifyRequest(items=items, add=self._target_add,
-                                                             release=self._target_release), drafts=on_device)
+            pending = self.target.start_verify(VerifyRequest(
+                items=[VerifyItem(s.seq_id, (), s.sampling) for s in batch],
+                add=self._target_add, release=self._target_release), drafts=on_device)
         if proposal is not None:
             try:
                 response = proposal.result()

@@ -23,8 +23,9 @@ class StepStats:
     # `auto` chose, probes included, which the means above hide.
     steps_by_length: dict[int, int] = field(default_factory=dict)
     # Per step, when a benchmark asks for it (a list, else None): (draft length, sequences,
-    # tokens committed, draft seconds, verify seconds as the policy was told or None where
-    # untimed, clock at the commit's end).
+    # tokens committed, draft seconds, the Verify call's seconds where the step is timed for the
+    # policy, else None (the policy is given the step's whole period less the draft call),
+    # clock at the commit's end).
     trace: list[tuple] | None = None
 
     def breakdown(self) -> dict:

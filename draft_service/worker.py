@@ -113,8 +113,7 @@ class DraftWorker:
             winners = self._propose_stepwise(drafting, rows, params, keys)
             tokens = torch.cat([t for _, t in winners])
             decode = functools.partial(_by_sequence, [live for live, _ in winners], len(drafting))
-        on_device = tokens if decode is None and len(active) == len(items) else None
-        return PendingProposal(runner, len(items), active, drafting, rows, tokens, decode, on_device)
+        return PendingProposal(runner, len(items), active, drafting, rows, tokens, decode)
 
     def _propose_stepwise(self, states: list[SequenceState], rows: list[int], params: list,
                           keys: torch.Tensor | None) -> list[tuple[list[int], torch.Tensor]]:
@@ -199,15 +198,15 @@ class PendingProposal:
     the fed tokens' ids in the cache (they ran as placeholders) and answers."""
 
     def __init__(self, runner: ModelRunner, num_items: int, active: list[int], states: list[SequenceState],
-                 rows: list[int], tokens: torch.Tensor | None, decode=None, on_device: torch.Tensor | None = None):
+                 rows: list[int], tokens: torch.Tensor | None, decode=None):
         """tokens: [len(states), k] on the device, or, with decode (host values -> per-sequence
-        lists), any layout decode reads."""
+        lists), any layout decode reads; `active`: the items (of num_items) that draft."""
         self._runner, self._num_items, self._active, self._states, self._rows = runner, num_items, active, states, rows
         self._decode = decode
         # Every token after a sequence's first ran from the device, at the cache's last positions.
         self._fed_at = [runner.cached(s) - (r - 1) for s, r in zip(states, rows)]
         self._copy = HostCopy(tokens) if tokens is not None else None
-        self.on_device = on_device
+        self.on_device = tokens if decode is None and len(active) == num_items else None
         self.worker_s = 0.0
         self._response: ProposeResponse | None = None
 

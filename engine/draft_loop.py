@@ -37,6 +37,7 @@ from bass.engine.batch import SequenceChunk
 from bass.engine.graphs import BATCH_BUCKETS, MAX_GRAPH_Q, DecodeGraphs, StaticInputs, capture
 from bass.engine.kv_cache import KVCache
 from bass.engine.sampling import RowParams
+from bass.engine.transfer import Staging
 
 log = logging.getLogger(__name__)
 
@@ -57,34 +58,22 @@ class _Buffers:
         self.bucket = bucket
         step = StaticInputs(bucket, 1, 1, scratch_slot, max_len, device).batch
         self.step = replace(step, token_slots=step.slots)  # one token per sequence: its slot
-        self.floats = torch.zeros(3, bucket, dtype=torch.float32, device=device)  # RowParams.columns
-        self.ints = torch.zeros(3, bucket, dtype=torch.int64, device=device)
-        self.keys = torch.zeros(bucket, MAX_STEPS, dtype=torch.int64, device=device)
+        # RowParams.columns (floats, ints) and the noise keys: views of what the host stages.
+        self.staged_floats = Staging(3 * bucket, torch.float32, device)
+        self.staged_ints = Staging(3 * bucket + bucket * MAX_STEPS, torch.int64, device)
+        self.floats = self.staged_floats.device.view(3, bucket)
+        self.ints = self.staged_ints.device[:3 * bucket].view(3, bucket)
+        self.keys = self.staged_ints.device[3 * bucket:].view(bucket, MAX_STEPS)
         self.index = torch.zeros(1, dtype=torch.int64, device=device)
         self.tokens = torch.zeros(bucket, MAX_STEPS, dtype=torch.int64, device=device)
-        pinned = device.type == "cuda"
-        self.host_floats = torch.zeros(3, bucket, dtype=torch.float32, pin_memory=pinned)
-        self.host_ints = torch.zeros(3 * bucket + bucket * MAX_STEPS, dtype=torch.int64, pin_memory=pinned)
-        self.copied: torch.cuda.Event | None = None  # the last copy out of the host buffers
 
     def fill_sampling(self, params: Sequence[SamplingParams], keys: torch.Tensor) -> None:
         """Per-row parameters (padding rows: greedy) and noise keys [len(params), k] (host)."""
         floats, ints = RowParams.columns(list(params) + [SamplingParams()] * (self.bucket - len(params)))
         all_keys = torch.zeros(self.bucket, MAX_STEPS, dtype=torch.int64)
         all_keys[:keys.shape[0], :keys.shape[1]] = keys
-        # The host may queue the next call before this one ran (the target verifies from the
-        # device): the staging buffers are not overwritten before their last copy ran.
-        if self.copied is not None:
-            self.copied.synchronize()
-        self.host_floats.copy_(torch.tensor(floats, dtype=torch.float32))
-        self.host_ints.copy_(torch.cat([torch.tensor(ints, dtype=torch.int64).view(-1), all_keys.view(-1)]))
-        self.floats.copy_(self.host_floats, non_blocking=True)
-        dev = self.host_ints.to(self.ints.device, non_blocking=True)
-        self.ints.copy_(dev[:3 * self.bucket].view(3, self.bucket))
-        self.keys.copy_(dev[3 * self.bucket:].view(self.bucket, MAX_STEPS))
-        if dev.is_cuda:
-            self.copied = torch.cuda.Event()
-            self.copied.record()
+        self.staged_floats.load(torch.tensor(floats, dtype=torch.float32).view(-1))
+        self.staged_ints.load(torch.cat([torch.tensor(ints, dtype=torch.int64).view(-1), all_keys.view(-1)]))
 
     def rows(self, mode: str, vocab: int) -> RowParams:
         if mode == "greedy":

@@ -35,6 +35,7 @@ import torch
 
 from bass.engine.batch import RaggedBatch, SequenceChunk
 from bass.engine.kv_cache import KVCache
+from bass.engine.transfer import Staging
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +55,7 @@ class StaticInputs:
         # One capture serves all context lengths: size the attention plan for the whole cache.
         self.batch = replace(batch, max_ctx=max_len, ctx_lens_list=[max_len] * bucket, ctx_lens_are_bounds=True)
         # input_ids, positions, token_slots, slots, ctx_lens
-        self.host = torch.zeros(3 * bucket * q + 2 * bucket, dtype=torch.int64)
-        if self.batch.input_ids.is_cuda:
-            self.host = self.host.pin_memory()
-        # Marks the last copy out of `host`: the host may queue replays ahead of the GPU (draft
-        # steps fed from the device), so it must not overwrite the staging buffer before the copy ran.
-        self.copied: torch.cuda.Event | None = None
+        self.staging = Staging(3 * bucket * q + 2 * bucket, torch.int64, device)
 
     def fill(self, chunks: list[SequenceChunk]) -> None:
         """Copy a step's inputs into the buffers (one host-to-device copy); sequences past
@@ -78,13 +74,7 @@ class StaticInputs:
         tslots += [self.scratch_slot] * (pad * q)
         slots += [self.scratch_slot] * pad
         ctx += [q] * pad
-        if self.copied is not None:
-            self.copied.synchronize()
-        self.host.copy_(torch.tensor(ids + pos + tslots + slots + ctx, dtype=torch.int64))
-        dev = self.host.to(self.batch.input_ids.device, non_blocking=True)
-        if dev.is_cuda:
-            self.copied = torch.cuda.Event()
-            self.copied.record()
+        dev = self.staging.load(torch.tensor(ids + pos + tslots + slots + ctx, dtype=torch.int64))
         tokens, bt = bucket * q, self.batch
         bt.input_ids.copy_(dev[:tokens])
         bt.positions.copy_(dev[tokens:2 * tokens])
@@ -112,23 +102,12 @@ class GraphTail(Protocol):
 
 
 class _TailGraph:
-    """A captured tail and its staged input: a pinned host vector copied to the device once
-    per replay."""
+    """A captured tail and its staged input, copied to the device once per replay."""
 
     def __init__(self, width: int, device: torch.device):
-        self.host = torch.zeros(width, dtype=torch.float64).pin_memory()
-        self.staged = torch.zeros(width, dtype=torch.float64, device=device)
-        self.copied: torch.cuda.Event | None = None  # the last copy out of `host` (see StaticInputs)
+        self.staging = Staging(width, torch.float64, device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.outputs: tuple[torch.Tensor, ...] = ()
-
-    def load(self, values: np.ndarray) -> None:
-        if self.copied is not None:
-            self.copied.synchronize()
-        self.host.copy_(torch.from_numpy(values))
-        self.staged.copy_(self.host, non_blocking=True)
-        self.copied = torch.cuda.Event()
-        self.copied.record()
 
 
 def capture(pool, warm_up: Callable[[], object], body: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph, object]:
@@ -182,7 +161,7 @@ class DecodeGraphs:
         Both are overwritten by the next replay of this shape: keep copies of what must last."""
         tail = self.tails[self._key(chunks)]
         hidden = self._replay(chunks, fed)
-        tail.load(staged)
+        tail.staging.load(torch.from_numpy(staged))
         tail.graph.replay()
         return tail.outputs, hidden
 
@@ -223,8 +202,8 @@ class DecodeGraphs:
     def _capture_tail(self, tail: GraphTail, key: tuple[int, int, int]) -> _TailGraph:
         bucket, _, rows = key
         out = _TailGraph(tail.width(bucket, rows), self.device)
-        out.staged.copy_(torch.from_numpy(tail.blank(bucket, rows)))
+        staged = out.staging.load(torch.from_numpy(tail.blank(bucket, rows)))
         graph = self.graphs[key]
-        body = functools.partial(tail, graph.hidden, graph.inputs.batch.input_ids, out.staged, bucket, rows)
+        body = functools.partial(tail, graph.hidden, graph.inputs.batch.input_ids, staged, bucket, rows)
         out.graph, out.outputs = capture(self.pool, body, body)
         return out

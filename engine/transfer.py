@@ -45,3 +45,26 @@ class HostCopy:
         if self.done is not None:
             self.done.synchronize()
         return self.host.tolist()
+
+
+class Staging:
+    """A pinned host buffer and its device twin, for values the host writes before each launch
+    (the inputs a CUDA graph reads from the twin). The host may queue launches ahead of the GPU
+    (a draft's steps, the target's verification behind them), so `load` waits for the last copy
+    out of the host buffer to have run before overwriting it."""
+
+    def __init__(self, numel: int, dtype: torch.dtype, device: torch.device | str):
+        self.device = torch.zeros(numel, dtype=dtype, device=device)
+        self.host = torch.zeros(numel, dtype=dtype, pin_memory=self.device.is_cuda)
+        self._copied: torch.cuda.Event | None = None
+
+    def load(self, values: torch.Tensor) -> torch.Tensor:
+        """Copy values (host, numel elements) to the device twin, asynchronously; returns it."""
+        if self._copied is not None:
+            self._copied.synchronize()
+        self.host.copy_(values)
+        self.device.copy_(self.host, non_blocking=True)
+        if self.device.is_cuda:
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+        return self.device

@@ -60,21 +60,16 @@ class LaunchedVerify:
     draft_lens: torch.Tensor | None = None
     raced: torch.Tensor | None = None  # [rows] the target's token at every row (first pass)
     packed: HostCopy | None = None  # [seqs, 2 + max_k (+ rows flags)]: accepted, tokens, redo flags
-    # Cache positions of tokens that ran from the device, placeholders until settled: run ahead
-    # of the previous call, each sequence's input token (the previous call's finish settles
-    # it); with the draft's proposal on the device (drafts_fed), each sequence's first draft
-    # (this call's finish settles the accepted ones).
+    # Run ahead of the previous call: the cache position of each sequence's input token, a
+    # placeholder that the previous call's finish settles.
     fed_at: list[int] | None = None
-    drafts_fed: bool = False
+    # Verified from the draft's tokens on the device: the cache position of each sequence's
+    # first draft, placeholders of which this call's finish settles the accepted ones.
+    drafts_at: list[int] | None = None
     # Repairs (see the module docstring): sequence index -> its token, decided again.
     overrides: dict[int, int] = field(default_factory=dict)
     response: VerifyResponse | None = None
     worker_s: float = 0.0  # host time inside the worker, launch and finish
-
-    @property
-    def ahead(self) -> bool:
-        """Run ahead of the call before it (its input token decided by that call)."""
-        return self.fed_at is not None and not self.drafts_fed
 
     @property
     def regular(self) -> bool:
@@ -186,8 +181,7 @@ class TargetWorker:
             chunks = runner.stage(list(zip(states, drafted)), rows_per_seq)
             fed = fed_drafts
             if fed is not None:  # the drafts' positions, settled from the verdicts (_finish_next)
-                launched.fed_at = [c.start + len(c.tokens) - c_k for c, c_k in zip(chunks, counts)]
-                launched.drafts_fed = True
+                launched.drafts_at = [c.start + len(c.tokens) - k for c, k in zip(chunks, counts)]
             # Row j of sequence b decides the token at position len(committed) + j: every row races
             # with its own keyed noise, so a position is decided the same way whatever k was.
             decided = [len(s.committed) + j for s, n in zip(states, rows_per_seq) for j in range(n)]
@@ -278,7 +272,7 @@ class TargetWorker:
     def _finish_next(self) -> None:
         started = time.perf_counter()
         launched = self._unfinished.pop(0)
-        following = self._unfinished[0] if self._unfinished and self._unfinished[0].ahead else None
+        following = self._unfinished[0] if self._unfinished and self._unfinished[0].fed_at is not None else None
         first_pass, tokens = self._read_verdicts(launched)
         runner = self.runner
         stale = []
@@ -293,10 +287,10 @@ class TargetWorker:
                     stale.append(j)
         verdicts = []
         for j, (state, emitted) in enumerate(zip(launched.states, tokens)):
-            if launched.drafts_fed:
+            if launched.drafts_at is not None:
                 # The accepted drafts are the emitted tokens; a rejected one stays a placeholder,
                 # which no committed token equals, so the commit drops it from the cache.
-                runner.settle(state, launched.fed_at[j], emitted[:-1])
+                runner.settle(state, launched.drafts_at[j], emitted[:-1])
             runner.commit(state, emitted)
             verdicts.append(Verdict(accepted=len(emitted) - 1, tokens=emitted))
         if stale:
