@@ -112,6 +112,30 @@ class PendingVerify(Protocol):
     def discard(self) -> None: ...  # nobody will read the answer
 
 
+class StartedProposal(Protocol):
+    """In-process: a proposal whose tokens are still on the device (`on_device`, [items, k],
+    or None where the items draft different lengths) and on their way to the host (`result`)."""
+
+    on_device: object
+    def result(self) -> ProposeResponse: ...
+
+
+class ChainedProposal(Protocol):
+    """In-process: the next step's proposal of k tokens per sequence, queued behind a
+    verification before its verdicts reached the host (DraftWorker.start_chained, from the
+    target's `PendingVerify.verdicts_on_device`). The caller reconciles it with the verdicts as
+    read (the emitted tokens per sequence, and the sequences whose verdicts the target revised
+    after the device had them), then selects the sequences the next verification runs."""
+
+    k: int
+    seq_ids: list[int]
+
+    @property
+    def gpu_s(self) -> float: ...  # its time on the GPU
+    def reconcile(self, emitted: Sequence[Sequence[int]], revised: Sequence[int] = ()) -> None: ...
+    def select(self, seq_ids: Sequence[int]) -> StartedProposal: ...
+
+
 class TargetWorkerAPI(Protocol):
     """A target whose `overlaps_calls` is true (the remote one over its session stream) also
     has `start_verify(request) -> PendingVerify`: regular decoding sends each step's Verify
@@ -119,7 +143,9 @@ class TargetWorkerAPI(Protocol):
 
     In-process, a target whose `verifies_device_drafts` is true takes `start_verify(request,
     drafts=...)`, the draft's tokens still on the device, from a draft worker's
-    `start_propose(request)` (its `on_device`, read back by its `result()`)."""
+    `start_propose(request)` (its `on_device`, read back by its `result()`); its pending
+    call's `verdicts_on_device` is what the draft's `start_chained` queues the next step's
+    proposal on."""
 
     def info(self) -> WorkerInfo: ...
     def verify(self, request: VerifyRequest) -> VerifyResponse: ...

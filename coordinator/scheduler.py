@@ -33,7 +33,7 @@ from bass.coordinator.step_stats import StepStats
 from bass.coordinator.stopping import StopCriteria, check_stop
 from bass.coordinator.tokenizer import Codec
 from bass.errors import InvalidRequestError, WorkerUnavailableError
-from bass.worker_api import (AddSequence, DraftWorkerAPI, PendingVerify, ProposeItem, ProposeRequest,
+from bass.worker_api import (AddSequence, ChainedProposal, DraftWorkerAPI, PendingVerify, ProposeItem, ProposeRequest,
                              ProposeResponse, SequenceSampling, TargetWorkerAPI, VerifyItem, VerifyRequest,
                              VerifyResponse)
 
@@ -161,8 +161,12 @@ class Scheduler:
         # Regular decoding over a target that overlaps calls keeps one step in flight.
         self._overlaps = bool(getattr(target, "overlaps_calls", False))
         self._in_flight: InFlight | None = None
-        # An in-process target can verify an in-process draft's tokens on the device.
+        # An in-process target can verify an in-process draft's tokens on the device, and the
+        # draft can then chain each step's proposal behind the last verification (_chain_next).
         self._fed_verify = bool(getattr(target, "verifies_device_drafts", False))
+        self._chains = self._fed_verify
+        self._chain = None  # the proposal chained behind the last step's verification, for this step
+        self._decided: dict[int, int] | None = None  # the policy's lengths for this step, asked early
         self._uncounted_step_s = 0.0  # a pipelined step that committed nothing: counted with the next
         self._last_step_end: float | None = None  # clock() when the last step() returned
         self.step_stats = StepStats()
@@ -243,6 +247,7 @@ class Scheduler:
         if self._in_flight is not None:  # its answer, if one comes, answers nobody
             self._in_flight.pending.discard()
             self._in_flight = None
+        self._chain, self._decided = None, None  # the workers are reset before new work
         self._target_add, self._draft_add, self._target_release, self._draft_release = [], [], [], []
         self.policy = make_policy(self.config.draft_length)
         return failed
@@ -269,7 +274,13 @@ class Scheduler:
         # prefill (which delays those new sequences' first tokens) keeps to the budget.
         limit = self.config.max_prefill_tokens_per_step
         prefill = PrefillBudget(limit if self.running else sys.maxsize)
-        self._admit(prefill)
+        # A proposal chained behind the last verification already runs this step's drafts for
+        # the last step's sequences; arrivals join the step after (_chain_next saw none waiting).
+        chain, self._chain = self._chain, None
+        if chain is not None and not (self.draft_up and self.running):
+            chain = None  # every sequence left (cancelled, out of time), or the draft went down
+        if chain is None:
+            self._admit(prefill)
         if prefill.limit != limit:
             prefill = PrefillBudget(limit, used=prefill.used)
         if self._in_flight is not None and not self.running:
@@ -278,7 +289,7 @@ class Scheduler:
         if not self.running:
             return finished
         batch = self.running
-        wanted = self._wanted_lengths(batch)
+        wanted = self._wanted_lengths(batch) if chain is None else {s.seq_id: chain.k for s in batch}
         if self._overlaps and not any(wanted.values()) and not self._draft_add:
             # Regular decoding (the policy's choice, or no draft). Releases for the draft wait
             # for its next call, or for the loop to go idle (flush_releases).
@@ -301,7 +312,10 @@ class Scheduler:
         draft_forwards, draft_s = 0, 0.0
         proposal = None
         started = self.clock()
-        if self.draft_up and (any(lengths) or self._draft_add or self._draft_release):
+        if chain is not None:
+            drafting, draft_forwards = list(range(len(batch))), chain.k
+            proposal = chain.select([s.seq_id for s in batch])
+        elif self.draft_up and (any(lengths) or self._draft_add or self._draft_release):
             drafting = [i for i, k in enumerate(lengths) if k > 0]
             draft_forwards = max(lengths, default=0)
             try:
@@ -312,7 +326,7 @@ class Scheduler:
             except Exception as exc:  # noqa: BLE001 - speculation is optional; never fail a request for it
                 self._draft_failed(exc)
                 lengths, draft_forwards = [0] * len(batch), 0
-        pending = None
+        pending = next_chain = None
         on_device = proposal.on_device if proposal is not None and len(drafting) == len(batch) else None
         if on_device is not None:
             # In-process, on one device: verification is queued behind the draft's forwards and
@@ -320,19 +334,24 @@ class Scheduler:
             pending = self.target.start_verify(VerifyRequest(
                 items=[VerifyItem(s.seq_id, (), s.sampling) for s in batch],
                 add=self._target_add, release=self._target_release), drafts=on_device)
+            next_chain = self._chain_next(batch, max(lengths), pending)
         if proposal is not None:
             try:
                 response = proposal.result()
             except Exception as exc:  # noqa: BLE001
                 self._draft_failed(exc)
+                next_chain = None
                 if pending is None:
                     lengths, draft_forwards = [0] * len(batch), 0
                 else:  # verified from the device: its verdicts stand; the drafts' lengths are known
                     drafts = [(0,) * k for k in lengths]
             else:
-                draft_s = self.clock() - started
+                # A chained proposal ran on the GPU while the host committed the last step: its
+                # cost is its GPU time, not the host's wait for it.
+                draft_s = chain.gpu_s if chain is not None else self.clock() - started
                 self.step_stats.draft_compute_s += response.compute_s
-                self._draft_add, self._draft_release = [], []
+                if chain is None:  # they went with the proposal (a chained one took none)
+                    self._draft_add, self._draft_release = [], []
                 for n, i in enumerate(drafting):
                     batch[i].unsent_to_draft.clear()
                     drafts[i] = tuple(response.tokens[n])
@@ -345,10 +364,17 @@ class Scheduler:
                 add=self._target_add, release=self._target_release))
         verify_s = self.clock() - started
         self._target_add, self._target_release = [], []
+        if next_chain is not None:
+            # What the chained proposal ran, now that the host has the verdicts it ran from.
+            next_chain.reconcile([v.tokens for v in verified.verdicts], pending.revised)
         self._drafted_last_step = draft_forwards > 0
         size, k = len(batch), max(lengths, default=0)
         finished += self._commit(batch, drafts, verified, draft_forwards, draft_s, verify_s,
                                  timed=verify_s if clean_verify else None)
+        if next_chain is not None:
+            for seq in batch:  # the draft has them from the verdicts (reconcile)
+                seq.unsent_to_draft.clear()
+            self._chain = next_chain
         # The policy is given the whole step: draft, verification and what the loop does
         # around them (the commit, the next step's set-up), since regular decoding pays the
         # latter once per token and speculation once per step (at batch 1 on an H100, a
@@ -358,6 +384,44 @@ class Scheduler:
                                   period - draft_s if clean_verify and period is not None else None)
         self.step_stats.step_s += self.clock() - step_started
         return finished
+
+    def _chain_next(self, batch: list[SequenceRun], k: int, pending: PendingVerify) -> ChainedProposal | None:
+        """Queue the next step's proposal behind this verification (DraftWorker.start_chained),
+        so that the GPU drafts step t + 1 while the host commits step t; None where the next
+        step runs otherwise. The policy chooses the next step's draft length now, one step's
+        evidence earlier than it otherwise would (where it chooses regular decoding or lengths
+        that differ, the next step takes that choice: `_decided`). Arrivals that fit break the
+        chain (they join at the next step's start, which a chained step skips)."""
+        start = getattr(self.draft, "start_chained", None) if self._chains else None
+        verdicts = getattr(pending, "verdicts_on_device", None)
+        sampled = not all(s.sampling.params.greedy for s in batch)
+        if (start is None or verdicts is None or not self.draft_up or self._fits_waiting()
+                or not self.draft.chains(len(batch), 1, k, sampled)):
+            return None
+        seq_ids = [s.seq_id for s in batch]
+        wanted = self.policy.lengths(seq_ids)
+        nxt = wanted[0] if wanted else 0
+        # The cache must hold the step after next whatever this one accepts.
+        room = all(len(s.request.prompt_ids) + len(s.output) + k + 1 + nxt <= self.max_seq_len for s in batch)
+        if not nxt or any(w != nxt for w in wanted) or not room or not self.draft.chains(len(batch), nxt, k, sampled):
+            self._decided = dict(zip(seq_ids, wanted))
+            return None
+        try:
+            chained = start(ProposeRequest(items=[ProposeItem(s.seq_id, nxt, (), s.sampling) for s in batch],
+                                           release=self._draft_release), verdicts, k)
+        except Exception as exc:  # noqa: BLE001 - speculation is optional; never fail a request for it
+            self._draft_failed(exc)
+            return None
+        self._draft_release = []
+        return chained
+
+    def _fits_waiting(self) -> bool:
+        """Whether the first waiting request would be admitted now, slots and batch allowing."""
+        if not self.waiting:
+            return False
+        n = len(self.waiting[0].sequences)
+        return (len(self.running) + n <= self.config.max_batch_size
+                and self._slots_held + n <= self.slot_capacity)
 
     def _start_propose(self, request: ProposeRequest):
         """The draft's proposal, started (in-process: still on the device) or already answered."""
@@ -486,6 +550,7 @@ class Scheduler:
         log.warning("draft failed (%s); continuing with regular decoding", exc)
         self.draft_up = False
         self._next_probe = self.clock() + self.reconnect_interval_s
+        self._chain = None
         self._draft_add, self._draft_release = [], []
         for seq in self.running:
             seq.drafted = False
@@ -562,9 +627,16 @@ class Scheduler:
             self._slots_held += n
 
     def _wanted_lengths(self, batch: list[SequenceRun]) -> dict[int, int]:
-        """The policy's draft length per sequence (by seq_id); none while the draft is down."""
+        """The policy's draft length per sequence (by seq_id); none while the draft is down.
+        Where the last step already asked the policy (_chain_next), its answer stands; a
+        sequence admitted since takes the length the others were given."""
+        decided, self._decided = self._decided, None
         if not self.draft_up:
             return {s.seq_id: 0 for s in batch}
+        if decided is not None:
+            values = set(decided.values())
+            default = values.pop() if len(values) == 1 else 0
+            return {s.seq_id: decided.get(s.seq_id, default) for s in batch}
         seq_ids = [s.seq_id for s in batch]
         return dict(zip(seq_ids, self.policy.lengths(seq_ids)))
 

@@ -13,6 +13,14 @@ forward, each token fed from the device to the next.
 A proposal is started (`start_propose`: the forwards and the copy of the tokens to the host
 queued) and answered (`PendingProposal.result`); in-process, the target verifies from the
 started proposal's tokens on the device in between (target_service/worker.py).
+
+In-process, the next step's proposal can also be *chained* behind a verification
+(`start_chained`): queued on the GPU right after the target's forward, before the host has read
+its verdicts, its first forward takes each sequence's last two committed tokens and their
+positions from the verdicts on the device. The GPU then goes from verifying step t straight to
+drafting step t + 1 while the host reads and commits step t, instead of idling through that
+commit and the next step's set-up (~1.3 ms a step on an H100 at batch 1). The host learns what
+the chained forward ran once the verdicts are read (`ChainedProposal.reconcile`).
 """
 
 from __future__ import annotations
@@ -23,12 +31,13 @@ from typing import Sequence
 
 import torch
 
-from bass.engine.draft_loop import FIRST_STEP_TOKENS, DraftLoopGraphs
-from bass.engine.runner import ModelRunner, SequenceState
+from bass.engine.batch import SequenceChunk
+from bass.engine.draft_loop import CHAINED_FIRST_TOKENS, FIRST_STEP_TOKENS, MAX_STEPS, DraftLoopGraphs
+from bass.engine.runner import PLACEHOLDER, ModelRunner, SequenceState
 from bass.engine.sampling import RowParams, draft_race, noise_keys
 from bass.engine.transfer import HostCopy, to_device
 from bass.errors import InvalidRequestError
-from bass.worker_api import ProposeRequest, ProposeResponse, WorkerInfo
+from bass.worker_api import ProposeItem, ProposeRequest, ProposeResponse, WorkerInfo
 
 
 class DraftWorker:
@@ -142,6 +151,52 @@ class DraftWorker:
             winners.append((live, self.sample(logits, live_params, step_keys)))
         return winners
 
+    # -- chained proposals -----------------------------------------------------------------------
+    def chains(self, num_seqs: int, k: int, verified_k: int, sampled: bool) -> bool:
+        """Whether a proposal of k tokens for num_seqs sequences can be chained behind a
+        verification of verified_k drafts each (the self-feeding graphs run it; the noise keys
+        of every position it may start from fit their buffer)."""
+        return (self.loop is not None and k >= 1 and verified_k + k <= MAX_STEPS
+                and self.loop.eligible(num_seqs, CHAINED_FIRST_TOKENS, k, "sampled" if sampled else "greedy"))
+
+    def start_chained(self, request: ProposeRequest, verdicts: torch.Tensor, verified_k: int) -> "ChainedProposal":
+        """Queue the next step's proposal behind a verification, before its verdicts reach the
+        host. request.items: the verified sequences in the verification's order, each with the
+        same num_tokens and nothing committed (this worker holds exactly what the target held
+        before verifying: the verified drafts were this worker's); request.release: applied
+        first. verdicts: the verification's [j, tokens...] rows on the device (valid until the
+        target's next call). The caller must `reconcile` the proposal with the verdicts the
+        host reads, before this worker's next call, and must check `chains` first."""
+        started = time.perf_counter()
+        runner = self.runner
+        with torch.inference_mode():
+            runner.release(request.release)
+            items = list(request.items)
+            k = items[0].num_tokens if items else 0
+            params = [it.sampling.params for it in items]
+            sampled = not all(p.greedy for p in params)
+            if (not items or any(it.num_tokens != k or it.committed for it in items)
+                    or not self.chains(len(items), k, verified_k, sampled)):
+                raise ValueError("a chained proposal drafts the same k >= 1 for every sequence, with nothing "
+                                 "committed, in a shape the self-feeding graphs run")
+            states = [runner.get(it.seq_id) for it in items]
+            bases = [len(s.committed) for s in states]
+            if any(base + verified_k + k > runner.cache.max_seq_len for base in bases):
+                raise ValueError("a chained proposal must fit the cache whatever the verification accepts")
+            chunks = [SequenceChunk(slot=s.slot, start=base - 1, tokens=[s.committed[-1], 0], logit_rows=1)
+                      for s, base in zip(states, bases)]
+            keys = None
+            if sampled:  # position base + 1 + i, for any accepted count j and step m: i = j + m
+                width = verified_k + k
+                keys = noise_keys([it.sampling.seed_key for it in items for _ in range(width)],
+                                  [base + 1 + i for base in bases for i in range(width)]).view(len(items), width)
+            timer = _GpuTimer(runner.device)
+            tokens = self.loop.run_chained(chunks, k, verdicts, params if sampled else None, keys)
+            timer.stop()
+            chained = ChainedProposal(runner, items, states, bases, k, tokens, timer)
+        chained.worker_s += time.perf_counter() - started
+        return chained
+
     # -- the self-feeding graphs ---------------------------------------------------------------
     def _even_out_pending(self, drafting: list[SequenceState]) -> None:
         """The first draft forward runs each sequence's pending tokens: one after a rejection,
@@ -226,4 +281,116 @@ class PendingProposal:
             out[i] = tokens
         self.worker_s += time.perf_counter() - started
         self._response = ProposeResponse(tokens=out, compute_s=self.worker_s)
+        return self._response
+
+
+class _GpuTimer:
+    """How long queued work runs on the GPU (events around it); on the CPU, where the work ran
+    when queued, the host's time."""
+
+    def __init__(self, device: torch.device):
+        self._cuda = device.type == "cuda"
+        self._started = time.perf_counter()
+        self._host_s = 0.0
+        if self._cuda:
+            self._start, self._end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self._start.record()
+
+    def stop(self) -> None:
+        if self._cuda:
+            self._end.record()
+        else:
+            self._host_s = time.perf_counter() - self._started
+
+    def seconds(self) -> float:
+        """The time; on a GPU, waits for the work to finish."""
+        if not self._cuda:
+            return self._host_s
+        self._end.synchronize()
+        return self._start.elapsed_time(self._end) / 1000
+
+
+class ChainedProposal:
+    """A proposal queued behind a verification (DraftWorker.start_chained). Its first forward
+    ran at positions that depend on the verdicts, so the cache's record of it waits for them:
+    `reconcile` (the verdicts as the host read them), then `select` the sequences the next
+    verification runs (a subset: some finished meanwhile), whose `on_device` tokens it reads and
+    whose `result` brings them to the host."""
+
+    def __init__(self, runner: ModelRunner, items: list[ProposeItem], states: list[SequenceState],
+                 bases: list[int], k: int, tokens: torch.Tensor, timer: _GpuTimer):
+        self._runner, self._states, self._bases, self.k = runner, states, bases, k
+        self.seq_ids = [it.seq_id for it in items]
+        self._tokens = tokens
+        self._copy = HostCopy(tokens)
+        self._timer = timer
+        self._fed_at: list[int | None] = [None] * len(states)  # where each sequence's fed drafts sit, once known
+        self.reconciled = False
+        self.worker_s = 0.0
+
+    @property
+    def gpu_s(self) -> float:
+        """The proposal's time on the GPU (waits for it)."""
+        return self._timer.seconds()
+
+    def reconcile(self, emitted: Sequence[Sequence[int]], revised: Sequence[int] = ()) -> None:
+        """Commit what the verification emitted for each sequence (in the request's order) and
+        record what the chained forward cached: the sequence's last two committed tokens, then
+        k - 1 fed drafts (settled by `result`). `revised`: sequences whose verdicts the target
+        changed after the device had them (a sampled row decided again on the host): the chained
+        forward ran from the first ones, so their cache is kept only up to what the verification
+        could not have touched, and is recomputed by the next proposal."""
+        runner, revised = self._runner, set(revised)
+        for i, (state, base, tokens) in enumerate(zip(self._states, self._bases, emitted)):
+            if not self._holds(i):
+                continue
+            runner.commit(state, tokens)
+            cached = runner.cached(state)
+            first = base + len(tokens) - 2  # the position of the chained forward's first token
+            if i in revised or cached < first:
+                # Positions from `base` on may hold keys and values of other tokens.
+                runner.cache.truncate(state.slot, min(cached, base))
+                continue
+            runner.cache.truncate(state.slot, first)
+            runner.cache.append(state.slot, state.committed[-2:] + [PLACEHOLDER] * (self.k - 1))
+            self._fed_at[i] = first + 2
+        self.reconciled = True
+
+    def select(self, seq_ids: Sequence[int]) -> "SelectedProposal":
+        """The proposal of these sequences (in this order; each one of the chained ones)."""
+        index = {seq_id: i for i, seq_id in enumerate(self.seq_ids)}
+        rows = [index[s] for s in seq_ids]
+        return SelectedProposal(self, rows)
+
+    def _holds(self, i: int) -> bool:
+        return self._runner.sequences.get(self.seq_ids[i]) is self._states[i]
+
+    def _settle(self, values: list[list[int]]) -> None:
+        for i, (state, fed_at, tokens) in enumerate(zip(self._states, self._fed_at, values)):
+            if fed_at is not None and self.k > 1 and self._holds(i):
+                self._runner.settle(state, fed_at, tokens[:self.k - 1])
+        self._fed_at = [None] * len(self._states)
+
+
+class SelectedProposal:
+    """Some of a chained proposal's sequences, as a started proposal (PendingProposal's face)."""
+
+    def __init__(self, chained: ChainedProposal, rows: list[int]):
+        self._chained, self._rows = chained, rows
+        tokens = chained._tokens
+        if rows != list(range(tokens.shape[0])):
+            tokens = tokens[to_device(rows, torch.int64, tokens.device)]
+        self.on_device = tokens
+        self._response: ProposeResponse | None = None
+
+    def result(self) -> ProposeResponse:
+        if self._response is None:
+            chained = self._chained
+            if not chained.reconciled:
+                raise RuntimeError("a chained proposal is reconciled with its verdicts before it is read")
+            started = time.perf_counter()
+            values = chained._copy.tolist()
+            chained._settle(values)
+            chained.worker_s += time.perf_counter() - started
+            self._response = ProposeResponse(tokens=[values[i] for i in self._rows], compute_s=chained.worker_s)
         return self._response

@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 MAX_STEPS = MAX_GRAPH_Q - 1  # the most draft tokens one proposal takes through the graphs
 FIRST_STEP_TOKENS = (2, 3)  # q0: pending tokens per sequence that the first graph runs
+CHAINED_FIRST_TOKENS = 2  # q0 of a proposal chained behind a verification (run_chained)
 MODES = ("greedy", "sampled")
 
 # tokens = sample(logits [R, V] fp32, rows, noise keys [R] or None for greedy rows only)
@@ -125,6 +126,56 @@ class DraftLoopGraphs:
         for _ in range(k - 1):
             step()
         return buffers.tokens[:num, :k]
+
+    def run_chained(self, chunks: list[SequenceChunk], k: int, verdicts: torch.Tensor,
+                    params: Sequence[SamplingParams] | None = None,
+                    key_window: torch.Tensor | None = None) -> torch.Tensor:
+        """`run` for a proposal queued behind a verification whose verdicts the host has not
+        read: how many drafts each sequence kept (j) is known only on the device, in `verdicts`
+        (engine/verification.verdict_columns: [j, the target's tokens at every row, ...]).
+
+        chunks: two tokens per sequence, [its last committed token before that verification,
+        anything], at that token's position: what the first forward would run had nothing been
+        accepted. On the device every chunk moves j positions on and takes its tokens from the
+        verdicts, [the last accepted draft (or the chunk's own first token where j = 0), the
+        target's token], which are the sequence's last two committed tokens after the
+        verification. key_window (sampled mode, host int64 [len(chunks), w]): the noise keys of
+        the w positions after the chunk's second one; draft step m takes column j + m."""
+        if not 1 <= k <= MAX_STEPS:
+            raise ValueError(f"the draft loop runs 1..{MAX_STEPS} steps, not {k}")
+        num, q0 = len(chunks), len(chunks[0].tokens)
+        if q0 != CHAINED_FIRST_TOKENS:
+            raise ValueError(f"a chained proposal's first forward runs {CHAINED_FIRST_TOKENS} tokens per sequence")
+        mode = "greedy" if params is None else "sampled"
+        bucket = DecodeGraphs.bucket(num)
+        buffers = self.buffers[bucket]
+        first = self.first[(bucket, q0, mode)]
+        first.inputs.fill(chunks)
+        if params is not None:
+            buffers.fill_sampling(params, key_window)
+        self._move_on(first.inputs, buffers, verdicts[:num], k if params is not None else 0)
+        first.run()
+        step = self.next[(bucket, mode)]
+        for _ in range(k - 1):
+            step()
+        return buffers.tokens[:num, :k]
+
+    @staticmethod
+    def _move_on(inputs: StaticInputs, buffers: _Buffers, verdicts: torch.Tensor, keyed_steps: int) -> None:
+        """run_chained's device half: the first forward's tokens, positions and context lengths
+        (and the steps' noise keys) from the verdicts, written into the staged buffers."""
+        num = verdicts.shape[0]
+        accepted = verdicts[:, :1]  # [num, 1]
+        ids = inputs.batch.input_ids.view(inputs.bucket, inputs.q)[:num]
+        target_token = verdicts.gather(1, accepted + 1)
+        last_accepted = torch.where(accepted > 0, verdicts.gather(1, accepted), ids[:, :1])
+        ids.copy_(torch.cat([last_accepted, target_token], dim=1))
+        inputs.batch.positions.view(inputs.bucket, inputs.q)[:num].add_(accepted)
+        inputs.batch.ctx_lens[:num].add_(accepted.view(-1))
+        if keyed_steps:
+            keys = buffers.keys[:num]
+            columns = accepted + torch.arange(keyed_steps, device=keys.device)[None, :]
+            keys[:, :keyed_steps].copy_(keys.gather(1, columns))
 
     def prepare(self, max_batch: int) -> None:
         """Capture (or, without capture, set up) the graphs of every batch bucket up to

@@ -60,6 +60,8 @@ class LaunchedVerify:
     draft_lens: torch.Tensor | None = None
     raced: torch.Tensor | None = None  # [rows] the target's token at every row (first pass)
     packed: HostCopy | None = None  # [seqs, 2 + max_k (+ rows flags)]: accepted, tokens, redo flags
+    verdicts: torch.Tensor | None = None  # the same on the device, as first decided (until the next launch)
+    revised: list[int] = field(default_factory=list)  # sequences whose verdicts the finish decided again
     # Run ahead of the previous call: the cache position of each sequence's input token, a
     # placeholder that the previous call's finish settles.
     fed_at: list[int] | None = None
@@ -85,6 +87,21 @@ class PendingVerify:
 
     def result(self) -> VerifyResponse:
         return self._worker.finish(self._launched)
+
+    @property
+    def verdicts_on_device(self) -> torch.Tensor | None:
+        """The call's verdicts as the device first decided them, [items, 2 + k, ...]: per
+        sequence the drafts accepted, then the target's token at every row (what the draft's
+        proposal for the next step is chained on, DraftWorker.start_chained). Valid until the
+        worker's next call; None where the call ran nothing."""
+        return self._launched.verdicts
+
+    @property
+    def revised(self) -> list[int]:
+        """After `result`: the items whose verdicts the finish decided again on the host (a
+        sampled row whose cut lay outside the race's window): their device verdicts were not
+        final."""
+        return self._launched.revised
 
     def ready(self) -> bool:
         """Whether `result` can answer without waiting for the GPU."""
@@ -217,6 +234,7 @@ class TargetWorker:
             self._exact_inputs(launched)
             launched.raced, redo = race_unsynced(launched.logits, launched.row_params, launched.keys)
             packed = self._verdict_columns(launched, redo)
+        launched.verdicts = packed
         launched.packed = HostCopy(packed)
         self._unfinished.append(launched)
         return launched
@@ -302,7 +320,8 @@ class TargetWorker:
             runner.release(free)
         launched.worker_s += time.perf_counter() - started
         launched.response = VerifyResponse(verdicts=verdicts, compute_s=launched.worker_s)
-        launched.logits = launched.hidden = launched.keys = None  # the call's device memory goes with it
+        # The call's device memory goes with it.
+        launched.logits = launched.hidden = launched.keys = launched.verdicts = None
 
     def _read_verdicts(self, launched: LaunchedVerify) -> tuple[list[int], list[list[int]]]:
         """(the first row's token per sequence as the device first decided it, with repairs;
@@ -314,9 +333,13 @@ class TargetWorker:
             rows[i] = [0, token] + [0] * (len(rows[i]) - 2)  # a regular step: no drafts, no flags
         first_pass = [row[1] for row in rows]
         flagged, offset = [], 0
+        launched.revised = sorted(launched.overrides)
         if len(rows[0]) > width:
-            for row, n in zip(rows, launched.rows_per_seq):
-                flagged += [offset + j for j in range(n) if row[width + j]]
+            for i, (row, n) in enumerate(zip(rows, launched.rows_per_seq)):
+                rows_flagged = [offset + j for j in range(n) if row[width + j]]
+                if rows_flagged:
+                    flagged += rows_flagged
+                    launched.revised.append(i)
                 offset += n
         if flagged:
             self._exact_inputs(launched)

@@ -1,0 +1,239 @@
+"""In-process, the next step's proposal is chained behind each verification (DraftWorker.
+start_chained): queued before the host reads the verdicts, its first forward takes each
+sequence's last two committed tokens and their positions from the verdicts on the device.
+
+The draft's self-feeding loop runs eagerly here (the functions its CUDA graphs capture). What
+must hold: the text is the unchained path's token for token; with a fixed draft length the
+draft proposes exactly what it proposes unchained (so its cache holds the same keys and values);
+the draft's cache record is exact after every reconcile, also where the target revises a
+verdict after the device had it; arrivals still join."""
+
+import pytest
+import torch
+
+from bass.config import SamplingParams
+from bass.coordinator.requests import GenerationRequest
+from bass.draft_service.worker import DraftWorker
+from bass.engine import sampling
+from bass.engine.draft_loop import DraftLoopGraphs
+from bass.engine.runner import PLACEHOLDER
+from bass.worker_api import AddSequence, ProposeItem, ProposeRequest, SequenceSampling
+from conftest import build_scheduler
+from test_draft_loop import make_worker
+
+REQUESTS = [
+    GenerationRequest(prompt_ids=(5, 17, 33), n=2, max_new_tokens=20, ignore_eos=True),
+    GenerationRequest(prompt_ids=(9, 8, 7, 6), max_new_tokens=14, ignore_eos=True, seed=3,
+                      sampling=SamplingParams(temperature=0.9, top_p=0.9)),
+    GenerationRequest(prompt_ids=(40, 41), n=2, max_new_tokens=17, ignore_eos=True, seed=11,
+                      sampling=SamplingParams(temperature=1.2, top_k=6)),
+]
+
+
+def with_eager_loop(scheduler):
+    """Give the CPU draft worker its self-feeding loop, run eagerly (as on a GPU, captured)."""
+    draft: DraftWorker = scheduler.draft
+    runner = draft.runner
+    draft.loop = DraftLoopGraphs(runner.model, runner.cache, runner.cache.allocate(), draft.sample,
+                                 capture_graphs=False)
+    draft.loop.prepare(max_batch=16)
+    return scheduler
+
+
+class CheckedDraft:
+    """The draft worker, counting chained proposals and checking after each reconcile that the
+    cache record of every sequence is its committed tokens plus the k - 1 fed drafts, or a
+    prefix of its committed tokens (where the chain could not be kept)."""
+
+    def __init__(self, inner):
+        self.inner, self.chained, self.kept = inner, 0, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def start_chained(self, request, verdicts, verified_k):
+        chained = self.inner.start_chained(request, verdicts, verified_k)
+        self.chained += 1
+        outer, runner = self, self.inner.runner
+
+        class Checked:
+            k, seq_ids = chained.k, chained.seq_ids
+
+            @property
+            def gpu_s(self):
+                return chained.gpu_s
+
+            def reconcile(self, emitted, revised=()):
+                chained.reconcile(emitted, revised)
+                for seq_id in chained.seq_ids:
+                    state = runner.get(seq_id)
+                    cached = runner.cache.tokens(state.slot)
+                    if cached == state.committed + [PLACEHOLDER] * (chained.k - 1):
+                        outer.kept += 1
+                    else:
+                        assert len(cached) <= len(state.committed) and cached == state.committed[:len(cached)]
+
+            def select(self, seq_ids):
+                return chained.select(seq_ids)
+
+        return Checked()
+
+
+def texts(results):
+    return [[s.token_ids for s in r.sequences] for r in results]
+
+
+def pair(target, draft, policy, **kw):
+    unchained = with_eager_loop(build_scheduler(target, draft, policy, **kw))
+    unchained._chains = False
+    chained = with_eager_loop(build_scheduler(target, draft, policy, **kw))
+    chained.draft = CheckedDraft(chained.draft)
+    return unchained, chained
+
+
+@pytest.mark.parametrize("policy", ["3", "bass", "auto"])
+def test_chained_proposals_give_the_unchained_text(llama_target, llama_draft, policy):
+    unchained, chained = pair(llama_target, llama_draft, policy)
+    want = unchained.generate(REQUESTS)
+    got = chained.generate(REQUESTS)
+    assert texts(got) == texts(want)
+    # auto spends steps timing regular decoding and probing, so it chains fewer.
+    assert chained.draft.chained >= (3 if policy == "auto" else 5) and chained.draft.kept > 0, "the chained path ran"
+    if policy == "3":
+        # One draft length throughout: the chained draft proposes what the unchained one does,
+        # token for token, so it ran from the same cached keys and values.
+        for a, b in zip(got, want):
+            assert (a.stats.draft_tokens, a.stats.accepted_tokens, a.stats.rejections) == \
+                   (b.stats.draft_tokens, b.stats.accepted_tokens, b.stats.rejections)
+            assert a.stats.rejections > 0 or a.stats.accepted_tokens > 0
+
+
+def test_verdicts_the_target_revises_leave_the_draft_consistent(llama_target, llama_draft, monkeypatch):
+    """A window of 2 makes the target decide most sampled rows again on the host, after the
+    chained proposal ran from its first verdicts: those sequences' chained cache is dropped,
+    and the text is still the unchained path's."""
+    monkeypatch.setattr(sampling, "CUT_WINDOW", 2)
+    unchained, chained = pair(llama_target, llama_draft, "3")
+    revised = []
+    original = chained.target.start_verify
+
+    def start_verify(request, drafts=None):
+        pending = original(request, drafts)
+        inner_result = pending.result
+
+        def result():
+            response = inner_result()
+            revised.extend(pending.revised)
+            return response
+
+        pending.result = result
+        return pending
+
+    chained.target.start_verify = start_verify
+    requests = REQUESTS[1:]
+    assert texts(chained.generate(requests)) == texts(unchained.generate(requests))
+    assert revised, "some verdicts were revised on the host"
+    assert chained.draft.chained >= 3
+
+
+def test_arrivals_join_a_chained_batch(llama_target, llama_draft):
+    """Requests that arrive while steps are chained are admitted within a step or two, and
+    everyone's text is what it is alone (fp32: no batch-dependent rounding)."""
+    alone = [texts(with_eager_loop(build_scheduler(llama_target, llama_draft, "3")).generate([r]))[0]
+             for r in REQUESTS]
+    s = with_eager_loop(build_scheduler(llama_target, llama_draft, "3"))
+    s.draft = CheckedDraft(s.draft)
+    runs = [s.submit(REQUESTS[0])]
+    for _ in range(3):
+        s.step()
+    runs.append(s.submit(REQUESTS[1]))
+    steps_to_admit = 0
+    while runs[1].started is None:
+        s.step()
+        steps_to_admit += 1
+    assert steps_to_admit <= 2
+    runs.append(s.submit(REQUESTS[2]))
+    while s.has_work:
+        s.step()
+    s.flush_releases()
+    assert [texts([r.result])[0] for r in runs] == alone
+    assert s.draft.chained >= 3
+    assert not s.draft.runner.sequences, "every sequence released from the draft"
+
+
+CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                       reason="needs CUDA")])
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+@pytest.mark.parametrize("mode", ["greedy", "sampled"])
+def test_a_chained_proposal_is_the_proposal_after_committing_the_verdicts(llama_draft, mode, device):
+    """The draft worker alone: after one proposal of K = 3, verdicts accepting 0, 1 and all 3
+    drafts (then a token of the target's). Chained on those verdicts (device), reconciled and
+    read, the next proposal and the cache record equal those of a worker told the committed
+    tokens in its next Propose (the positions, inputs and noise keys all moved by the device)."""
+    params = SamplingParams() if mode == "greedy" else SamplingParams(temperature=0.9, top_p=0.9)
+    samplings = [SequenceSampling(params, seed_key=70 + i) for i in range(3)]
+    prompts = [(5, 6, 7), (9, 3, 4, 4), (11, 12)]
+    K, k2 = 3, 4
+    chained, reference = (make_worker(llama_draft, prepared=True, device=device) for _ in range(2))
+    first = ProposeRequest(items=[ProposeItem(i, K, (), samplings[i]) for i in range(3)],
+                           add=[AddSequence(i, prompts[i]) for i in range(3)])
+    drafts = chained.propose(first).tokens
+    assert drafts == reference.propose(first).tokens
+    emitted = [[(drafts[0][0] + 1) % 200], drafts[1][:1] + [(drafts[1][1] + 7) % 200], drafts[2] + [17]]
+    verdicts = torch.tensor([[len(e) - 1] + e + [0] * (K + 1 - len(e)) for e in emitted], device=device)
+    request = ProposeRequest(items=[ProposeItem(i, k2, (), samplings[i]) for i in range(3)])
+    assert chained.chains(3, k2, K, mode == "sampled")
+    proposal = chained.start_chained(request, verdicts, K)
+    proposal.reconcile(emitted)
+    got = proposal.select([0, 1, 2]).result().tokens
+    want = reference.propose(ProposeRequest(
+        items=[ProposeItem(i, k2, tuple(emitted[i]), samplings[i]) for i in range(3)])).tokens
+    assert got == want
+    for i in range(3):
+        a, b = chained.runner.get(i), reference.runner.get(i)
+        assert a.committed == b.committed
+        assert chained.runner.cache.tokens(a.slot) == reference.runner.cache.tokens(b.slot)
+    # A subset in another order reads the same rows.
+    assert proposal.select([2, 0]).result().tokens == [want[2], want[0]]
+    assert proposal.select([2, 0]).on_device.tolist() == [want[2], want[0]]
+
+
+def test_a_chained_proposal_refuses_what_the_graphs_do_not_run(llama_draft):
+    worker = make_worker(llama_draft, prepared=True)
+    sampling_ = SequenceSampling(SamplingParams(), seed_key=1)
+    worker.propose(ProposeRequest(items=[ProposeItem(1, 2, (), sampling_)], add=[AddSequence(1, (5, 6, 7))]))
+    verdicts = torch.tensor([[0, 3, 0, 0]])
+    assert not worker.chains(1, 40, 2, False)
+    with pytest.raises(ValueError, match="same k"):
+        worker.start_chained(ProposeRequest(items=[ProposeItem(1, 2, (4,), sampling_)]), verdicts, 2)
+    assert not make_worker(llama_draft, prepared=False).chains(1, 2, 2, False)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("policy", ["3", "bass"])
+def test_chained_proposals_through_cuda_graphs_give_the_unchained_text(llama_target, llama_draft, policy):
+    """fp32 on the GPU with CUDA graphs (the services' default shapes): chained proposals
+    replay the draft's captured graphs behind the target's captured verification and sampled
+    tail; the text, and with a fixed length every proposal, is the unchained path's."""
+    from bass.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
+    from bass.local import build_local_scheduler
+
+    def scheduler():
+        cfg = dict(device="cuda", dtype="float32", num_slots=16, max_seq_len=256, attention="triton")
+        return build_local_scheduler(RunnerConfig(model_dir=llama_target, **cfg),
+                                     RunnerConfig(model_dir=llama_draft, **cfg),
+                                     scheduler=SchedulerConfig(draft_length=DraftLengthConfig.parse(policy)))
+
+    unchained = scheduler()
+    unchained._chains = False
+    want = unchained.generate(REQUESTS)
+    chained = scheduler()
+    chained.draft = CheckedDraft(chained.draft)
+    got = chained.generate(REQUESTS)
+    assert texts(got) == texts(want)
+    assert chained.draft.chained >= 5 and chained.draft.kept > 0
+    if policy == "3":
+        assert [r.stats.accepted_tokens for r in got] == [r.stats.accepted_tokens for r in want]
