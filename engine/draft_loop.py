@@ -208,7 +208,11 @@ class DraftLoopGraphs:
                     first = functools.partial(self._first_step, inputs, buffers, mode)
                     self.first[(bucket, q0, mode)] = _First(inputs, self._compile(
                         first, lambda f=first: (f(), nxt()), self.first_copies))
-                self.next[(bucket, mode)] = self._compile(nxt, nxt, self.next_copies)
+                # Each warm-up runs the step for real: start it at step 1, as a first graph
+                # would, so that captures of several copies never index past the token buffer.
+                restart = functools.partial(buffers.index.fill_, 1)
+                self.next[(bucket, mode)] = self._compile(nxt, lambda nxt=nxt, restart=restart: (restart(), nxt()),
+                                                          self.next_copies)
         if self.capture_graphs:
             log.info("draft loop: %d CUDA graphs captured (batch buckets up to %d)",
                      len(self.first) + len(self.next), last)
