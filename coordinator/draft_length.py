@@ -119,14 +119,12 @@ EXTRAPOLATED_MARGIN = 0.15
 # Steady steps of one draft length timed at a batch-size bucket before the first choice there.
 MIN_TIMED_STEPS = 3
 # E(k) is the mean sequence's tokens per step, but a batch (and a request of n sequences) waits
-# for its slowest: at batch 64 on an H100, k = 4 took 37 steps for 128 tokens where its mean
-# acceptance (0.815) predicts 30. So leaving regular decoding needs more the larger the batch:
-# the margin grows by up to this much, reached at batch 8, and speculation is left when it is
-# not ahead by this part of the margin. H100, 2026-11-25 (bench/results): at
-# batch 1, k = 4 ran 10-23% faster than regular decoding; with a flat 5% margin (6c00cde) auto
-# speculated at batches 8 and 64 where regular decoding ran 27-42% faster. The value 0.10 (15% in
-# all from batch 8, the margin used before) is a choice, not yet measured.
-BATCH_TAIL_MARGIN = 0.10
+# for its slowest: on an H100 (176f1c8, k = 4, 128 tokens each) 8 sequences at T = 0.8 took 45
+# steps where their mean tokens per step (4.04) predicts 32, and 64 greedy ones 37 where 4.24
+# predicts 30. So a batch's tokens per step are scaled by how far its least accepted sequence
+# falls behind the mean (MeasuredCost.batch_tail), each sequence's acceptance drawn towards the
+# batch's with the weight of this many tested drafts (one sequence's few steps say little).
+SEQUENCE_PRIOR_TRIALS = 4.0
 
 
 class _CostModel:
@@ -244,13 +242,13 @@ class MeasuredCost:
     and the coordinator's own work around it, which regular decoding pays once per token), both
     timed as the coordinator sees them (RPC included; steps with prefill or draft catch-up are
     not counted) and modelled per batch-size bucket. It picks argmax_k E(k) / cost(k) over 1..max_length,
-    and regular decoding (k = 0) unless that speculation beats it by `margin` (5% at batch 1,
-    growing to 15% at batch 8 and beyond, since a batch waits for its slowest sequence; at
-    least 15% where the cost is extrapolated, not measured): speculating costs a draft catch-up
-    each time it resumes. Once speculating, it stays unless it is no longer ahead by the
-    batch-size part of that margin (hysteresis of the base margin: the two thresholds keep it
-    from flapping, each flap being a catch-up); per batch-size bucket, since the tail of a batch (a few
-    sequences left) can favour speculation where the full batch does not. k grows by at most 2 a step (an estimate from one k says
+    and regular decoding (k = 0) unless that speculation beats it by `margin` (5%; at least 15%
+    where the cost is extrapolated, not measured): speculating costs a draft catch-up each time
+    it resumes. A batch's tokens per step are those of its slowest sequence, not of the mean
+    one (`batch_tail`). Once speculating, it stays while speculation is ahead at all
+    (hysteresis: the two thresholds keep it from flapping, each flap being a catch-up); per
+    batch-size bucket, since the tail of a batch (a few sequences left) can favour speculation
+    where the full batch does not. k grows by at most 2 a step (an estimate from one k says
     little about much longer drafts). While speculating, every `probe_every` steps it tries
     k = 0 or a neighbour of the best k, k = 0 first, to keep costs and acceptance current.
     While decoding regularly, a probe (k = 1) makes the draft catch up on every token it
@@ -270,6 +268,7 @@ class MeasuredCost:
         self.margin = margin
         self.costs: dict[int, _CostModel] = {}
         self.alpha = [0.0, 0.0]  # decayed (successes, trials): used until a length is measured
+        self.per_sequence: dict[int, tuple[float, float]] = {}  # seq_id -> decayed (successes, trials)
         self.yields = _Yields(decay)
         self.steps = 0
         self.last_k = initial
@@ -288,38 +287,51 @@ class MeasuredCost:
         s, n = self.alpha
         return (s + 0.7) / (n + 1.0)  # weak prior at 0.7
 
-    def scores(self, batch: int) -> list[float] | None:
-        """Expected tokens per second at k = 0..max_length (None before this bucket's costs are known)."""
+    def scores(self, batch: int, seq_ids: Sequence[int] = ()) -> list[float] | None:
+        """Expected tokens per second at k = 0..max_length for a batch of `batch` sequences
+        (those of seq_ids, when given: their slowest sets the pace); None before this bucket's
+        costs are known."""
         model = self.costs.get(self.bucket(batch))
         if model is None or not model.ready:
             return None
-        return [self.tokens_per_step(k) / (model.draft_cost(k) + model.verify_cost(k))
+        return [self.tokens_per_step(k) * self.batch_tail(seq_ids, k) / (model.draft_cost(k) + model.verify_cost(k))
                 for k in range(self.max_length + 1)]
+
+    def batch_tail(self, seq_ids: Sequence[int], k: int) -> float:
+        """The slowest sequence's expected tokens per step of k drafts over the mean sequence's
+        (<= 1), from each sequence's own acceptance, drawn towards the batch's mean with
+        SEQUENCE_PRIOR_TRIALS' weight. 1 for k = 0 (every sequence commits one token) and for
+        a lone sequence."""
+        if k == 0 or len(seq_ids) < 2:
+            return 1.0
+        stats = [self.per_sequence.get(seq_id, (0.0, 0.0)) for seq_id in seq_ids]
+        successes, trials = sum(s for s, _ in stats), sum(n for _, n in stats)
+        if not trials:
+            return 1.0
+        mean = successes / trials
+        rates = [(s + mean * SEQUENCE_PRIOR_TRIALS) / (n + SEQUENCE_PRIOR_TRIALS) for s, n in stats]
+        typical = expected_tokens(min(mean, 0.999), k)
+        return min(1.0, expected_tokens(min(min(rates), 0.999), k) / typical)
 
     def tokens_per_step(self, k: int) -> float:
         """Expected tokens a sequence commits in a step of k drafts (as scored)."""
         fitted = self.yields.acceptance(k)
         return expected_tokens(min(self.acceptance(), 0.999) if fitted is None else fitted, k)
 
-    def best_length(self, batch: int) -> int:
-        scores = self.scores(batch)
+    def best_length(self, batch: int, seq_ids: Sequence[int] = ()) -> int:
+        scores = self.scores(batch, seq_ids)
         if scores is None:  # a batch size not measured yet: drafts of `initial` measure it, unless
             return 0 if self.speculating is False else self.initial  # regular decoding was chosen
         # Speculation must win by the margin to be chosen (first, or over regular decoding), by
         # a wider one where its cost is extrapolated from other lengths; while speculating at
-        # this batch size, it stays while ahead by the batch-tail part of the margin.
+        # this batch size, it stays while ahead.
         model = self.costs[self.bucket(batch)]
         speculating = self.chosen.get(self.bucket(batch), False)
 
-        # The batch-tail part corrects a bias (E(k) is the mean sequence's), so it applies in
-        # both directions; only the base margin (a resumed draft's catch-up) is hysteresis.
-        tail = BATCH_TAIL_MARGIN * min(1.0, math.log2(self.bucket(batch)) / 3)
-        margin = self.margin + tail
-
         def needed(k: int) -> float:
             if speculating:
-                return 1 + tail
-            return 1 + (margin if model.measured(k) else max(margin, EXTRAPOLATED_MARGIN))
+                return 1.0
+            return 1 + (self.margin if model.measured(k) else max(self.margin, EXTRAPOLATED_MARGIN))
 
         winners = [k for k in range(1, len(scores)) if scores[k] > needed(k) * scores[0]]
         if not winners:
@@ -347,7 +359,7 @@ class MeasuredCost:
             # this takes MIN_TIMED_STEPS + 2 steps.
             self.last_k = 0
             return [0] * len(seq_ids)
-        best = self.best_length(len(seq_ids))
+        best = self.best_length(len(seq_ids), seq_ids)
         if model is not None and model.ready:
             self.speculating = self.chosen[self.bucket(len(seq_ids))] = best > 0
         k = min(best, self.last_k + 2)
@@ -386,11 +398,13 @@ class MeasuredCost:
             return
         s, n = self.alpha[0] * self.decay, self.alpha[1] * self.decay
         by_length: dict[int, list[int]] = {}
-        for k, m in zip(proposed, accepted):
+        for seq_id, k, m in zip(seq_ids, proposed, accepted):
             if k:
                 s += m
                 n += m + (m < k)
                 by_length.setdefault(k, []).append(m + 1)
+                own_s, own_n = self.per_sequence.get(seq_id, (0.0, 0.0))
+                self.per_sequence[seq_id] = (own_s * self.decay + m, own_n * self.decay + m + (m < k))
         self.alpha = [s, n]
         for k, tokens in by_length.items():
             self.yields.add(k, sum(tokens), len(tokens))
@@ -400,7 +414,7 @@ class MeasuredCost:
                                                                                verify_s)
 
     def forget(self, seq_id):
-        pass
+        self.per_sequence.pop(seq_id, None)
 
     def describe(self) -> dict:
         """What the policy knows (for benchmarks and logs): per batch-size bucket, the median

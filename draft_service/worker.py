@@ -40,12 +40,6 @@ from bass.errors import InvalidRequestError
 from bass.worker_api import ProposeItem, ProposeRequest, ProposeResponse, WorkerInfo
 
 
-# Copies of the draft loop's graphs (DraftLoopGraphs): enough that two proposals of up to 8
-# tokens in flight at once (the one running, the next chained behind a verification) never
-# launch the same copy twice.
-FIRST_GRAPH_COPIES, NEXT_GRAPH_COPIES = 2, 16
-
-
 class DraftWorker:
     def __init__(self, runner: ModelRunner, top_n: int = 64, loop: DraftLoopGraphs | None = None):
         """top_n: the window of the draft's most likely tokens its top-k / top-p cut is found in.
@@ -56,11 +50,8 @@ class DraftWorker:
         self.top_n = top_n
         self.sample = functools.partial(draft_race, window=top_n)
         if loop is None and runner.graphs is not None:
-            # Copies of each graph, launched in turn: a chained proposal is launched while the
-            # last one may still run, and the host waits to relaunch a graph still in flight.
             loop = DraftLoopGraphs(runner.model, runner.cache, runner.graphs.scratch_slot, self.sample,
-                                   pool=runner.graphs.pool, first_copies=FIRST_GRAPH_COPIES,
-                                   next_copies=NEXT_GRAPH_COPIES)
+                                   pool=runner.graphs.pool)
         self.loop = loop
 
     def info(self) -> WorkerInfo:

@@ -82,19 +82,6 @@ class _Buffers:
         return RowParams.from_columns(self.floats, self.ints, any_greedy=True, any_truncation=True, max_top_k=vocab)
 
 
-class _Ring:
-    """Interchangeable copies of one captured graph, launched in turn: a launch never reuses
-    a copy that one of the last len(copies) - 1 launches used."""
-
-    def __init__(self, copies: list[Callable[[], object]]):
-        self.copies, self.turn = copies, 0
-
-    def __call__(self) -> object:
-        launch = self.copies[self.turn % len(self.copies)]
-        self.turn += 1
-        return launch()
-
-
 @dataclass
 class _First:
     inputs: StaticInputs
@@ -103,14 +90,12 @@ class _First:
 
 class DraftLoopGraphs:
     def __init__(self, model, cache: KVCache, scratch_slot: int, sample: Sampler, *, pool=None,
-                 capture_graphs: bool = True, first_copies: int = 1, next_copies: int = 1):
+                 capture_graphs: bool = True):
         """sample: the draft's rule (tokens from logits, rows, keys); pool: the CUDA graph
         memory pool to share with the runner's other graphs; capture_graphs=False runs the same
-        steps eagerly (tests); first_copies / next_copies: how many copies of each graph to
-        capture and launch in turn (see _Ring)."""
+        steps eagerly (tests)."""
         self.model, self.cache, self.scratch_slot, self.sample = model, cache, scratch_slot, sample
         self.pool, self.capture_graphs = pool, capture_graphs
-        self.first_copies, self.next_copies = first_copies, next_copies
         self.buffers: dict[int, _Buffers] = {}
         self.first: dict[tuple[int, int, str], _First] = {}  # (bucket, q0, mode)
         self.next: dict[tuple[int, str], Callable[[], object]] = {}  # (bucket, mode)
@@ -206,23 +191,18 @@ class DraftLoopGraphs:
                 for q0 in FIRST_STEP_TOKENS:
                     inputs = StaticInputs(bucket, q0, 1, self.scratch_slot, self.cache.max_seq_len, device)
                     first = functools.partial(self._first_step, inputs, buffers, mode)
-                    self.first[(bucket, q0, mode)] = _First(inputs, self._compile(
-                        first, lambda f=first: (f(), nxt()), self.first_copies))
-                # Each warm-up runs the step for real: start it at step 1, as a first graph
-                # would, so that captures of several copies never index past the token buffer.
-                restart = functools.partial(buffers.index.fill_, 1)
-                self.next[(bucket, mode)] = self._compile(nxt, lambda nxt=nxt, restart=restart: (restart(), nxt()),
-                                                          self.next_copies)
+                    self.first[(bucket, q0, mode)] = _First(inputs, self._compile(first, lambda f=first: (f(), nxt())))
+                self.next[(bucket, mode)] = self._compile(nxt, nxt)
         if self.capture_graphs:
             log.info("draft loop: %d CUDA graphs captured (batch buckets up to %d)",
                      len(self.first) + len(self.next), last)
 
     # -- internals -----------------------------------------------------------------------------
-    def _compile(self, body: Callable[[], object], warm_up: Callable[[], object], copies: int) -> Callable[[], object]:
+    def _compile(self, body: Callable[[], object], warm_up: Callable[[], object]) -> Callable[[], object]:
         if not self.capture_graphs:
             return body
-        graphs = [capture(self.pool, warm_up, body)[0] for _ in range(copies)]
-        return graphs[0].replay if copies == 1 else _Ring([g.replay for g in graphs])
+        graph, _ = capture(self.pool, warm_up, body)
+        return graph.replay
 
     def _draw(self, hidden: torch.Tensor, buffers: _Buffers, mode: str, step: torch.Tensor | int) -> torch.Tensor:
         """The winners [bucket] of the rows' final hidden states at draft step `step` (an int,

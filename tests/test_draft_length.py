@@ -165,8 +165,7 @@ def test_measured_cost_fits_a_draft_call_fixed_part_and_per_token_part():
 def test_measured_cost_leaves_regular_decoding_only_for_a_clear_gain_and_does_not_flap():
     """At one sequence, speculation that measures 8% faster than regular decoding is kept while
     speculating (stopping it costs nothing) but is not resumed from regular decoding (resuming
-    costs a draft catch-up); 30% faster is resumed. At 8 sequences the model's gain must also
-    cover the batch's tail (E(k) is the mean sequence's) to be kept."""
+    costs a draft catch-up); 30% faster is resumed. At 8 sequences that accept alike, the same."""
     from bass.coordinator.draft_length import MeasuredCost
 
     def policy_where_speculation_gains(gain: float, speculating: bool, batch: int = 1) -> MeasuredCost:
@@ -187,11 +186,8 @@ def test_measured_cost_leaves_regular_decoding_only_for_a_clear_gain_and_does_no
     assert policy_where_speculation_gains(-0.05, speculating=True).best_length(1) == 0
     stays = policy_where_speculation_gains(0.08, speculating=False)
     assert [stays.lengths([0])[0] for _ in range(10)] == [0] * 10  # no probe due yet: regular
-    # At batch 8 the batch-tail part of the margin (10%) is a correction, not hysteresis:
-    # speculation 7% ahead by the model is left, 12% ahead is kept, 30% (past 15% + 10%) entered.
-    assert policy_where_speculation_gains(0.07, speculating=True, batch=8).best_length(8) == 0
-    assert policy_where_speculation_gains(0.12, speculating=True, batch=8).best_length(8) > 0
-    assert policy_where_speculation_gains(0.12, speculating=False, batch=8).best_length(8) == 0
+    assert policy_where_speculation_gains(0.08, speculating=True, batch=8).best_length(8) > 0
+    assert policy_where_speculation_gains(0.08, speculating=False, batch=8).best_length(8) == 0
     assert policy_where_speculation_gains(0.30, speculating=False, batch=8).best_length(8) > 0
 
 
@@ -255,23 +251,28 @@ def test_measured_cost_keeps_regular_decoding_without_catch_up_probes_for_long()
     assert chosen.count(1) == 1
 
 
-def test_measured_cost_asks_more_of_speculation_the_larger_the_batch():
-    """A batch waits for its slowest sequence, which the mean acceptance overrates: measured
-    10% faster than regular decoding, speculation is taken at batch 1, not at batch 8 or 64."""
+def test_measured_cost_paces_a_batch_by_its_slowest_sequence():
+    """A batch (and a request of n samples) waits for its slowest sequence: on an H100, 8
+    sequences at T = 0.8 took 45 steps of k = 4 where their mean tokens per step predicted 32.
+    With one sequence accepting far less than the others, speculation that the mean puts 20%
+    ahead of regular decoding is not taken for the batch; it is for the others alone, and for
+    a batch that accepts alike. Sequences are forgotten when they finish."""
     from bass.coordinator.draft_length import MeasuredCost
 
-    def best(batch: int, gain: float) -> int:
-        pol = MeasuredCost()
-        pol.alpha = [9.0, 10.0]
-        for k in list(range(1, pol.max_length + 1)) * 3:
-            pol.observe_costs(batch, k, 0.0012 * k, k, 0.003)
-        pol.observe_costs(batch, 0, 0.0, 0, 1.0)
-        pol.costs[pol.bucket(batch)].verify[0][0] = (1 + gain) / max(pol.scores(batch)[1:])
-        return pol.best_length(batch)
-
-    assert best(1, 0.10) > 0
-    assert best(8, 0.10) == 0 and best(64, 0.10) == 0
-    assert best(8, 0.20) > 0 and best(64, 0.20) > 0
+    pol = MeasuredCost()
+    for _ in range(12):
+        pol.observe(list(range(8)), [4] * 8, [4] * 7 + [1])  # sequence 7 keeps 1 draft of 4
+    for k in list(range(1, pol.max_length + 1)) * 3:
+        pol.observe_costs(8, k, 0.0012 * k, k, 0.003)
+    pol.observe_costs(8, 0, 0.0, 0, 1.0)
+    fast = list(range(7))
+    pol.costs[pol.bucket(8)].verify[0][0] = 1.20 / max(pol.scores(8, fast)[1:])
+    assert pol.best_length(8, fast) > 0
+    assert pol.batch_tail(list(range(8)), 4) < 0.6
+    assert pol.best_length(8, list(range(8))) == 0
+    assert pol.batch_tail([7], 4) == pol.batch_tail(list(range(8)), 0) == 1.0  # alone; regular steps
+    pol.forget(7)
+    assert 7 not in pol.per_sequence and pol.best_length(8, list(range(8))) > 0  # a newcomer: the batch's mean
 
 
 def test_measured_cost_remembers_acceptance_through_regular_steps():
@@ -326,7 +327,7 @@ def test_measured_cost_keeps_each_batch_size_to_its_own_choice():
 
     pol = MeasuredCost()
     pol.alpha = [9.0, 10.0]
-    for batch, gain in ((2, 0.5), (64, 0.08)):  # speculation 50% ahead at 2, 8% at 64
+    for batch, gain in ((2, 0.5), (64, 0.03)):  # speculation 50% ahead at 2, 3% at 64 (under the margin)
         for k in list(range(1, pol.max_length + 1)) * 3:
             pol.observe_costs(batch, k, 0.0012 * k, k, 0.003)
         for _ in range(3):

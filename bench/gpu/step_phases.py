@@ -7,7 +7,7 @@ For each case it runs the first 16 HumanEval prompts (128 new tokens, a warm-up 
 chained, then unchained, on the same workers, and reports per step: the step's wall time, and
 the host's time inside each phase (the target's launch, the draft's launch, the waits for the
 draft's tokens and for the verdicts, the commit). Then, per batch bucket, the host time of one
-replay of the draft's next-token graph and of the target's verification graph, launched 50
+replay of the draft's next-token graph and of the target's verification graph, launched 24
 times back to back, against their GPU time.
 """
 
@@ -27,10 +27,10 @@ from bass.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
 from bass.coordinator.requests import GenerationRequest
 from bass.coordinator.scheduler import Scheduler
 from bass.coordinator.tokenizer import load_codec
-from bass.engine.draft_loop import DraftLoopGraphs
 from bass.local import build_local_workers
 
 NEW_TOKENS = 128
+REPLAYS = 24  # < MAX_STEPS - 1: the draft's step index stays inside its token buffer
 
 
 class PhaseTimer:
@@ -110,42 +110,25 @@ def run_case(target_worker, draft_worker, codec, prompts, mode: str, batch: int,
 
 
 @torch.inference_mode()
-def launch_blocking(draft_worker, bucket: int) -> dict:
-    """Whether launching a graph waits on the host for an earlier launch of the same graph:
-    queue ~20 ms of GPU sleep, then launch the draft's next-token graph 4 times (host time of
-    those launches), against 4 launches of its 4 different copies where the loop has copies."""
-    replay = draft_worker.loop.next[(bucket, "greedy")]
-    out = {}
-    for name, launches in (("same graph x4", [getattr(replay, "copies", [replay])[0]] * 4),
-                           ("4 copies in turn", list(getattr(replay, "copies", [replay]))[:4])):
-        torch.cuda.synchronize()
-        torch.cuda._sleep(40_000_000)  # ~20 ms at ~2 GHz
-        started = time.perf_counter()
-        for launch in launches:
-            launch()
-        out[name] = {"graphs": len(launches), "host_ms": round(1000 * (time.perf_counter() - started), 3)}
-        torch.cuda.synchronize()
-    return out
-
-
-@torch.inference_mode()
 def replay_costs(target_worker, draft_worker, buckets: list[int]) -> list[dict]:
     """Host and GPU time of one replay of the draft's next-token graph and of the target's
-    k = 4 verification graph (50 back-to-back replays)."""
+    k = 4 verification graph (REPLAYS back-to-back replays; the draft's step index restarts
+    first, since each replay advances it through a buffer of MAX_STEPS tokens)."""
     out = []
     for bucket in buckets:
         for name, replay in (("draft next (greedy)", draft_worker.loop.next[(bucket, "greedy")]),
                              ("target verify q=5", target_worker.runner.graphs.graphs[(bucket, 5, 5)].graph.replay)):
+            draft_worker.loop.buffers[bucket].index.fill_(1)
             replay()
             torch.cuda.synchronize()
             started = time.perf_counter()
-            for _ in range(50):
+            for _ in range(REPLAYS):
                 replay()
             host = time.perf_counter() - started
             torch.cuda.synchronize()
             total = time.perf_counter() - started
-            out.append({"graph": name, "bucket": bucket, "host_us_per_launch": round(1e6 * host / 50, 1),
-                        "us_per_replay": round(1e6 * total / 50, 1)})
+            out.append({"graph": name, "bucket": bucket, "host_us_per_launch": round(1e6 * host / REPLAYS, 1),
+                        "us_per_replay": round(1e6 * total / REPLAYS, 1)})
     return out
 
 
@@ -161,31 +144,15 @@ def main() -> None:
     print(json.dumps({"workers_built_and_warmed_s": round(time.perf_counter() - started, 1)}), flush=True)
     codec = load_codec(Path(target))
     results = []
-    ring = draft_worker.loop  # the worker's own: copies of every graph, launched in turn
-    # The same loop with one copy of each graph, as before the copies.
-    runner_ = draft_worker.runner
-    single = DraftLoopGraphs(runner_.model, runner_.cache, runner_.graphs.scratch_slot, draft_worker.sample,
-                             pool=runner_.graphs.pool)
-    with torch.inference_mode():
-        single.prepare(slots)
-    draft_worker.loop = single
-    blocking = {"single": launch_blocking(draft_worker, 1)}
-    draft_worker.loop = ring
-    blocking["ring"] = launch_blocking(draft_worker, 1)
-    print(json.dumps(blocking), flush=True)
     for mode, batch, k in cases:
-        for variant, loop, chained in (("chained", single, True), ("unchained", single, False),
-                                       ("chained, graph copies", ring, True)):
-            draft_worker.loop = loop
+        for chained in (True, False):
             row = run_case(target_worker, draft_worker, codec, prompts, mode, int(batch), int(k), chained)
-            row["variant"] = variant
             print(json.dumps(row), flush=True)
             results.append(row)
-    draft_worker.loop = ring
     costs = replay_costs(target_worker, draft_worker, sorted({int(b) for _, b, _ in cases}))
     for row in costs:
         print(json.dumps(row), flush=True)
-    out.write_text(json.dumps({"blocking": blocking, "cases": results, "replays": costs}, indent=1) + "\n")
+    out.write_text(json.dumps({"cases": results, "replays": costs}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
