@@ -1,5 +1,7 @@
 from collections import deque
 
+import pytest
+
 from bass.config import DraftLengthConfig
 from bass.coordinator.draft_length import BassRule, FixedLength, PerSequenceAdaptive, make_policy
 
@@ -273,6 +275,38 @@ def test_measured_cost_paces_a_batch_by_its_slowest_sequence():
     assert pol.batch_tail([7], 4) == pol.batch_tail(list(range(8)), 0) == 1.0  # alone; regular steps
     pol.forget(7)
     assert 7 not in pol.per_sequence and pol.best_length(8, list(range(8))) > 0  # a newcomer: the batch's mean
+
+
+def test_measured_cost_starts_a_new_batch_from_the_shortfall_its_bucket_showed():
+    """A new batch has no per-sequence history; starting it from the mean sent auto into a few
+    slow speculative steps with every new batch (H100, T = 0.8, batch 64). It takes the
+    shortfall the bucket showed before instead, until its own sequences have drafted; a bucket
+    whose sequences accepted alike keeps no shortfall."""
+    from bass.coordinator.draft_length import MeasuredCost
+
+    pol = MeasuredCost()
+    old, new = list(range(8)), list(range(100, 108))
+    assert pol.batch_tail(new, 4) == 1.0  # nothing known yet
+    for _ in range(12):
+        pol.observe(old, [4] * 8, [4] * 7 + [1])
+    for seq_id in old:
+        pol.forget(seq_id)
+    assert pol.describe()["slowest_over_mean"][8] < 0.8
+    tail_new = pol.batch_tail(new, 4)
+    assert tail_new < 0.8
+    assert pol.batch_tail(new[:1], 4) == 1.0  # alone, no batch to wait for
+    # the new batch's own drafts, all alike, replace the remembered shortfall as they accrue
+    pol.observe(new, [4] * 8, [1] * 8)  # 2 tested drafts each: half the prior's weight
+    assert tail_new < pol.batch_tail(new, 4) < 1.0
+    for _ in range(2):  # (decayed) past the prior's weight
+        pol.observe(new, [4] * 8, [1] * 8)
+    assert pol.batch_tail(new, 4) == pytest.approx(1.0)
+
+    alike = MeasuredCost()
+    for _ in range(12):
+        alike.observe(old, [4] * 8, [3] * 8)
+    assert alike.describe()["slowest_over_mean"][8] == pytest.approx(1.0)
+    assert alike.batch_tail(new, 4) == pytest.approx(1.0)
 
 
 def test_measured_cost_remembers_acceptance_through_regular_steps():
