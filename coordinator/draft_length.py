@@ -164,16 +164,22 @@ class _CostModel:
         return k in self.verify and (k == 0 or k in self.draft)
 
     def draft_cost(self, k: int) -> float:
-        return 0.0 if k == 0 else self._at(self.draft, k, proportional=True)
+        return 0.0 if k == 0 else self._at(_medians(self.draft), k, proportional=True)
 
     def verify_cost(self, k: int) -> float:
-        return self._at(self.verify, k, proportional=False)
+        return self._at(_medians(self.verify), k, proportional=False)
+
+    def step_costs(self, max_length: int) -> list[float]:
+        """draft_cost(k) + verify_cost(k) for k = 0..max_length, each median taken once."""
+        draft, verify = _medians(self.draft), _medians(self.verify)
+        return [(0.0 if k == 0 else self._at(draft, k, proportional=True)) + self._at(verify, k, proportional=False)
+                for k in range(max_length + 1)]
 
     @staticmethod
-    def _at(observed: dict[int, deque[float]], k: int, proportional: bool) -> float:
-        if k in observed:
-            return statistics.median(observed[k])
-        points = [(j, statistics.median(v)) for j, v in observed.items()]
+    def _at(medians: dict[int, float], k: int, proportional: bool) -> float:
+        if k in medians:
+            return medians[k]
+        points = list(medians.items())
         if len(points) == 1:
             j, v = points[0]
             return max(1e-9, v * k / j) if proportional else v
@@ -184,10 +190,23 @@ class _CostModel:
         return max(1e-9, mean_v + slope * (k - mean_k))
 
 
+def _medians(observed: dict[int, deque[float]]) -> dict[int, float]:
+    return {k: statistics.median(v) for k, v in observed.items()}
+
+
 def expected_tokens(a: float, k: int) -> float:
     """Tokens a sequence commits in a step of k drafts if each is accepted with probability a
     (the accepted run, plus the target's own token)."""
     return float(k + 1) if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
+
+
+def _tail(pace: tuple[float, float] | None, k: int) -> float:
+    """Expected tokens per step of k drafts at the slowest acceptance over those at the mean,
+    pace being (mean, slowest); 1 without a batch to wait for (None) and for k = 0."""
+    if pace is None or k == 0:
+        return 1.0
+    mean, slowest = pace
+    return min(1.0, expected_tokens(min(slowest, 0.999), k) / expected_tokens(min(mean, 0.999), k))
 
 
 def acceptance_for(tokens: float, k: int) -> float:
@@ -302,17 +321,17 @@ class MeasuredCost:
         model = self.costs.get(self.bucket(batch))
         if model is None or not model.ready:
             return None
-        return [self.tokens_per_step(k) * self.batch_tail(seq_ids, k) / (model.draft_cost(k) + model.verify_cost(k))
-                for k in range(self.max_length + 1)]
+        # Asked before every step, so each input is read once, not once per length: the batch's
+        # acceptances (a pass over its sequences) and each timed length's median cost.
+        pace = self.slowest_acceptance(seq_ids) if len(seq_ids) >= 2 else None
+        return [self.tokens_per_step(k) * _tail(pace, k) / cost
+                for k, cost in enumerate(model.step_costs(self.max_length))]
 
     def batch_tail(self, seq_ids: Sequence[int], k: int) -> float:
         """The slowest sequence's expected tokens per step of k drafts over the mean sequence's
         (<= 1): see `slowest_acceptance`. 1 for k = 0 (every sequence commits one token) and
         for a lone sequence."""
-        if k == 0 or len(seq_ids) < 2:
-            return 1.0
-        mean, slowest = self.slowest_acceptance(seq_ids)
-        return min(1.0, expected_tokens(min(slowest, 0.999), k) / expected_tokens(min(mean, 0.999), k))
+        return _tail(self.slowest_acceptance(seq_ids) if len(seq_ids) >= 2 else None, k)
 
     def slowest_acceptance(self, seq_ids: Sequence[int]) -> tuple[float, float]:
         """(the batch's mean per-token acceptance, its least accepting sequence's), each

@@ -162,6 +162,10 @@ def test_measured_cost_fits_a_draft_call_fixed_part_and_per_token_part():
     only_four = _CostModel(window=8)
     only_four.add(4, 5.45 / 1000, 4, 3.0 / 1000)
     assert abs(only_four.draft_cost(2) - 5.45 / 2 / 1000) < 1e-9  # one length seen: proportional
+    # what the policy reads before each step: every length's draft call plus verification
+    model.add(0, 0.0, 0, 2.0 / 1000)
+    assert model.step_costs(8) == pytest.approx([model.draft_cost(k) + model.verify_cost(k) for k in range(9)])
+    assert model.step_costs(8)[0] == pytest.approx(2.0 / 1000) and model.step_costs(8)[6] > model.step_costs(8)[4]
 
 
 def test_measured_cost_leaves_regular_decoding_only_for_a_clear_gain_and_does_not_flap():
