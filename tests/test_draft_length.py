@@ -364,7 +364,7 @@ def test_measured_cost_keeps_each_batch_size_to_its_own_choice():
     from bass.coordinator.draft_length import MeasuredCost
 
     pol = MeasuredCost()
-    pol.alpha = [9.0, 10.0]
+    pol.observe(list(range(100, 116)), [4] * 16, [3] * 16)  # drafted enough to judge speculation by
     for batch, gain in ((2, 0.5), (64, 0.03)):  # speculation 50% ahead at 2, 3% at 64 (under the margin)
         for k in list(range(1, pol.max_length + 1)) * 3:
             pol.observe_costs(batch, k, 0.0012 * k, k, 0.003)
@@ -464,3 +464,61 @@ def test_measured_cost_scores_a_length_by_the_tokens_its_steps_committed():
     assert pol.best_length(1) == 4
     assert pol.yields.acceptance(6) == pol.yields.acceptance(5) == pol.yields.acceptance(4) > 0.9
     assert pol.describe()["tokens_per_step"][4][1] == 40
+
+
+def _run_alone(pol, accepted_at, steps, draft_ms=1.2, verify_ms=2.16, regular_ms=2.13):
+    """Drive the policy at one sequence as the scheduler would: each step's length from
+    lengths(), accepted drafts from accepted_at(step, k), costs as measured on the H100 at
+    batch 1 (T = 0.8, chained proposals). Returns the lengths chosen."""
+    chosen = []
+    for step in range(steps):
+        k = pol.lengths([7])[0]
+        if k:
+            pol.observe([7], [k], [accepted_at(step, k)])
+            pol.observe_costs(1, k, draft_ms * k / 1000, k, verify_ms / 1000)
+        else:
+            pol.observe([7], [0], [0])
+            pol.observe_costs(1, 0, 0.0, 0, regular_ms / 1000)
+        chosen.append(k)
+    return chosen
+
+
+def test_measured_cost_drafts_enough_steps_before_giving_speculation_up(monkeypatch):
+    """Regular steps say nothing of acceptance, so a choice of regular decoding made on a few
+    unlucky drafted steps would stand until a probe 2,048 steps on. At one sequence, three
+    first steps that accept nothing, then a draft that gets everything right (k = 4 then runs
+    ~40% faster than regular decoding): the policy keeps drafting past them and speculates.
+    Without the floor it decodes regularly from its fourth step on."""
+    import bass.coordinator.draft_length as draft_length
+
+    def unlucky_start(step, k):
+        return 0 if step < 3 else k
+
+    chosen = _run_alone(draft_length.MeasuredCost(), unlucky_start, 80)
+    assert sum(k > 0 for k in chosen[-30:]) >= 25, chosen
+    monkeypatch.setattr(draft_length, "MIN_EXPLORED_SEQUENCE_STEPS", 0)
+    chosen = _run_alone(draft_length.MeasuredCost(), unlucky_start, 80)
+    assert not any(chosen[-60:]), chosen
+
+
+def test_measured_cost_gives_speculation_up_after_the_floor_where_it_does_not_pay():
+    """Where the draft never gets a token right, the floor costs MIN_EXPLORED_SEQUENCE_STEPS
+    drafted steps of the initial length at one sequence (and the shorter ones ramping up to
+    it after the timed regular steps), then regular decoding for good."""
+    from bass.coordinator.draft_length import MIN_EXPLORED_SEQUENCE_STEPS, MeasuredCost
+
+    chosen = _run_alone(MeasuredCost(), lambda step, k: 0, 200)
+    assert sum(k > 0 for k in chosen) <= MIN_EXPLORED_SEQUENCE_STEPS + 4, chosen
+    assert not any(chosen[-150:])
+
+
+def test_measured_yields_remember_dozens_of_steps_at_one_sequence():
+    """At one sequence a step is one noisy sample: after 30 steps of 5 tokens and 10 of 1, the
+    measured tokens per step still say ~3.8 (YIELD_MEMORY_SEQUENCE_STEPS); a memory of ten
+    steps (the per-call decay alone) would say 2.4."""
+    from bass.coordinator.draft_length import MeasuredCost
+
+    pol = MeasuredCost()
+    for tokens in [5] * 30 + [1] * 10:
+        pol.observe([7], [4], [tokens - 1])
+    assert 3.5 < pol.describe()["tokens_per_step"][4][0] < 4.0
