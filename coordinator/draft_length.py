@@ -285,7 +285,7 @@ class MeasuredCost:
     and regular decoding (k = 0) unless that speculation beats it by `margin` (5%; at least 15%
     where the cost is extrapolated, not measured): speculating costs a draft catch-up each time
     it resumes. A batch's tokens per step are those of its slowest sequence, not of the mean
-    one (`batch_tail`). Once speculating, it stays while speculation is ahead at all
+    one (`batch_tail`; a new batch starts from the shortfall its batch size showed before). Once speculating, it stays while speculation is ahead at all
     (hysteresis: the two thresholds keep it from flapping, each flap being a catch-up); per
     batch-size bucket, since the tail of a batch (a few sequences left) can favour speculation
     where the full batch does not. k grows by at most 2 a step (an estimate from one k says
@@ -296,7 +296,9 @@ class MeasuredCost:
     probing from step 16 on ran 10-20% slower than regular decoding; bench/results,
     2026-11-25), so the first comes after `regular_probe_every` steps and the next ones ever
     further apart, up to `max_probe_every`. Acceptance learnt
-    while speculating at other batch sizes still moves the choice between probes.
+    while speculating at other batch sizes still moves the choice between probes. Since
+    regular steps teach nothing about acceptance, regular decoding is not chosen before
+    MIN_EXPLORED_SEQUENCE_STEPS sequence-steps have drafted at the initial length.
     """
 
     def __init__(self, initial: int = 4, max_length: int = 8, decay: float = 0.9, probe_every: int = 16,
