@@ -73,6 +73,29 @@ class BassRule(_NoCosts):
         pass
 
 
+class _SequenceTrials:
+    """Each sequence's decayed (successes, trials) of drafted tokens: accepting m of k counts m
+    successes and, when m < k, one failure (the first rejected draft; those after it were not
+    tested)."""
+
+    def __init__(self, decay: float):
+        self.decay = decay
+        self.stats: dict[int, tuple[float, float]] = {}  # seq_id -> (successes, trials)
+
+    def get(self, seq_id: int) -> tuple[float, float]:
+        return self.stats.get(seq_id, (0.0, 0.0))
+
+    def add(self, seq_id: int, k: int, m: int) -> None:
+        s, n = self.get(seq_id)
+        self.stats[seq_id] = (s * self.decay + m, n * self.decay + m + (m < k))
+
+    def forget(self, seq_id: int) -> None:
+        self.stats.pop(seq_id, None)
+
+    def __contains__(self, seq_id: int) -> bool:
+        return seq_id in self.stats
+
+
 class PerSequenceAdaptive(_NoCosts):
     """Each sequence picks the length that maximizes its expected tokens per unit of step cost.
 
@@ -86,11 +109,11 @@ class PerSequenceAdaptive(_NoCosts):
     def __init__(self, cost_ratio: float, max_length: int, prior: float = 0.7, prior_weight: float = 2.0,
                  decay: float = 0.8):
         self.cost_ratio, self.max_length = cost_ratio, max_length
-        self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
-        self._stats: dict[int, tuple[float, float]] = {}  # seq_id -> (successes, trials)
+        self.prior, self.prior_weight = prior, prior_weight
+        self._trials = _SequenceTrials(decay)
 
     def acceptance(self, seq_id: int) -> float:
-        s, n = self._stats.get(seq_id, (0.0, 0.0))
+        s, n = self._trials.get(seq_id)
         return (s + self.prior * self.prior_weight) / (n + self.prior_weight)
 
     def best_length(self, a: float) -> int:
@@ -103,12 +126,10 @@ class PerSequenceAdaptive(_NoCosts):
 
     def observe(self, seq_ids, proposed, accepted):
         for seq_id, k, m in zip(seq_ids, proposed, accepted):
-            s, n = self._stats.get(seq_id, (0.0, 0.0))
-            trials = m + (1 if m < k else 0)
-            self._stats[seq_id] = (s * self.decay + m, n * self.decay + trials)
+            self._trials.add(seq_id, k, m)  # k = 0 too: the estimate drifts back to the prior
 
     def forget(self, seq_id):
-        self._stats.pop(seq_id, None)
+        self._trials.forget(seq_id)
 
 
 # Leaving regular decoding for a draft length whose cost is a line through other lengths needs
@@ -226,9 +247,10 @@ MIN_MEASURED_SEQUENCE_STEPS = 8
 # Sequence-steps drafted at the initial length before regular decoding may be chosen over it.
 # Regular steps teach nothing about acceptance, so a choice of regular decoding made on a few
 # unlucky steps stands until the next probe (2,048 steps on): simulated at batch 1 with the
-# H100's costs (T = 0.8, k = 4 21% faster than regular decoding), 30% of runs ended decoding
-# regularly after 3 drafted steps; with this floor 0.5%, at ~0.16 ms/token more in the first
-# request where speculation does not pay. At 8 sequences and more it is one or two steps.
+# H100's costs (bench/auto_alone_sim.py, T = 0.8, k = 4 21% faster than regular decoding), 30%
+# of 200 runs ended decoding regularly, some after 3 drafted steps; with this floor none, at
+# ~0.16 ms/token more in the first request where speculation does not pay. At 8 sequences and
+# more it is one or two steps.
 MIN_EXPLORED_SEQUENCE_STEPS = 16
 # The measured tokens per step remember at least this many sequence-steps (and 1 / (1 - decay)
 # steps): at one sequence a step is one noisy sample (T = 0.8, k = 4: 1 to 5 tokens), and ten
@@ -310,7 +332,7 @@ class MeasuredCost:
         self.margin = margin
         self.costs: dict[int, _CostModel] = {}
         self.alpha = [0.0, 0.0]  # decayed (successes, trials): used until a length is measured
-        self.per_sequence: dict[int, tuple[float, float]] = {}  # seq_id -> decayed (successes, trials)
+        self.per_sequence = _SequenceTrials(decay)
         # bucket -> decayed mean of the slowest sequence's acceptance over the batch's (<= 1),
         # taken at steps where every sequence had its prior's worth of tested drafts
         self.shortfalls: dict[int, float] = {}
@@ -365,7 +387,7 @@ class MeasuredCost:
     def _measured_shortfall(self, seq_ids: Sequence[int]) -> tuple[float, float, float]:
         """(mean acceptance, slowest over mean, evidence in [0, 1]) from the sequences' own
         tested drafts alone."""
-        stats = [self.per_sequence.get(seq_id, (0.0, 0.0)) for seq_id in seq_ids]
+        stats = [self.per_sequence.get(seq_id) for seq_id in seq_ids]
         successes, trials = sum(s for s, _ in stats), sum(n for _, n in stats)
         if not trials:
             return self.acceptance(), 1.0, 0.0
@@ -468,8 +490,7 @@ class MeasuredCost:
                 s += m
                 n += m + (m < k)
                 by_length.setdefault(k, []).append(m + 1)
-                own_s, own_n = self.per_sequence.get(seq_id, (0.0, 0.0))
-                self.per_sequence[seq_id] = (own_s * self.decay + m, own_n * self.decay + m + (m < k))
+                self.per_sequence.add(seq_id, k, m)
         self.alpha = [s, n]
         for k, tokens in by_length.items():
             self.yields.add(k, sum(tokens), len(tokens))
@@ -486,7 +507,7 @@ class MeasuredCost:
                                                                                verify_s)
 
     def forget(self, seq_id):
-        self.per_sequence.pop(seq_id, None)
+        self.per_sequence.forget(seq_id)
 
     def describe(self) -> dict:
         """What the policy knows (for benchmarks and logs): per batch-size bucket, the median

@@ -111,21 +111,7 @@ class DraftLoopGraphs:
         each, their cache positions reserved; the caller reserves k - 1 more per sequence for
         the fed tokens). params and keys (host int64 [len(chunks), k]) for the sampled mode;
         None: every row greedy."""
-        if not 1 <= k <= MAX_STEPS:
-            raise ValueError(f"the draft loop runs 1..{MAX_STEPS} steps, not {k}")
-        num, q0 = len(chunks), len(chunks[0].tokens)
-        mode = "greedy" if params is None else "sampled"
-        bucket = DecodeGraphs.bucket(num)
-        buffers = self.buffers[bucket]
-        first = self.first[(bucket, q0, mode)]
-        first.inputs.fill(chunks)
-        if params is not None:
-            buffers.fill_sampling(params, keys)
-        first.run()
-        step = self.next[(bucket, mode)]
-        for _ in range(k - 1):
-            step()
-        return buffers.tokens[:num, :k]
+        return self._launch(chunks, k, params, keys)
 
     def run_chained(self, chunks: list[SequenceChunk], k: int, verdicts: torch.Tensor,
                     params: Sequence[SamplingParams] | None = None,
@@ -141,19 +127,26 @@ class DraftLoopGraphs:
         target's token], which are the sequence's last two committed tokens after the
         verification. key_window (sampled mode, host int64 [len(chunks), w]): the noise keys of
         the w positions after the chunk's second one; draft step m takes column j + m."""
+        if len(chunks[0].tokens) != CHAINED_FIRST_TOKENS:
+            raise ValueError(f"a chained proposal's first forward runs {CHAINED_FIRST_TOKENS} tokens per sequence")
+        return self._launch(chunks, k, params, key_window, verdicts)
+
+    def _launch(self, chunks: list[SequenceChunk], k: int, params: Sequence[SamplingParams] | None,
+                keys: torch.Tensor | None, verdicts: torch.Tensor | None = None) -> torch.Tensor:
+        """run's work: stage the first graph's inputs (chained: moved on from the verdicts on
+        the device), then replay the first graph and k - 1 next-token ones."""
         if not 1 <= k <= MAX_STEPS:
             raise ValueError(f"the draft loop runs 1..{MAX_STEPS} steps, not {k}")
         num, q0 = len(chunks), len(chunks[0].tokens)
-        if q0 != CHAINED_FIRST_TOKENS:
-            raise ValueError(f"a chained proposal's first forward runs {CHAINED_FIRST_TOKENS} tokens per sequence")
         mode = "greedy" if params is None else "sampled"
         bucket = DecodeGraphs.bucket(num)
         buffers = self.buffers[bucket]
         first = self.first[(bucket, q0, mode)]
         first.inputs.fill(chunks)
         if params is not None:
-            buffers.fill_sampling(params, key_window)
-        self._move_on(first.inputs, buffers, verdicts[:num], k if params is not None else 0)
+            buffers.fill_sampling(params, keys)
+        if verdicts is not None:
+            self._move_on(first.inputs, buffers, verdicts[:num], k if params is not None else 0)
         first.run()
         step = self.next[(bucket, mode)]
         for _ in range(k - 1):

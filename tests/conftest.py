@@ -65,6 +65,19 @@ def build_scheduler(target: Path, draft: Path | None = None, draft_length: str =
         draft_top_n=draft_top_n)
 
 
+def build_gpu_scheduler(target: Path, draft: Path, draft_length: str, cuda_graphs: bool = True):
+    """An in-process coordinator on the GPU in fp32 (the services' other defaults: Triton
+    attention, CUDA graphs unless cuda_graphs=False), for the GPU tests that compare two paths'
+    text: fp32, so that the paths agree token for token."""
+    from bass.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
+    from bass.local import build_local_scheduler
+
+    cfg = dict(device="cuda", dtype="float32", num_slots=16, max_seq_len=256, attention="triton",
+               cuda_graphs=cuda_graphs)
+    return build_local_scheduler(RunnerConfig(model_dir=target, **cfg), RunnerConfig(model_dir=draft, **cfg),
+                                 scheduler=SchedulerConfig(draft_length=DraftLengthConfig.parse(draft_length)))
+
+
 @pytest.fixture
 def row_exact_interpreter_dot(monkeypatch):
     """Bitwise batch-invariance tests run Triton's CPU interpreter, whose `tl.dot` is NumPy's

@@ -12,22 +12,14 @@ import pytest
 import torch
 
 from bass.config import SamplingParams
-from bass.coordinator.requests import GenerationRequest
 from bass.draft_service.worker import DraftWorker
 from bass.engine import sampling
 from bass.engine.draft_loop import DraftLoopGraphs
 from bass.engine.runner import PLACEHOLDER
 from bass.worker_api import AddSequence, ProposeItem, ProposeRequest, SequenceSampling
-from conftest import build_scheduler
+from conftest import build_gpu_scheduler, build_scheduler
+from test_device_drafts import REQUESTS  # greedy and sampled, n = 1 and 2
 from test_draft_loop import make_worker
-
-REQUESTS = [
-    GenerationRequest(prompt_ids=(5, 17, 33), n=2, max_new_tokens=20, ignore_eos=True),
-    GenerationRequest(prompt_ids=(9, 8, 7, 6), max_new_tokens=14, ignore_eos=True, seed=3,
-                      sampling=SamplingParams(temperature=0.9, top_p=0.9)),
-    GenerationRequest(prompt_ids=(40, 41), n=2, max_new_tokens=17, ignore_eos=True, seed=11,
-                      sampling=SamplingParams(temperature=1.2, top_k=6)),
-]
 
 
 def with_eager_loop(scheduler):
@@ -218,19 +210,10 @@ def test_chained_proposals_through_cuda_graphs_give_the_unchained_text(llama_tar
     """fp32 on the GPU with CUDA graphs (the services' default shapes): chained proposals
     replay the draft's captured graphs behind the target's captured verification and sampled
     tail; the text, and with a fixed length every proposal, is the unchained path's."""
-    from bass.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
-    from bass.local import build_local_scheduler
-
-    def scheduler():
-        cfg = dict(device="cuda", dtype="float32", num_slots=16, max_seq_len=256, attention="triton")
-        return build_local_scheduler(RunnerConfig(model_dir=llama_target, **cfg),
-                                     RunnerConfig(model_dir=llama_draft, **cfg),
-                                     scheduler=SchedulerConfig(draft_length=DraftLengthConfig.parse(policy)))
-
-    unchained = scheduler()
+    unchained = build_gpu_scheduler(llama_target, llama_draft, policy)
     unchained._chains = False
     want = unchained.generate(REQUESTS)
-    chained = scheduler()
+    chained = build_gpu_scheduler(llama_target, llama_draft, policy)
     chained.draft = CheckedDraft(chained.draft)
     got = chained.generate(REQUESTS)
     assert texts(got) == texts(want)

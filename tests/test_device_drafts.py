@@ -11,7 +11,7 @@ from bass.config import RunnerConfig, SamplingParams
 from bass.coordinator.requests import GenerationRequest
 from bass.engine.runner import PLACEHOLDER, ModelRunner
 from bass.worker_api import AddSequence
-from conftest import build_scheduler
+from conftest import build_gpu_scheduler, build_scheduler
 
 
 class HostDraftsTarget:
@@ -123,19 +123,10 @@ def test_the_runner_takes_the_last_tokens_of_ragged_chunks_from_the_device(llama
 def test_device_drafts_through_cuda_graphs_give_the_host_paths_text(llama_target, llama_draft, policy):
     """fp32 on the GPU with CUDA graphs: the draft's self-feeding graphs hand their tokens to
     the target's captured forward and sampled tail; the text is the host path's."""
-    from bass.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
-    from bass.local import build_local_scheduler
-
-    def scheduler():
-        cfg = dict(device="cuda", dtype="float32", num_slots=16, max_seq_len=256, attention="triton")
-        return build_local_scheduler(RunnerConfig(model_dir=llama_target, **cfg),
-                                     RunnerConfig(model_dir=llama_draft, **cfg),
-                                     scheduler=SchedulerConfig(draft_length=DraftLengthConfig.parse(policy)))
-
-    host = scheduler()
+    host = build_gpu_scheduler(llama_target, llama_draft, policy)
     host.target, host._fed_verify = HostDraftsTarget(host.target), False
     want = [[s.token_ids for s in r.sequences] for r in host.generate(REQUESTS)]
-    fed = scheduler()
+    fed = build_gpu_scheduler(llama_target, llama_draft, policy)
     fed.target = CountingTarget(fed.target)
     assert [[s.token_ids for s in r.sequences] for r in fed.generate(REQUESTS)] == want
     assert fed.target.fed > 3

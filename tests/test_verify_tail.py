@@ -79,18 +79,13 @@ def test_graph_tails_give_the_eager_text_on_the_gpu(llama_target, llama_draft, p
     with greedy rows; window 2 sends most top-p rows to the nucleus kernel and top_k rows down
     the redo and repair paths."""
     import bass.engine.sampling as sampling_module
-    from bass.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
-    from bass.local import build_local_scheduler
+    from conftest import build_gpu_scheduler
     from test_target_run_ahead import SAMPLED, requests, run_staggered
 
     monkeypatch.setattr(sampling_module, "CUT_WINDOW", window)
 
     def scheduler(graphs: bool):
-        cfg = dict(device="cuda", dtype="float32", num_slots=16, max_seq_len=256, attention="triton",
-                   cuda_graphs=graphs)
-        return build_local_scheduler(RunnerConfig(model_dir=llama_target, **cfg),
-                                     RunnerConfig(model_dir=llama_draft, **cfg),
-                                     scheduler=SchedulerConfig(draft_length=DraftLengthConfig.parse(policy)))
+        return build_gpu_scheduler(llama_target, llama_draft, policy, cuda_graphs=graphs)
 
     reqs = requests(SAMPLED)
     reqs[1] = requests(SamplingParams())[1]  # a greedy request among sampled ones
