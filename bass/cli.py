@@ -13,7 +13,7 @@ import click
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from bass.config import (ATTENTION_BACKENDS, DRAFT_FUSED_ROWS, DTYPES, CoordinatorConfig, DraftLengthConfig, RunnerConfig,
+from bass.config import (ATTENTION_BACKENDS, DTYPES, CoordinatorConfig, DraftLengthConfig, RunnerConfig,
                          SamplingParams, SchedulerConfig, ServeConfig, WorkerServiceConfig, load_config_file,
                          resolve_device, resolve_dtype)
 from bass.errors import BassError
@@ -267,11 +267,9 @@ _register_model_commands()
 @click.option("--peak-tflops", type=float, help="Peak dense bf16 TFLOP/s for GPU utilization (H100 SXM: 989).")
 @click.option("--repeats", default=3, show_default=True, help="Measured runs per configuration; the median is reported.")
 @click.option("--batch-invariant", is_flag=True, help="Run the target in its batch-invariant mode (what it costs).")
-@click.option("--draft-fused-rows", type=click.IntRange(0, DRAFT_FUSED_ROWS), default=DRAFT_FUSED_ROWS,
-              show_default=True, help="The draft's forwards of at most this many tokens run fused kernels; 0 = off.")
 @click.option("--out", type=click.Path(dir_okay=False))
 def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_new_tokens, services, device, dtype,
-                attention, max_seq_len, peak_tflops, repeats, batch_invariant, draft_fused_rows, out) -> None:
+                attention, max_seq_len, peak_tflops, repeats, batch_invariant, out) -> None:
     """End-to-end decoding speed: regular vs speculative, in-process or through the services."""
     from bass.bench.environment import describe
     from bass.bench.humaneval import load_problems, select
@@ -286,10 +284,10 @@ def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_ne
     rows = measure(RunnerConfig(model_dir=target_dir, batch_invariant=batch_invariant, **runner),
                    RunnerConfig(model_dir=draft_dir, **runner), prompts, batches=batch_list, policies=[p for p in policies.split(",") if p], mode=mode,
                    max_new_tokens=max_new_tokens, services=services, peak_tflops=peak_tflops, repeats=repeats,
-                   draft_fused_rows=draft_fused_rows, progress=lambda m: click.echo(m, err=True))
+                   progress=lambda m: click.echo(m, err=True))
     result = {"benchmark": "speed", "environment": describe(device), "target": str(target_dir), "draft": str(draft_dir),
-              "dtype": dtype, "attention": attention, "batch_invariant": batch_invariant,
-              "draft_fused_rows": draft_fused_rows, "problems": problems, "results": rows}
+              "dtype": dtype, "attention": attention, "batch_invariant": batch_invariant, "problems": problems,
+              "results": rows}
     _emit_result(result, out)
 
 

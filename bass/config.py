@@ -80,9 +80,6 @@ def resolve_dtype(dtype: str, device: str) -> str:
 # Draft lengths whose verification is captured as CUDA graphs by default; "auto" draft length
 # considers no longer drafts (longer ones run eagerly, slower than they pay).
 GRAPH_MAX_DRAFT = 8
-# The draft's forwards of at most this many tokens (decode steps up to 32 sequences; the first
-# forward of a step up to 10-16) run fused few-row Triton kernels: kernels/triton_skinny.py.
-DRAFT_FUSED_ROWS = 32
 
 
 @dataclass(frozen=True)
@@ -220,8 +217,6 @@ class WorkerServiceConfig:
     host: str = "127.0.0.1"
     port: int = 0  # 0 = any free port
     draft_top_n: int = 64  # the draft finds its top-k/top-p cut among its N most likely tokens; draft only
-    # draft only: forwards of at most this many tokens run fused few-row kernels (CUDA, Triton); 0 = off
-    draft_fused_rows: int = DRAFT_FUSED_ROWS
     graph_max_draft: int = GRAPH_MAX_DRAFT  # target service: draft lengths whose verification is graph-captured
     batch_invariant: bool = False  # target service: rows computed the same way whatever the batch (slower)
 
@@ -233,8 +228,6 @@ class WorkerServiceConfig:
                                 self.dtype if self.dtype != "auto" else "float32")
         _require(0 <= self.port < 65536, "port", f"must be in [0, 65535], got {self.port}")
         _require(self.draft_top_n >= 1, "draft_top_n", f"must be >= 1, got {self.draft_top_n}")
-        _require(0 <= self.draft_fused_rows <= DRAFT_FUSED_ROWS, "draft_fused_rows",
-                 f"must be in [0, {DRAFT_FUSED_ROWS}], got {self.draft_fused_rows}")
 
     def runner_config(self) -> RunnerConfig:
         """The runner this service runs, with "auto" device and dtype resolved here."""

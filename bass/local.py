@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bass.config import DRAFT_FUSED_ROWS, RunnerConfig, SchedulerConfig
+from bass.config import RunnerConfig, SchedulerConfig
 from bass.coordinator.scheduler import Scheduler
 from bass.coordinator.tokenizer import load_codec
 from bass.draft_service.worker import DraftWorker
@@ -13,13 +13,11 @@ from bass.target_service.worker import TargetWorker
 
 
 def build_local_workers(target: RunnerConfig, draft: RunnerConfig | None = None, *,
-                        draft_top_n: int = 64,
-                        draft_fused_rows: int = DRAFT_FUSED_ROWS) -> tuple[TargetWorker, DraftWorker | None]:
+                        draft_top_n: int = 64) -> tuple[TargetWorker, DraftWorker | None]:
     """Both workers in this process, warmed up as the services warm theirs (CUDA graphs for
     every step shape are captured here, and only those replay)."""
     target_worker = TargetWorker(ModelRunner(target))
-    draft_worker = (DraftWorker(ModelRunner(draft), top_n=draft_top_n, fused_rows=draft_fused_rows)
-                    if draft is not None else None)
+    draft_worker = DraftWorker(ModelRunner(draft), top_n=draft_top_n) if draft is not None else None
     for worker in (target_worker, draft_worker):
         if worker is not None:
             worker.warm_up()

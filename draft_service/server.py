@@ -10,8 +10,7 @@ from bass.grpc_server import RunningServer, start_server
 
 
 def serve(config: WorkerServiceConfig) -> RunningServer:
-    worker = DraftWorker(ModelRunner(config.runner_config()), top_n=config.draft_top_n,
-                         fused_rows=config.draft_fused_rows)
+    worker = DraftWorker(ModelRunner(config.runner_config()), top_n=config.draft_top_n)
     worker.warm_up()
     servicer = DraftServicer(worker)
     return start_server([servicer.register], [SERVICE_NAME], host=config.host, port=config.port,

@@ -31,7 +31,6 @@ from typing import Sequence
 
 import torch
 
-from bass.config import DRAFT_FUSED_ROWS
 from bass.engine.batch import SequenceChunk
 from bass.engine.draft_loop import CHAINED_FIRST_TOKENS, FIRST_STEP_TOKENS, MAX_STEPS, DraftLoopGraphs
 from bass.engine.runner import PLACEHOLDER, ModelRunner, SequenceState
@@ -42,17 +41,12 @@ from bass.worker_api import ProposeItem, ProposeRequest, ProposeResponse, Worker
 
 
 class DraftWorker:
-    def __init__(self, runner: ModelRunner, top_n: int = 64, loop: DraftLoopGraphs | None = None,
-                 fused_rows: int = DRAFT_FUSED_ROWS):
+    def __init__(self, runner: ModelRunner, top_n: int = 64, loop: DraftLoopGraphs | None = None):
         """top_n: the window of the draft's most likely tokens its top-k / top-p cut is found in.
-        loop: the self-feeding draft graphs; by default built where the runner captures graphs.
-        fused_rows: forwards of at most this many tokens run the fused few-row kernels where the
-        model runs Triton kernels (Transformer.fuse_few_rows; other rounding than cuBLAS, which
-        a draft may have: verification keeps the output exact). 0: off."""
+        loop: the self-feeding draft graphs; by default built where the runner captures graphs."""
         if top_n < 1:
             raise InvalidRequestError("draft_top_n", f"must be >= 1, got {top_n}")
         self.runner = runner
-        self.fused_rows = runner.model.fuse_few_rows(fused_rows)
         self.top_n = top_n
         self.sample = functools.partial(draft_race, window=top_n)
         if loop is None and runner.graphs is not None:

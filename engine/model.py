@@ -151,28 +151,12 @@ class Transformer:
         else:
             self.add_norm, self.rope_into_cache, self.silu_mul = (add_rms_norm_reference, rope_into_cache_reference,
                                                                   silu_mul_reference)
-        self.fused_rows = 0  # see fuse_few_rows
-        self._fusable = attention == "triton" and not batch_invariant
         self.scale = config.head_dim ** -0.5
         device, dtype = weights.embed.device, weights.embed.dtype
         positions = torch.arange(max_seq_len, dtype=torch.float32, device=device)
         freqs = torch.outer(positions, rope_inv_freq(config).to(device))
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos, self.sin = emb.cos().to(dtype), emb.sin().to(dtype)
-
-    def fuse_few_rows(self, rows: int) -> int:
-        """Forwards of at most `rows` tokens (capped at the kernels' limit) then run each residual
-        add and norm inside the projection it feeds and SiLU * up inside gate|up
-        (kernels/triton_skinny.py): a third fewer launches, but other rounding than cuBLAS, so
-        for the draft only. Only with the Triton kernels and not batch-invariant; returns the
-        row limit in force (0: off). Call before CUDA graphs are captured."""
-        if rows and self._fusable:
-            from bass.kernels.triton_skinny import MAX_SKINNY_ROWS, norm_linear
-
-            self.fused_rows, self.norm_linear = min(rows, MAX_SKINNY_ROWS), norm_linear
-        else:
-            self.fused_rows = 0
-        return self.fused_rows
 
     @property
     def device(self) -> torch.device:
@@ -202,11 +186,9 @@ class Transformer:
         The residual stream x and the normed input h of the next block travel together, so each
         residual add is fused with the norm that follows it."""
         c, layers, eps = self.config, self.weights.layers, self.config.rms_norm_eps
+        q_size = c.num_heads * c.head_dim
         cos, sin = self.cos[batch.positions], self.sin[batch.positions]
         x = self.weights.embed[batch.input_ids]
-        if x.shape[0] <= self.fused_rows:
-            return self._hidden_fused(x, cos, sin, batch, cache)
-        q_size = c.num_heads * c.head_dim
         h, x = self.add_norm(x, None, layers[0].input_norm, eps)
         for i, layer in enumerate(layers):
             q = self.rope_into_cache(self.linear(h, layer.qkv, layer.qkv_bias), cos, sin, cache.k[i], cache.v[i],
@@ -221,23 +203,4 @@ class Transformer:
         # work, and so its rounding, changes with the number of rows.
         rows = batch.logit_rows
         h, _ = self.add_norm(mlp[rows], x[rows], self.weights.final_norm, eps)
-        return h
-
-    def _hidden_fused(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: RaggedBatch,
-                      cache: KVCache) -> torch.Tensor:
-        """hidden() for few tokens: each residual add and norm runs in the prologue of the
-        projection it feeds, SiLU * up in gate|up's epilogue; six launches per layer, not nine."""
-        c, layers, eps = self.config, self.weights.layers, self.config.rms_norm_eps
-        q_size = c.num_heads * c.head_dim
-        residual = None  # the residual stream is x + residual (x alone before the first layer)
-        for i, layer in enumerate(layers):
-            qkv, x = self.norm_linear(x, residual, layer.input_norm, eps, layer.qkv, layer.qkv_bias)
-            q = self.rope_into_cache(qkv, cos, sin, cache.k[i], cache.v[i], batch.token_slots, batch.positions,
-                                     c.num_heads, c.num_kv_heads)
-            attn = self.attend(q, cache.k[i], cache.v[i], batch, self.scale)
-            attn_out, _ = self.norm_linear(attn.reshape(-1, q_size), None, None, eps, layer.o, layer.o_bias)
-            act, x = self.norm_linear(attn_out, x, layer.post_norm, eps, layer.gate_up, silu=True)
-            residual, _ = self.norm_linear(act, None, None, eps, layer.down)
-        rows = batch.logit_rows
-        h, _ = self.add_norm(residual[rows], x[rows], self.weights.final_norm, eps)
         return h

@@ -16,8 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from bass.config import (DRAFT_FUSED_ROWS, DraftLengthConfig, RunnerConfig, SamplingParams, SchedulerConfig,
-                         WorkerServiceConfig)
+from bass.config import DraftLengthConfig, RunnerConfig, SamplingParams, SchedulerConfig, WorkerServiceConfig
 from bass.coordinator.requests import GenerationRequest
 from bass.coordinator.scheduler import Scheduler
 from bass.coordinator.step_stats import StepStats
@@ -42,13 +41,12 @@ def params_count(model_dir: Path) -> int:
 
 
 @contextmanager
-def workers(target: RunnerConfig, draft: RunnerConfig, *, services: bool, draft_top_n: int,
-            draft_fused_rows: int = DRAFT_FUSED_ROWS) -> Iterator[tuple]:
+def workers(target: RunnerConfig, draft: RunnerConfig, *, services: bool, draft_top_n: int) -> Iterator[tuple]:
     """(target worker, draft worker): in-process objects, or gRPC clients of service processes."""
     if not services:
         from bass.local import build_local_workers
 
-        yield build_local_workers(target, draft, draft_top_n=draft_top_n, draft_fused_rows=draft_fused_rows)
+        yield build_local_workers(target, draft, draft_top_n=draft_top_n)
         return
     from bass.coordinator.remote import RemoteDraftWorker, RemoteTargetWorker
     from bass.launcher import ServiceProcess, _jsonable, stop_all
@@ -60,8 +58,7 @@ def workers(target: RunnerConfig, draft: RunnerConfig, *, services: bool, draft_
 
     procs = [ServiceProcess("target", ["target-service", "--config-json", _jsonable(as_service(target))]),
              ServiceProcess("draft", ["draft-service", "--config-json",
-                                      _jsonable(as_service(draft, draft_top_n=draft_top_n,
-                                                                 draft_fused_rows=draft_fused_rows))])]
+                                      _jsonable(as_service(draft, draft_top_n=draft_top_n))])]
     try:
         t, d = RemoteTargetWorker(procs[0].wait_ready()), RemoteDraftWorker(procs[1].wait_ready())
         yield t, d
@@ -71,15 +68,14 @@ def workers(target: RunnerConfig, draft: RunnerConfig, *, services: bool, draft_
 
 def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, batches: list[int], policies: list[str],
             mode: str, max_new_tokens: int, services: bool, draft_top_n: int = 64, peak_tflops: float | None = None,
-            repeats: int = 3, draft_fused_rows: int = DRAFT_FUSED_ROWS, progress=None) -> list[dict]:
+            repeats: int = 3, progress=None) -> list[dict]:
     """One row per (batch, policy): the run of median wall time out of `repeats` (walls of all runs kept)."""
     import torch
 
     codec = load_codec(target.model_dir)
     flops_per_token = {"target": 2 * params_count(target.model_dir), "draft": 2 * params_count(draft.model_dir)}
     rows = []
-    with workers(target, draft, services=services, draft_top_n=draft_top_n,
-                 draft_fused_rows=draft_fused_rows) as (tw, dw):
+    with workers(target, draft, services=services, draft_top_n=draft_top_n) as (tw, dw):
         for batch in batches:
             chosen = [prompts[i % len(prompts)] for i in range(batch)]
             for policy in policies:

@@ -1,9 +1,13 @@
-"""Few-row linear layers with their neighbours fused in (Triton): the draft's decode forwards.
+"""Few-row linear layers with their neighbours fused in (Triton): an experiment for the draft.
+
+Not part of the product: measured on an H100 (bench/results, "2026-11-25 (fused draft
+kernels)"), these kernels were no faster than cuBLAS plus the separate norm and SiLU kernels
+they replace, and a whole draft forward ran slower with them (9441552 wired them in; reverted).
+Kept with bench/gpu/skinny_gemm.py so that the measurement can be rerun and the idea built on.
 
 A decode forward of the 0.5B draft is bound by how many kernels it launches, not by bytes: at
 8 rows its 96 weight GEMMs move ~0.2 ms of weights but cuBLAS takes ~0.6 ms for them, and the
-RMSNorms and SiLU * up between them are 72 more launches (bench/results/README.md). Here one
-launch does what three did:
+RMSNorms and SiLU * up between them are 72 more launches. Here one launch does what three did:
 
 - `norm_linear`: the residual add and RMSNorm that precede a projection run in the GEMM's
   prologue. With few rows every program can afford to read whole rows: it first sums the
@@ -13,10 +17,10 @@ launch does what three did:
   gate column j and up column j and the [rows, 2 * intermediate] product never reaches memory.
 
 Every intermediate is rounded to the model dtype where the PyTorch references round
-(kernels/elementwise.py), but the products sum in another order than cuBLAS's, so the outputs
-differ from F.linear in the last bits. That is why these kernels serve the draft only: its
-tokens are proposals, and verification against the target keeps the output exact whatever the
-draft computes (a draft with other rounding only proposes a near-tied token differently).
+(bass/kernels/elementwise.py), but the products sum in another order than cuBLAS's, so the
+outputs differ from F.linear in the last bits: fit for a draft only, whose proposals
+verification checks. Without split-K, a weight with a long inner size (down: 4,864) gets too few
+programs; that is where these lost most.
 """
 
 from __future__ import annotations
@@ -31,8 +35,6 @@ from bass.kernels import triton_attention  # noqa: F401
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-# The kernels pay off where there are few rows; above this cuBLAS's tilings win (to measure:
-# bench/gpu/skinny_gemm.py).
 MAX_SKINNY_ROWS = 32
 
 
@@ -44,9 +46,8 @@ class Tiling(NamedTuple):
 
 
 DEFAULT_TILING = Tiling(block_n=32, block_k=128, warps=4, stages=3)
-# By (output columns, inner size, silu, row block), from bench/gpu/skinny_gemm.py on an H100;
-# other shapes take DEFAULT_TILING. Narrow column blocks give small weights enough programs to
-# spread over the GPU's SMs.
+# By (output columns, inner size, silu, row block), filled by skinny_gemm.py's sweep; other
+# shapes take DEFAULT_TILING.
 TILINGS: dict[tuple[int, int, bool, int], Tiling] = {}
 
 
