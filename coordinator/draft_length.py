@@ -6,7 +6,6 @@ Length 0 means regular decoding for that sequence.
 
 from __future__ import annotations
 
-import functools
 import math
 import statistics
 from collections import deque
@@ -75,9 +74,9 @@ class BassRule(_NoCosts):
 
 
 class _SequenceTrials:
-    """Each sequence's (successes, trials) of drafted tokens, decayed by `decay` a step (1: all
-    kept): accepting m of k counts m successes and, when m < k, one failure (the first
-    rejected draft; those after it were not tested)."""
+    """Each sequence's decayed (successes, trials) of drafted tokens: accepting m of k counts m
+    successes and, when m < k, one failure (the first rejected draft; those after it were not
+    tested)."""
 
     def __init__(self, decay: float):
         self.decay = decay
@@ -143,23 +142,15 @@ MIN_TIMED_STEPS = 3
 # E(k) is the mean sequence's tokens per step, but a batch (and a request of n sequences) waits
 # for its slowest: on an H100 (176f1c8, k = 4, 128 tokens each) 8 sequences at T = 0.8 took 45
 # steps where their mean tokens per step (4.04) predicts 32, and 64 greedy ones 37 where 4.24
-# predicts 30. So a batch's tokens per step are scaled by how far its least accepting sequence
-# falls behind the mean (MeasuredCost.batch_tail). Each sequence's acceptance counts all its
-# tested drafts (the batch waits for the sequence slowest over its whole text, not over its last
-# few steps), and the least one is placed where the least of that many draws from the
-# sequences' spread falls, the spread counting only what exceeds chance: the least of the
-# measured acceptances themselves read 0.81-0.86 of the mean at 2 and 4 sequences at T = 0.8
-# (9441552), where the batch took 0.88-0.98 of the mean's tokens per step, and auto decoded
-# regularly while k = 3 ran 14-19% faster. Sequences that have barely speculated (a new batch)
-# take the shortfall the batch-size bucket showed before, in proportion to what they lack of
-# SEQUENCE_PRIOR_TRIALS tested drafts each: starting each batch from the mean sent auto into a
-# few speculative steps per new batch where regular decoding was faster (H100, 24f414f: T = 0.8
-# batch 64 3.72 against regular 3.35 with 2 such steps in 127).
+# predicts 30. So a batch's tokens per step are scaled by how far its least accepted sequence
+# falls behind the mean (MeasuredCost.batch_tail), each sequence's acceptance drawn towards the
+# batch's with the weight of this many tested drafts (one sequence's few steps say little).
+# Sequences that have barely speculated (a new batch) take the shortfall the batch-size bucket
+# showed before, in proportion to what they lack of this many tested drafts each: starting each
+# batch from the mean sent auto into a few speculative steps per new batch where regular
+# decoding was faster (H100, 24f414f: T = 0.8 batch 64 3.72 against regular 3.35 with 2 such
+# steps in 127).
 SEQUENCE_PRIOR_TRIALS = 4.0
-# Accepted drafts come in runs (a draft after an accepted one is accepted more often), so a
-# sequence's acceptance varies by chance more than that of as many independent trials; the
-# chance part of the sequences' spread is taken as this many times the independent one.
-ACCEPTANCE_RUNS = 2.0
 
 
 class _CostModel:
@@ -237,13 +228,6 @@ def _tail(pace: tuple[float, float] | None, k: int) -> float:
         return 1.0
     mean, slowest = pace
     return min(1.0, expected_tokens(min(slowest, 0.999), k) / expected_tokens(min(mean, 0.999), k))
-
-
-@functools.lru_cache(maxsize=None)
-def _expected_least(n: int) -> float:
-    """How many standard deviations below the mean the least of n normal draws falls, on
-    average (Blom's approximation)."""
-    return -statistics.NormalDist().inv_cdf((1 - 0.375) / (n + 0.25))
 
 
 def acceptance_for(tokens: float, k: int) -> float:
@@ -348,7 +332,7 @@ class MeasuredCost:
         self.margin = margin
         self.costs: dict[int, _CostModel] = {}
         self.alpha = [0.0, 0.0]  # decayed (successes, trials): used until a length is measured
-        self.per_sequence = _SequenceTrials(1.0)  # all of a sequence's tested drafts: see batch_tail
+        self.per_sequence = _SequenceTrials(decay)
         # bucket -> decayed mean of the slowest sequence's acceptance over the batch's (<= 1),
         # taken at steps where every sequence had its prior's worth of tested drafts
         self.shortfalls: dict[int, float] = {}
@@ -390,10 +374,10 @@ class MeasuredCost:
         return _tail(self.slowest_acceptance(seq_ids) if len(seq_ids) >= 2 else None, k)
 
     def slowest_acceptance(self, seq_ids: Sequence[int]) -> tuple[float, float]:
-        """(the batch's mean per-token acceptance, its least accepting sequence's expected
-        acceptance; see _measured_shortfall). Where the sequences have fewer tested drafts than
-        SEQUENCE_PRIOR_TRIALS each (a new batch), the shortfall this bucket showed before makes
-        up for the evidence they lack."""
+        """(the batch's mean per-token acceptance, its least accepting sequence's), each
+        sequence's own drawn towards the mean with SEQUENCE_PRIOR_TRIALS' weight. Where the
+        sequences have fewer tested drafts than that (a new batch), the shortfall this bucket
+        showed before makes up for the evidence they lack."""
         mean, shortfall, evidence = self._measured_shortfall(seq_ids)
         remembered = self.shortfalls.get(self.bucket(len(seq_ids)))
         if remembered is not None and evidence < 1:
@@ -402,23 +386,16 @@ class MeasuredCost:
 
     def _measured_shortfall(self, seq_ids: Sequence[int]) -> tuple[float, float, float]:
         """(mean acceptance, slowest over mean, evidence in [0, 1]) from the sequences' own
-        tested drafts alone. The slowest is where the least of len(seq_ids) draws from the
-        sequences' spread would fall, the spread being what their acceptances differ by beyond
-        the chance of their few tested drafts: the least of the measured acceptances themselves
-        falls ever lower with more sequences even when they all accept alike."""
+        tested drafts alone."""
         stats = [self.per_sequence.get(seq_id) for seq_id in seq_ids]
         successes, trials = sum(s for s, _ in stats), sum(n for _, n in stats)
         if not trials:
             return self.acceptance(), 1.0, 0.0
         mean = successes / trials
-        evidence = min(1.0, trials / (len(stats) * SEQUENCE_PRIOR_TRIALS))
-        tested = [(s, n) for s, n in stats if n > 0]
-        if mean <= 0 or mean >= 1 or len(tested) < 2:
-            return mean, 1.0, evidence
-        spread = statistics.fmean((s / n - mean) ** 2 for s, n in tested)
-        chance = ACCEPTANCE_RUNS * statistics.fmean(mean * (1 - mean) / n for _, n in tested)
-        slowest = mean - _expected_least(len(stats)) * max(0.0, spread - chance) ** 0.5
-        return mean, max(0.0, min(1.0, slowest / mean)), evidence
+        if mean <= 0:
+            return mean, 1.0, 1.0
+        slowest = min((s + mean * SEQUENCE_PRIOR_TRIALS) / (n + SEQUENCE_PRIOR_TRIALS) for s, n in stats)
+        return mean, min(1.0, slowest / mean), min(1.0, trials / (len(stats) * SEQUENCE_PRIOR_TRIALS))
 
     def tokens_per_step(self, k: int) -> float:
         """Expected tokens a sequence commits in a step of k drafts (as scored)."""

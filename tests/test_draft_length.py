@@ -274,31 +274,11 @@ def test_measured_cost_paces_a_batch_by_its_slowest_sequence():
     fast = list(range(7))
     pol.costs[pol.bucket(8)].verify[0][0] = 1.20 / max(pol.scores(8, fast)[1:])
     assert pol.best_length(8, fast) > 0
-    assert pol.batch_tail(list(range(8)), 4) < 0.7
+    assert pol.batch_tail(list(range(8)), 4) < 0.6
     assert pol.best_length(8, list(range(8))) == 0
     assert pol.batch_tail([7], 4) == pol.batch_tail(list(range(8)), 0) == 1.0  # alone; regular steps
     pol.forget(7)
     assert 7 not in pol.per_sequence and pol.best_length(8, list(range(8))) > 0  # a newcomer: the batch's mean
-
-
-def test_measured_cost_counts_only_differences_beyond_chance_as_a_slow_sequence():
-    """Sequences that accept alike still differ by chance over a few drafts, and the least of
-    their measured acceptances falls ever lower with more of them: taken as the batch's pace,
-    it kept auto from speculating at 2 and 4 sequences where k = 3 ran 14-19% faster than
-    regular decoding (H100, T = 0.8, 9441552). A spread within chance is no shortfall; a
-    sequence far outside it is."""
-    from bass.coordinator.draft_length import MeasuredCost
-
-    pol = MeasuredCost()
-    # 6 steps of 4 drafts each: the four sequences keep 20, 18, 17, 15 drafts (acceptance
-    # 0.71-0.91 of their tested drafts), differences a binomial spread explains
-    outcomes = [[4, 4, 4, 4], [4, 3, 4, 2], [4, 4, 2, 4], [2, 4, 3, 2], [4, 2, 4, 1], [2, 1, 0, 2]]
-    for accepted in outcomes:
-        pol.observe([0, 1, 2, 3], [4] * 4, accepted)
-    assert pol.batch_tail([0, 1, 2, 3], 4) > 0.99
-    for _ in range(6):
-        pol.observe([0, 1, 2, 3], [4] * 4, [4, 4, 4, 0])  # sequence 3 now rejects every first draft
-    assert pol.batch_tail([0, 1, 2, 3], 4) < 0.8
 
 
 def test_measured_cost_starts_a_new_batch_from_the_shortfall_its_bucket_showed():
@@ -322,7 +302,7 @@ def test_measured_cost_starts_a_new_batch_from_the_shortfall_its_bucket_showed()
     # the new batch's own drafts, all alike, replace the remembered shortfall as they accrue
     pol.observe(new, [4] * 8, [1] * 8)  # 2 tested drafts each: half the prior's weight
     assert tail_new < pol.batch_tail(new, 4) < 1.0
-    for _ in range(2):  # past the prior's weight
+    for _ in range(2):  # (decayed) past the prior's weight
         pol.observe(new, [4] * 8, [1] * 8)
     assert pol.batch_tail(new, 4) == pytest.approx(1.0)
 
