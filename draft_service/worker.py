@@ -39,6 +39,11 @@ from bass.engine.transfer import HostCopy, to_device
 from bass.errors import InvalidRequestError
 from bass.worker_api import ProposeItem, ProposeRequest, ProposeResponse, WorkerInfo
 
+# Pending tokens per sequence, less the one left for the proposal's first forward, that a
+# catch-up after regular steps runs as a captured graph (rewound up to the next size). A k = 0
+# probe of auto leaves three regular steps behind, so four; a longer regular stretch up to 32.
+CATCH_UP_TOKENS = (4, 8, 16, 32)
+
 
 class DraftWorker:
     def __init__(self, runner: ModelRunner, top_n: int = 64, loop: DraftLoopGraphs | None = None):
@@ -59,9 +64,11 @@ class DraftWorker:
 
     def warm_up(self) -> None:
         """Capture the draft's step shapes: the first forward of a step runs two or three
-        tokens per sequence (see the rewind in _propose), the later ones one; one logit row
-        each. Then the self-feeding graphs of whole proposals."""
-        self.runner.warm_up(graph_shapes=[(q0, 1) for q0 in FIRST_STEP_TOKENS] + [(1, 1)])
+        tokens per sequence (see the rewind in _propose), the later ones one, a catch-up after
+        regular steps one of CATCH_UP_TOKENS; one logit row each. Then the self-feeding graphs
+        of whole proposals."""
+        shapes = [(q0, 1) for q0 in FIRST_STEP_TOKENS + CATCH_UP_TOKENS] + [(1, 1)]
+        self.runner.warm_up(graph_shapes=shapes)
         if self.loop is not None:
             with torch.inference_mode():
                 self.loop.prepare(self.runner.config.num_slots)
@@ -202,12 +209,30 @@ class DraftWorker:
         """The first draft forward runs each sequence's pending tokens: one after a rejection,
         two after full acceptance, three after a regular step that followed one. Re-running up
         to two cached tokens where fewer are pending (the values come out the same) makes the
-        step uniform, so it replays a CUDA graph instead of running eagerly."""
+        step uniform, so it replays a CUDA graph instead of running eagerly. More pending
+        tokens (after regular steps) are caught up on first (`_catch_up`)."""
         runner = self.runner
         most = max((runner.pending(s) for s in drafting), default=0)
+        if FIRST_STEP_TOKENS[-1] < most <= CATCH_UP_TOKENS[-1] + 1:
+            self._catch_up(drafting, most)
+            most = max(runner.pending(s) for s in drafting)
         if most <= FIRST_STEP_TOKENS[-1]:
             for state in drafting:
                 runner.rewind(state, max(most, FIRST_STEP_TOKENS[0]))
+
+    def _catch_up(self, drafting: list[SequenceState], most: int) -> None:
+        """Each regular step leaves the draft one more token to run. Run all but the last of
+        each sequence's pending tokens in one forward of a captured shape (every sequence
+        rewound to the same count, as above), so that the proposal after it runs through the
+        self-feeding graphs: else its first forward ran eagerly and the rest step by step
+        (auto's k = 0 probes and every return from regular decoding paid that). Sequences too
+        short to rewind that far keep the old path."""
+        runner = self.runner
+        size = next(c for c in CATCH_UP_TOKENS if c + 1 >= most)
+        for state in drafting:
+            runner.rewind(state, size + 1)
+        if all(runner.pending(state) == size + 1 for state in drafting):
+            runner.forward([(state, []) for state in drafting], [1] * len(drafting), run_all_but_last=True)
 
     def _loop_fits(self, states: list[SequenceState], rows: list[int], sampled: bool) -> bool:
         """Whether this proposal is one the self-feeding graphs run: every sequence drafts the

@@ -111,3 +111,37 @@ def test_loop_refuses_steps_it_cannot_hold(llama_draft):
     with pytest.raises(ValueError, match="1..32 steps"):
         worker.loop.run([], MAX_STEPS + 1)
     assert torch.equal(worker.loop.buffers[1].index, torch.zeros(1, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("regular_steps", [3, 6, 20, 40])
+def test_a_catch_up_after_regular_steps_brings_the_proposal_back_to_the_loop(llama_draft, regular_steps):
+    """Each regular step leaves the draft one more token to run (auto's k = 0 probes leave
+    three). Up to 33 pending tokens are caught up on in one forward of a captured size
+    (CATCH_UP_TOKENS) and the proposal then runs through the self-feeding loop; what it
+    proposes, and what the cache holds after, equal the plain forward-by-forward worker's.
+    Longer stretches keep the forward-by-forward path."""
+    from bass.draft_service.worker import CATCH_UP_TOKENS
+
+    sampling = SequenceSampling(SamplingParams(), seed_key=1)
+    prompts = [tuple(range(5, 21)), tuple(range(50, 66))]  # room to rewind into, within max_seq_len 64
+
+    def two_proposals(worker: DraftWorker):
+        calls = []
+        if worker.loop is not None:
+            original = worker.loop.run
+            worker.loop.run = lambda *a, **kw: calls.append(1) or original(*a, **kw)
+        first = worker.propose(ProposeRequest(items=[ProposeItem(i, 3, (), sampling) for i in range(2)],
+                                              add=[AddSequence(i, p) for i, p in enumerate(prompts)])).tokens
+        # the first draft accepted, then tokens the target decoded alone
+        regular = [(first[i][0],) + tuple((7 * i + 3 * j) % 200 for j in range(regular_steps)) for i in range(2)]
+        calls.clear()
+        second = worker.propose(ProposeRequest(items=[ProposeItem(i, 3, regular[i], sampling) for i in range(2)])).tokens
+        caches = [list(worker.runner.cache.tokens(worker.runner.get(i).slot)) for i in range(2)]
+        return (first, second, caches), calls
+
+    plain = DraftWorker(ModelRunner(RunnerConfig(model_dir=llama_draft, num_slots=8, max_seq_len=64)), top_n=8)
+    assert plain.loop is None
+    want, _ = two_proposals(plain)
+    got, calls = two_proposals(make_worker(llama_draft, prepared=True))
+    assert got == want
+    assert calls == ([1] if regular_steps + 1 <= CATCH_UP_TOKENS[-1] + 1 else [])
