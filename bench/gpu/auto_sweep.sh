@@ -26,7 +26,7 @@ for mode in greedy t0.8-p0.95; do
       --target /tmp/models/qwen2.5-coder-1.5b-instruct --draft /tmp/models/qwen2.5-coder-0.5b-instruct \
       --device cuda --dtype bfloat16 --max-seq-len 1024 --max-new-tokens 128 --problems 0:16 --peak-tflops 989 \
       --batches $batches --policies $pols --mode $mode --out $OUT/auto-sweep-$mode-$build.json \
-      > /dev/null 2> $OUT/auto-sweep-$mode-$build.log
+      > /dev/null 2>> $OUT/auto-sweep.log  # one log: the device tool brings back only a few files
   done
 done
 python3 - "$OUT" <<'PY'
