@@ -1,7 +1,7 @@
 """Few-row linear layers with their neighbours fused in (Triton): an experiment for the draft.
 
-Not part of the product: measured on an H100 (bench/results, "2026-11-25 (fused draft
-kernels)"), these kernels were no faster than cuBLAS plus the separate norm and SiLU kernels
+Not part of the product: measured on an H100 (bench/results, "2026-11-25 (fused draft kernels;
+auto over batches 1-64)"), these kernels were no faster than cuBLAS plus the separate norm and SiLU kernels
 they replace, and a whole draft forward ran slower with them (9441552 wired them in; reverted).
 Kept with bench/gpu/skinny_gemm.py so that the measurement can be rerun and the idea built on.
 
