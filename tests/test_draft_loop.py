@@ -113,13 +113,16 @@ def test_loop_refuses_steps_it_cannot_hold(llama_draft):
     assert torch.equal(worker.loop.buffers[1].index, torch.zeros(1, dtype=torch.int64))
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
 @pytest.mark.parametrize("regular_steps", [3, 6, 20, 40])
-def test_a_catch_up_after_regular_steps_brings_the_proposal_back_to_the_loop(llama_draft, regular_steps):
+def test_a_catch_up_after_regular_steps_brings_the_proposal_back_to_the_loop(llama_draft, regular_steps, device):
     """Each regular step leaves the draft one more token to run (auto's k = 0 probes leave
     three). Up to 33 pending tokens are caught up on in one forward of a captured size
-    (CATCH_UP_TOKENS) and the proposal then runs through the self-feeding loop; what it
-    proposes, and what the cache holds after, equal the plain forward-by-forward worker's.
-    Longer stretches keep the forward-by-forward path."""
+    (CATCH_UP_TOKENS; on a GPU, a graph replay) and the proposal then runs through the
+    self-feeding loop; what it proposes, and what the cache holds after, equal the plain
+    forward-by-forward worker's (eager, no graphs). Longer stretches keep the forward-by-forward
+    path."""
     from bass.draft_service.worker import CATCH_UP_TOKENS
 
     sampling = SequenceSampling(SamplingParams(), seed_key=1)
@@ -139,9 +142,19 @@ def test_a_catch_up_after_regular_steps_brings_the_proposal_back_to_the_loop(lla
         caches = [list(worker.runner.cache.tokens(worker.runner.get(i).slot)) for i in range(2)]
         return (first, second, caches), calls
 
-    plain = DraftWorker(ModelRunner(RunnerConfig(model_dir=llama_draft, num_slots=8, max_seq_len=64)), top_n=8)
+    plain = DraftWorker(ModelRunner(RunnerConfig(model_dir=llama_draft, device=device, num_slots=8, max_seq_len=64,
+                                                 attention="triton" if device == "cuda" else "auto",
+                                                 cuda_graphs=False)), top_n=8)
     assert plain.loop is None
     want, _ = two_proposals(plain)
-    got, calls = two_proposals(make_worker(llama_draft, prepared=True))
+    worker = make_worker(llama_draft, prepared=True, device=device)
+    replayed = []
+    if worker.runner.graphs is not None:  # which step shapes replayed a graph
+        original_run = worker.runner.graphs.run
+        worker.runner.graphs.run = lambda chunks, **kw: replayed.append(len(chunks[0].tokens)) or original_run(chunks, **kw)
+    got, calls = two_proposals(worker)
     assert got == want
-    assert calls == ([1] if regular_steps + 1 <= CATCH_UP_TOKENS[-1] + 1 else [])
+    caught_up = regular_steps + 1 <= CATCH_UP_TOKENS[-1] + 1
+    assert calls == ([1] if caught_up else [])
+    if device == "cuda" and regular_steps > 3:
+        assert any(q in CATCH_UP_TOKENS for q in replayed) == caught_up
