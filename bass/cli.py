@@ -259,6 +259,8 @@ _register_model_commands()
 @click.option("--mode", type=click.Choice(["greedy", "t0.8-p0.95"]), default="greedy", show_default=True)
 @click.option("--max-new-tokens", default=128, show_default=True)
 @click.option("--services", is_flag=True, help="Through the real draft/target gRPC services (RPC cost included).")
+@click.option("--separate-draft", is_flag=True,
+              help="With --services: the draft in a process of its own [in the target's, as `bass serve`].")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--dtype", type=click.Choice(DTYPES + ("auto",)), default="auto", show_default=True)
 @click.option("--attention", type=click.Choice(ATTENTION_BACKENDS), default=None,
@@ -268,8 +270,8 @@ _register_model_commands()
 @click.option("--repeats", default=3, show_default=True, help="Measured runs per configuration; the median is reported.")
 @click.option("--batch-invariant", is_flag=True, help="Run the target in its batch-invariant mode (what it costs).")
 @click.option("--out", type=click.Path(dir_okay=False))
-def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_new_tokens, services, device, dtype,
-                attention, max_seq_len, peak_tflops, repeats, batch_invariant, out) -> None:
+def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_new_tokens, services, separate_draft,
+                device, dtype, attention, max_seq_len, peak_tflops, repeats, batch_invariant, out) -> None:
     """End-to-end decoding speed: regular vs speculative, in-process or through the services."""
     from bass.bench.environment import describe
     from bass.bench.humaneval import load_problems, select
@@ -284,7 +286,7 @@ def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_ne
     rows = measure(RunnerConfig(model_dir=target_dir, batch_invariant=batch_invariant, **runner),
                    RunnerConfig(model_dir=draft_dir, **runner), prompts, batches=batch_list, policies=[p for p in policies.split(",") if p], mode=mode,
                    max_new_tokens=max_new_tokens, services=services, peak_tflops=peak_tflops, repeats=repeats,
-                   progress=lambda m: click.echo(m, err=True))
+                   progress=lambda m: click.echo(m, err=True), colocate=not separate_draft)
     result = {"benchmark": "speed", "environment": describe(device), "target": str(target_dir), "draft": str(draft_dir),
               "dtype": dtype, "attention": attention, "batch_invariant": batch_invariant, "problems": problems,
               "results": rows}
@@ -439,6 +441,26 @@ def target_service(ctx, **_) -> None:
     _serve_worker("target", _worker_config(ctx, "target", ["batch_invariant"]))
 
 
+@main.command("colocated-service", hidden=True)
+@click.option("--target-config-json", required=True)
+@click.option("--draft-config-json", required=True)
+def colocated_service(target_config_json, draft_config_json) -> None:
+    """Serve the target and the draft models from one process, on one device (`bass serve`)."""
+    from pydantic import TypeAdapter
+
+    from bass.launcher import ready_line
+    from bass.target_service.colocated import serve
+
+    adapter = TypeAdapter(WorkerServiceConfig)
+    target = adapter.validate_json(target_config_json)
+    try:
+        server = serve(target, adapter.validate_json(draft_config_json))
+    except (BassError, FileNotFoundError, ValueError) as e:
+        _fail(e)
+    click.echo(ready_line("colocated", f"{target.host}:{server.port}"))
+    server.wait_for_signal()
+
+
 @main.command("draft-service")
 @worker_options
 @click.option("--draft-top-n", type=int, help="The draft finds its top-k / top-p cut among its N most likely tokens [64].")
@@ -537,6 +559,9 @@ def serve_options(f):
         click.option("--batch-invariant", is_flag=True, default=None,
                      help="Target computes each row the same way whatever the batch: seeded and greedy "
                           "tokens do not move with load (slower)."),
+        click.option("--separate-draft", is_flag=True, default=None,
+                     help="Run the draft in a process of its own (it can fail or restart alone; a "
+                          "speculative step then makes two calls instead of one) [off: in the target's]."),
         scheduler_options,
         click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
                      help="TOML with [target], [draft], [coordinator] sections (see README)."),
@@ -566,14 +591,16 @@ def _serve_config(ctx: click.Context, default_port: int | None = None) -> ServeC
     port = p["port"] if p["port"] is not None else default_port
     coord = replace(coord, **{k: v for k, v in dict(port=port, metrics_port=p["metrics_port"]).items()
                               if v is not None})
-    return ServeConfig(target=target, draft=draft, coordinator=coord)
+    return ServeConfig(target=target, draft=draft, coordinator=coord,
+                       colocate=cfg.colocate and not p["separate_draft"])
 
 
 @main.command("serve")
 @serve_options
 @click.pass_context
 def serve(ctx, **_) -> None:
-    """Start target, draft and coordinator locally (three processes) and stop them together."""
+    """Start target, draft and coordinator locally and stop them together (the draft in the
+    target's process unless --separate-draft)."""
     from bass.launcher import launch, run_until_stopped
 
     try:

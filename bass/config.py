@@ -333,6 +333,18 @@ class ServeConfig:
     draft: WorkerServiceConfig | None = field(default_factory=WorkerServiceConfig)
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    # `bass serve`: the draft in the target's process, on its device, both services on the
+    # target's address (draft.host and draft.port unused). A speculative step is then one call
+    # and the draft's tokens never leave the GPU before they are verified (issue #13). False:
+    # the draft in a process of its own, which can fail or restart alone (two calls a step).
+    colocate: bool = True
+
+    def __post_init__(self) -> None:
+        if self.colocate and self.draft is not None:
+            devices = {self.target.device, self.draft.device} - {"auto"}
+            _require(len(devices) <= 1, "colocate", f"puts the draft on the target's device; they are set to "
+                                                    f"{self.target.device} and {self.draft.device} "
+                                                    f"(set colocate = false for separate devices)")
 
 
 def load_config_file(path: Path, cls: type = ServeConfig):

@@ -32,6 +32,10 @@ class UnknownSequenceError(BassError, KeyError):
         return str(self.args[0]) if self.args else "unknown sequence"
 
 
+class PreconditionError(BassError):
+    """A call the worker's state does not allow (maps to FAILED_PRECONDITION)."""
+
+
 class WorkerUnavailableError(BassError):
     """A model worker cannot be reached or failed mid-call (maps to UNAVAILABLE)."""
 

@@ -19,8 +19,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from bass.errors import (CapacityError, InvalidRequestError, RequestCancelled, UnknownSequenceError,
-                         WorkerUnavailableError)
+from bass.errors import (CapacityError, InvalidRequestError, PreconditionError, RequestCancelled,
+                         UnknownSequenceError, WorkerUnavailableError)
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,8 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
         return grpc.StatusCode.NOT_FOUND
     if isinstance(exc, WorkerUnavailableError):
         return grpc.StatusCode.UNAVAILABLE
+    if isinstance(exc, PreconditionError):
+        return grpc.StatusCode.FAILED_PRECONDITION
     if isinstance(exc, RequestCancelled):
         return grpc.StatusCode.CANCELLED
     return grpc.StatusCode.INTERNAL

@@ -1,4 +1,5 @@
-"""`bass serve`: the target, draft and coordinator services as three local processes.
+"""`bass serve`: the target, draft and coordinator services as local processes (the target and
+the draft in one process by default: ServeConfig.colocate).
 
 Each child prints one JSON line `{"service": ..., "address": ...}` on stdout once it serves;
 the launcher starts the workers, then the coordinator pointed at them, prints all three
@@ -81,17 +82,9 @@ def launch(config: ServeConfig, echo: Callable[[str], None] = print) -> list[Ser
     """Start all services; returns them once the coordinator serves (stops all on failure)."""
     started: list[ServiceProcess] = []
     try:
-        target = ServiceProcess("target", ["target-service", "--config-json", _jsonable(config.target)])
-        started.append(target)
-        draft = None
-        if config.draft is not None and config.draft.model_dir is not None:
-            draft = ServiceProcess("draft", ["draft-service", "--config-json", _jsonable(config.draft)])
-            started.append(draft)
-        target_address = target.wait_ready()
+        target_address, draft_address = start_workers(config, started)
         echo(ready_line("target", target_address))
-        draft_address = ""
-        if draft is not None:
-            draft_address = draft.wait_ready()
+        if draft_address:
             echo(ready_line("draft", draft_address))
         coord_cfg = replace(config.coordinator, target_address=target_address, draft_address=draft_address,
                             tokenizer_dir=config.coordinator.tokenizer_dir or config.target.model_dir)
@@ -105,6 +98,25 @@ def launch(config: ServeConfig, echo: Callable[[str], None] = print) -> list[Ser
     except BaseException:
         stop_all(started)
         raise
+
+
+def start_workers(config: ServeConfig, started: list[ServiceProcess]) -> tuple[str, str]:
+    """The model services of `config` as processes, appended to `started` as they start:
+    (target address, draft address; "" for none). With `colocate`, one process serves both."""
+    with_draft = config.draft is not None and config.draft.model_dir is not None
+    if with_draft and config.colocate:
+        both = ServiceProcess("colocated", ["colocated-service", "--target-config-json", _jsonable(config.target),
+                                            "--draft-config-json", _jsonable(config.draft)])
+        started.append(both)
+        address = both.wait_ready()
+        return address, address
+    target = ServiceProcess("target", ["target-service", "--config-json", _jsonable(config.target)])
+    started.append(target)
+    draft = None
+    if with_draft:
+        draft = ServiceProcess("draft", ["draft-service", "--config-json", _jsonable(config.draft)])
+        started.append(draft)
+    return target.wait_ready(), draft.wait_ready() if draft is not None else ""
 
 
 def stop_all(processes: list[ServiceProcess]) -> None:

@@ -12,21 +12,22 @@ from typing import Sequence
 from bass.config import SamplingParams
 from bass.errors import InvalidRequestError
 from bass.v1 import worker_pb2 as pb
-from bass.worker_api import (AddSequence, ProposeItem, ProposeRequest, ProposeResponse,
-                             SequenceSampling, Verdict, VerifyItem, VerifyRequest, VerifyResponse, WorkerInfo)
+from bass.worker_api import (AddSequence, ProposeItem, ProposeRequest, ProposeResponse, SequenceSampling,
+                             SpeculateRequest, SpeculateResponse, Verdict, VerifyItem, VerifyRequest, VerifyResponse,
+                             WorkerInfo)
 
 
 # -- info -------------------------------------------------------------------------------------------
 def info_to_proto(info: WorkerInfo) -> pb.WorkerInfo:
     return pb.WorkerInfo(model_name=info.model_name, vocab_size=info.vocab_size, num_slots=info.num_slots,
                          max_seq_len=info.max_seq_len, dtype=info.dtype, device=info.device,
-                         eos_token_ids=list(info.eos_token_ids))
+                         eos_token_ids=list(info.eos_token_ids), instance_id=info.instance_id)
 
 
 def info_from_proto(m: pb.WorkerInfo) -> WorkerInfo:
     return WorkerInfo(model_name=m.model_name, vocab_size=m.vocab_size, num_slots=m.num_slots,
                       max_seq_len=m.max_seq_len, dtype=m.dtype, device=m.device,
-                      eos_token_ids=tuple(m.eos_token_ids))
+                      eos_token_ids=tuple(m.eos_token_ids), instance_id=m.instance_id)
 
 
 # -- shared pieces ------------------------------------------------------------------------------------
@@ -138,3 +139,35 @@ def verify_response_from_proto(m: pb.VerifyResponse) -> VerifyResponse:
     _require_lengths("accepted", len(m.counts), m.accepted)
     tokens = _split(m.tokens, m.counts, "tokens")
     return VerifyResponse(verdicts=[Verdict(a, list(t)) for a, t in zip(m.accepted, tokens)], compute_s=m.compute_s)
+
+
+# -- speculate (a co-located draft and target) --------------------------------------------------------
+def speculate_request_to_proto(r: SpeculateRequest) -> pb.SpeculateRequest:
+    m = pb.SpeculateRequest(verify=verify_request_to_proto(r.verify), use_chained=r.propose is None)
+    if r.propose is not None:
+        m.propose.CopyFrom(propose_request_to_proto(r.propose))
+    if r.chain is not None:
+        m.chain.CopyFrom(propose_request_to_proto(r.chain))
+    return m
+
+
+def speculate_request_from_proto(m: pb.SpeculateRequest) -> SpeculateRequest:
+    if m.use_chained == m.HasField("propose"):
+        raise InvalidRequestError("propose", "give a proposal or use_chained, exactly one")
+    verify = verify_request_from_proto(m.verify)
+    if any(item.draft_tokens for item in verify.items):
+        raise InvalidRequestError("verify.draft_tokens", "must be empty: the drafts are the proposal's")
+    return SpeculateRequest(verify=verify,
+                            propose=propose_request_from_proto(m.propose) if m.HasField("propose") else None,
+                            chain=propose_request_from_proto(m.chain) if m.HasField("chain") else None)
+
+
+def speculate_response_to_proto(r: SpeculateResponse) -> pb.SpeculateResponse:
+    return pb.SpeculateResponse(propose=propose_response_to_proto(r.propose), verify=verify_response_to_proto(r.verify),
+                                chained=r.chained, chained_gpu_s=r.chained_gpu_s)
+
+
+def speculate_response_from_proto(m: pb.SpeculateResponse) -> SpeculateResponse:
+    return SpeculateResponse(propose=propose_response_from_proto(m.propose),
+                             verify=verify_response_from_proto(m.verify), chained=m.chained,
+                             chained_gpu_s=m.chained_gpu_s)

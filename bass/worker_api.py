@@ -95,6 +95,24 @@ class WorkerInfo:
     dtype: str
     device: str
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    instance_id: str = ""  # the serving process: a draft and a target with the same id share it
+
+
+@dataclass(frozen=True)
+class SpeculateRequest:
+    """A co-located draft and target's whole step (TargetWorker.Speculate in worker.proto)."""
+
+    verify: VerifyRequest  # drafts empty: they are the proposal's, read on the device
+    propose: ProposeRequest | None = None  # None: the proposal the last call chained
+    chain: ProposeRequest | None = None  # the next step's proposal, queued behind this verification
+
+
+@dataclass(frozen=True)
+class SpeculateResponse:
+    propose: ProposeResponse
+    verify: VerifyResponse
+    chained: bool = False  # `chain` was queued
+    chained_gpu_s: float = 0.0  # a chained proposal used: its GPU time
 
 
 class DraftWorkerAPI(Protocol):
@@ -145,7 +163,8 @@ class TargetWorkerAPI(Protocol):
     drafts=...)`, the draft's tokens still on the device, from a draft worker's
     `start_propose(request)` (its `on_device`, read back by its `result()`); its pending
     call's `verdicts_on_device` is what the draft's `start_chained` queues the next step's
-    proposal on."""
+    proposal on. Over gRPC the same calls are made on proxies of a draft and a target that
+    share one process (coordinator/remote_pair.py), and travel as one Speculate call."""
 
     def info(self) -> WorkerInfo: ...
     def verify(self, request: VerifyRequest) -> VerifyResponse: ...

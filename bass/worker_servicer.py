@@ -7,7 +7,9 @@ long-lived stream (`Session`, bass/worker_session.py), answered by these same ha
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+import uuid
 
 from bass import wire
 from bass.v1 import worker_pb2 as pb
@@ -18,13 +20,20 @@ class WorkerServicerBase:
     service_name: str
     step_call: str  # the body name of the worker's step: "propose" or "verify"
 
-    def __init__(self, worker):
+    def __init__(self, worker, *, lock: threading.Lock | None = None, instance_id: str | None = None):
+        """lock: serializes the model calls (shared by the services of one process);
+        instance_id: what Info reports as the serving process (shared likewise)."""
         self.worker = worker
-        self.lock = threading.Lock()
+        self.lock = lock or threading.Lock()
+        self.instance_id = instance_id or uuid.uuid4().hex
+
+    def session_handlers(self) -> dict:
+        """Session body name -> the unary handler that answers it."""
+        return {"info": self.Info, "release": self.Release, "reset": self.Reset,
+                self.step_call: getattr(self, self.step_call.capitalize())}
 
     def Session(self, request_iterator, context):
-        handlers = {"info": self.Info, "release": self.Release, "reset": self.Reset,
-                    self.step_call: getattr(self, self.step_call.capitalize())}
+        handlers = self.session_handlers()
         return serve_session(handlers, request_iterator, context, self.service_name, self.starters())
 
     def starters(self) -> dict:
@@ -32,7 +41,7 @@ class WorkerServicerBase:
         return {}
 
     def Info(self, request, context):
-        return wire.info_to_proto(self.worker.info())
+        return wire.info_to_proto(dataclasses.replace(self.worker.info(), instance_id=self.instance_id))
 
     def Release(self, request, context):
         with self.lock:

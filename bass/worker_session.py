@@ -29,7 +29,8 @@ from bass.grpc_server import report_failure
 from bass.v1 import worker_pb2 as pb
 
 # WorkerCall body -> the WorkerReply field its answer goes in.
-REPLY_FIELD = {"info": "info", "propose": "propose", "verify": "verify", "release": "released", "reset": "released"}
+REPLY_FIELD = {"info": "info", "propose": "propose", "verify": "verify", "release": "released", "reset": "released",
+               "speculate": "speculated"}
 
 Handler = Callable[[object, object], object]  # (request message, context) -> response message
 

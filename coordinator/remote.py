@@ -7,7 +7,8 @@ from typing import Sequence
 import grpc
 
 from bass import wire
-from bass.errors import InvalidRequestError, WorkerUnavailableError
+from bass.errors import InvalidRequestError, PreconditionError, WorkerUnavailableError
+from bass.coordinator.remote_pair import PairPendingVerify, PairProposal, PairStep
 from bass.coordinator.remote_session import Session, SessionError
 from bass.grpc_server import SERVER_OPTIONS
 from bass.v1 import worker_pb2 as pb
@@ -35,6 +36,7 @@ class _RemoteWorker:
         self.transport = transport
         self._broken = False
         self._session: Session | None = None
+        self.instance_id = ""  # the serving process, from the last Info
         self._open()
 
     def _open(self) -> None:
@@ -74,6 +76,8 @@ class _RemoteWorker:
         makes the worker unavailable until a probe (info) finds it again."""
         if code == grpc.StatusCode.INVALID_ARGUMENT:
             return InvalidRequestError(f"{self.address}", details or "")
+        if code == grpc.StatusCode.FAILED_PRECONDITION:
+            return PreconditionError(f"worker at {self.address}: {method}: {details}")
         self._broken = True
         return WorkerUnavailableError(f"worker at {self.address}: {method} failed with {code.name}: {details}")
 
@@ -87,7 +91,9 @@ class _RemoteWorker:
             self.close()
             self._open()
             self._broken = False
-        return wire.info_from_proto(self._call("Info", pb.InfoRequest(), timeout_s or PROBE_TIMEOUT_S))
+        info = wire.info_from_proto(self._call("Info", pb.InfoRequest(), timeout_s or PROBE_TIMEOUT_S))
+        self.instance_id = info.instance_id
+        return info
 
     def release(self, seq_ids: Sequence[int]) -> None:
         self._call("Release", pb.ReleaseRequest(seq_ids=list(seq_ids)))
@@ -131,17 +137,47 @@ class RemoteDraftWorker(_RemoteWorker):
     def propose(self, request: ProposeRequest) -> ProposeResponse:
         return wire.propose_response_from_proto(self._call("Propose", wire.propose_request_to_proto(request)))
 
+    # Where this draft shares the target's process (RemoteTargetWorker.verifies_device_drafts),
+    # the scheduler drives it as an in-process draft on the target's device: coordinator/remote_pair.py.
+    def start_propose(self, request: ProposeRequest) -> PairProposal:
+        return PairProposal(self, request)
+
+    def chains(self, num_seqs: int, k: int, verified_k: int, sampled: bool) -> bool:
+        """The worker decides (SpeculateResponse.chained): its graphs' shapes are its own."""
+        return k >= 1
+
+    def start_chained(self, request: ProposeRequest, verdicts: PairStep, verified_k: int):
+        return verdicts.chain(request, verified_k)
+
 
 class RemoteTargetWorker(_RemoteWorker):
     stub_class = worker_pb2_grpc.TargetWorkerStub
 
+    def __init__(self, address: str, timeout_s: float = 120.0, transport: str = "session",
+                 draft: RemoteDraftWorker | None = None):
+        """draft: the coordinator's draft; where both report one instance_id (one process, one
+        device), each speculative step is one Speculate call."""
+        super().__init__(address, timeout_s, transport)
+        self.draft = draft
+
+    @property
+    def verifies_device_drafts(self) -> bool:
+        """Whether the draft shares this worker's process, by the Info both last gave."""
+        return self.draft is not None and bool(self.instance_id) and self.draft.instance_id == self.instance_id
+
     def verify(self, request: VerifyRequest) -> VerifyResponse:
         return PendingVerify(self._start("Verify", wire.verify_request_to_proto(request))).result()
 
-    def start_verify(self, request: VerifyRequest) -> "PendingVerify":
+    def start_verify(self, request: VerifyRequest, drafts: PairProposal | None = None):
         """Regular decoding's call: the next one is sent before this answer is read, and the
-        worker may start it ahead (WorkerCall.pipelined)."""
+        worker may start it ahead (WorkerCall.pipelined). drafts: a co-located draft's
+        proposal (its `on_device`), verified in the same Speculate call."""
+        if drafts is not None:
+            return PairPendingVerify(PairStep(self, drafts, request))
         return PendingVerify(self._start("Verify", wire.verify_request_to_proto(request), pipelined=True))
+
+    def start_speculate(self, request: pb.SpeculateRequest) -> PendingCall:
+        return self._start("Speculate", request)
 
 
 class PendingVerify:

@@ -348,7 +348,10 @@ class Scheduler:
             else:
                 # A chained proposal ran on the GPU while the host committed the last step: its
                 # cost is its GPU time, not the host's wait for it.
-                draft_s = chain.gpu_s if chain is not None else self.clock() - started
+                # A co-located remote draft answers with the verification (one call): its own
+                # time is what the worker measured (`draft_s`), not the wait for the call.
+                draft_s = (chain.gpu_s if chain is not None
+                           else getattr(proposal, "draft_s", None) or self.clock() - started)
                 self.step_stats.draft_compute_s += response.compute_s
                 if chain is None:  # they went with the proposal (a chained one took none)
                     self._draft_add, self._draft_release = [], []
@@ -371,7 +374,7 @@ class Scheduler:
         size, k = len(batch), max(lengths, default=0)
         finished += self._commit(batch, drafts, verified, draft_forwards, draft_s, verify_s,
                                  timed=verify_s if clean_verify else None)
-        if next_chain is not None:
+        if next_chain is not None and getattr(next_chain, "queued", True):  # a remote worker may decline
             for seq in batch:  # the draft has them from the verdicts (reconcile)
                 seq.unsent_to_draft.clear()
             self._chain = next_chain

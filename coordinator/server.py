@@ -56,8 +56,8 @@ def serve(config: CoordinatorConfig) -> Coordinator:
         raise InvalidRequestError("target_address", "is required")
     if config.tokenizer_dir is None:
         raise InvalidRequestError("tokenizer_dir", "is required (the models' tokenizer directory)")
-    target = RemoteTargetWorker(config.target_address)
     draft = RemoteDraftWorker(config.draft_address) if config.draft_address else None
+    target = RemoteTargetWorker(config.target_address, draft=draft)
     engine = CoordinatorEngine(target, draft, load_codec(config.tokenizer_dir), config).start()
     servicer = GenerationServicer(engine)
     server = start_server([servicer.register], [SERVICE_NAME], host=config.host, port=config.port,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bass import wire
+from bass.errors import PreconditionError
 from bass.v1 import worker_pb2_grpc
 from bass.worker_servicer import WorkerServicerBase
 
@@ -12,6 +13,22 @@ SERVICE_NAME = "bass.v1.TargetWorker"
 class TargetServicer(WorkerServicerBase, worker_pb2_grpc.TargetWorkerServicer):
     service_name = SERVICE_NAME
     step_call = "verify"
+
+    def __init__(self, worker, *, speculation=None, **kwargs):
+        """speculation: the Speculate calls of a draft in this process (target_service/colocated.py)."""
+        super().__init__(worker, **kwargs)
+        self.speculation = speculation
+
+    def session_handlers(self) -> dict:
+        return {**super().session_handlers(), "speculate": self.Speculate}
+
+    def Speculate(self, request, context):
+        if self.speculation is None:
+            raise PreconditionError("this target has no draft in its process: call the draft's Propose, then Verify")
+        step = wire.speculate_request_from_proto(request)
+        with self.lock:
+            response = self.speculation.run(step)
+        return wire.speculate_response_to_proto(response)
 
     def Verify(self, request, context):
         step = wire.verify_request_from_proto(request)

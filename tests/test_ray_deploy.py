@@ -37,7 +37,7 @@ def expected(llama_target):
     return r.sequences[0].token_ids
 
 
-def config(target, draft, *, target_gpus, draft_gpus, strategy="PACK") -> ServeConfig:
+def config(target, draft, *, target_gpus, draft_gpus, strategy="PACK", colocate=False) -> ServeConfig:
     workers = dict(device="cpu", num_slots=8, max_seq_len=256, host="127.0.0.1")
     return ServeConfig(
         target=WorkerServiceConfig(model_dir=target, **workers), draft=WorkerServiceConfig(model_dir=draft, **workers),
@@ -46,7 +46,8 @@ def config(target, draft, *, target_gpus, draft_gpus, strategy="PACK") -> ServeC
                                                                 draft_length=DraftLengthConfig(policy="fixed", fixed=3))),
         ray=RayConfig(namespace=NAMESPACE, strategy=strategy, target_gpus=target_gpus, draft_gpus=draft_gpus,
                       target_cpus=1, draft_cpus=1, coordinator_cpus=1, target_port=free_port(), draft_port=free_port(),
-                      ready_timeout_s=180))
+                      ready_timeout_s=180),
+        colocate=colocate)
 
 
 def generate(address, **kw):
@@ -71,6 +72,27 @@ def test_up_places_services_and_serves(cluster, llama_target, llama_draft, expec
         assert list(r.sequences[0].token_ids) == expected and r.stats.draft_tokens > 0
     finally:
         assert set(launcher.down(NAMESPACE)) == {"target", "draft", "coordinator"}
+    assert launcher.placements(NAMESPACE) == {}
+
+
+def test_up_colocates_the_models_in_one_actor_by_default(cluster, llama_target, llama_draft, expected):
+    """`colocate` (ServeConfig's default): one actor on the target's GPU serves both models, the
+    placement group has no draft bundle, and speculation runs (one Speculate call a step)."""
+    from bass.deploy import launcher
+
+    assert ServeConfig().colocate
+    addresses = launcher.up(config(llama_target, llama_draft, target_gpus=1, draft_gpus=1, colocate=True),
+                            echo=lambda *_: None)
+    try:
+        where = launcher.placements(NAMESPACE)
+        assert set(where) == {"colocated", "coordinator"} and where["colocated"]["gpu_ids"]
+        assert addresses["target"] == addresses["draft"] == addresses["colocated"]
+        table = ray.util.placement_group_table(ray.util.get_placement_group(launcher.PLACEMENT_GROUP))
+        assert len(table["bundles"]) == 2 and table["bundles"][0] == {"GPU": 1.0, "CPU": 2.0}
+        r = generate(addresses["coordinator"])
+        assert list(r.sequences[0].token_ids) == expected and r.stats.draft_tokens > 0
+    finally:
+        assert set(launcher.down(NAMESPACE)) == {"colocated", "coordinator"}
     assert launcher.placements(NAMESPACE) == {}
 
 

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from bass.coordinator.requests import GenerationRequest
 from conftest import build_scheduler
 from test_metrics import scrape
@@ -36,20 +38,25 @@ def children_of(pid):
     return [int(p) for p in out.split()]
 
 
-def test_serve_then_client_then_stop_together(llama_target, llama_draft, tmp_path):
+@pytest.mark.parametrize("separate", [False, True])
+def test_serve_then_client_then_stop_together(llama_target, llama_draft, tmp_path, separate):
+    """By default the draft runs in the target's process (two children, one worker address);
+    --separate-draft gives it one of its own."""
     config = tmp_path / "bass.toml"
     config.write_text('[coordinator]\nport = 0\nmax_waiting = 8\n[coordinator.scheduler.draft_length]\npolicy = "fixed"\n'
                       'fixed = 3\n[target]\nnum_slots = 8\nmax_seq_len = 256\n[draft]\nnum_slots = 8\nmax_seq_len = 256\n')
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(bass_cmd("serve", "--target", llama_target, "--draft", llama_draft, "--device", "cpu",
-                                     "--config", config, "--metrics-port", 0), stdout=subprocess.PIPE, text=True,
+                                     "--config", config, "--metrics-port", 0, *(["--separate-draft"] if separate else [])),
+                            stdout=subprocess.PIPE, text=True,
                             env=env)
     try:
         ready = read_ready_lines(proc)
         addresses = {service: msg["address"] for service, msg in ready.items()}
         assert set(addresses) == {"target", "draft", "coordinator"}
         children = children_of(proc.pid)
-        assert len(children) == 3
+        assert len(children) == (3 if separate else 2)
+        assert (addresses["target"] == addresses["draft"]) is not separate
 
         out = subprocess.run(bass_cmd("client", "--address", addresses["coordinator"], "--prompt-ids", "5,17,33",
                                       "-n", "2", "--max-new-tokens", "12", "--json"),

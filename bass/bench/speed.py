@@ -2,7 +2,8 @@
 
 Runs batches of HumanEval prompts (one sequence per prompt, every sequence generating exactly
 max_new_tokens) through the coordinator's scheduler, either over in-process workers or over
-the real draft and target gRPC services (separate processes), for each draft-length policy
+the real draft and target gRPC services (one process for both by default, as `bass serve`
+runs them; `colocate=False`: one each), for each draft-length policy
 ("0" is regular decoding), and reports ms per token per sequence, throughput, acceptance, a
 per-step breakdown (draft, verify, RPC, coordinator), GPU utilization as BASS defines it
 (achieved FLOP/s over peak) and peak GPU memory.
@@ -16,7 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from bass.config import DraftLengthConfig, RunnerConfig, SamplingParams, SchedulerConfig, WorkerServiceConfig
+from bass.config import (DraftLengthConfig, RunnerConfig, SamplingParams, SchedulerConfig, ServeConfig,
+                         WorkerServiceConfig)
 from bass.coordinator.requests import GenerationRequest
 from bass.coordinator.scheduler import Scheduler
 from bass.coordinator.step_stats import StepStats
@@ -41,7 +43,8 @@ def params_count(model_dir: Path) -> int:
 
 
 @contextmanager
-def workers(target: RunnerConfig, draft: RunnerConfig, *, services: bool, draft_top_n: int) -> Iterator[tuple]:
+def workers(target: RunnerConfig, draft: RunnerConfig, *, services: bool, draft_top_n: int,
+            colocate: bool = True) -> Iterator[tuple]:
     """(target worker, draft worker): in-process objects, or gRPC clients of service processes."""
     if not services:
         from bass.local import build_local_workers
@@ -49,33 +52,34 @@ def workers(target: RunnerConfig, draft: RunnerConfig, *, services: bool, draft_
         yield build_local_workers(target, draft, draft_top_n=draft_top_n)
         return
     from bass.coordinator.remote import RemoteDraftWorker, RemoteTargetWorker
-    from bass.launcher import ServiceProcess, _jsonable, stop_all
+    from bass.launcher import start_workers, stop_all
 
     def as_service(r: RunnerConfig, **extra) -> WorkerServiceConfig:
         return WorkerServiceConfig(model_dir=r.model_dir, device=r.device, dtype=r.dtype, num_slots=r.num_slots,
                                    max_seq_len=r.max_seq_len, attention=r.attention,
                                    batch_invariant=r.batch_invariant, **extra)
 
-    procs = [ServiceProcess("target", ["target-service", "--config-json", _jsonable(as_service(target))]),
-             ServiceProcess("draft", ["draft-service", "--config-json",
-                                      _jsonable(as_service(draft, draft_top_n=draft_top_n))])]
+    config = ServeConfig(target=as_service(target), draft=as_service(draft, draft_top_n=draft_top_n),
+                         colocate=colocate)
+    procs: list = []
     try:
-        t, d = RemoteTargetWorker(procs[0].wait_ready()), RemoteDraftWorker(procs[1].wait_ready())
-        yield t, d
+        target_address, draft_address = start_workers(config, procs)
+        d = RemoteDraftWorker(draft_address)
+        yield RemoteTargetWorker(target_address, draft=d), d
     finally:
         stop_all(procs)
 
 
 def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, batches: list[int], policies: list[str],
             mode: str, max_new_tokens: int, services: bool, draft_top_n: int = 64, peak_tflops: float | None = None,
-            repeats: int = 3, progress=None) -> list[dict]:
+            repeats: int = 3, progress=None, colocate: bool = True) -> list[dict]:
     """One row per (batch, policy): the run of median wall time out of `repeats` (walls of all runs kept)."""
     import torch
 
     codec = load_codec(target.model_dir)
     flops_per_token = {"target": 2 * params_count(target.model_dir), "draft": 2 * params_count(draft.model_dir)}
     rows = []
-    with workers(target, draft, services=services, draft_top_n=draft_top_n) as (tw, dw):
+    with workers(target, draft, services=services, draft_top_n=draft_top_n, colocate=colocate) as (tw, dw):
         for batch in batches:
             chosen = [prompts[i % len(prompts)] for i in range(batch)]
             for policy in policies:
@@ -108,6 +112,7 @@ def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, ba
                 flops = (flops_per_token["target"] * st.verify_tokens
                          + flops_per_token["draft"] * (st.draft_tokens + st.sequence_steps * bool(st.draft_forwards)))
                 row = {"batch": batch, "policy": policy, "mode": mode, "services": services,
+                       "colocated": services and colocate,
                        "max_new_tokens": max_new_tokens, "generated_tokens": generated, "wall_s": round(wall, 3),
                        "wall_s_all_runs": [round(r[0], 3) for r in runs], "outputs_digest_per_round": digests,
                        "ms_per_token_per_sequence": round(1000 * wall / max_new_tokens, 4),

@@ -12,7 +12,9 @@ import logging
 
 import ray
 
-ACTOR_NAMES = {"target": "bass-target", "draft": "bass-draft", "coordinator": "bass-coordinator"}
+# "colocated": the target with the draft in its process (ServeConfig.colocate), in place of both.
+ACTOR_NAMES = {"target": "bass-target", "draft": "bass-draft", "colocated": "bass-models",
+               "coordinator": "bass-coordinator"}
 
 
 @ray.remote
@@ -30,6 +32,13 @@ class ServiceActor:
             config = TypeAdapter(CoordinatorConfig).validate_json(config_json)
             self.service = coordinator_server.serve(config)
             port = self.service.server.port
+        elif kind == "colocated":  # config_json: {"target": ..., "draft": ...}
+            from bass.target_service.colocated import serve as serve_colocated
+
+            both = TypeAdapter(dict[str, WorkerServiceConfig]).validate_json(config_json)
+            config = both["target"]
+            self.service = serve_colocated(config, both["draft"])
+            port = self.service.port
         else:
             config = TypeAdapter(WorkerServiceConfig).validate_json(config_json)
             if kind == "target":

@@ -1,7 +1,9 @@
 """`bass up`: place target, draft and coordinator on a Ray cluster; `bass down`: remove them.
 
 One placement group holds a bundle per service (GPUs and CPUs from the [ray] config section);
-its strategy decides whether the models share a node (PACK) or spread over nodes (SPREAD).
+its strategy decides whether the models share a node (PACK) or spread over nodes (SPREAD). With
+`colocate` (the default) the draft runs in the target's actor, on its GPUs (target_gpus; the
+bundle takes target_cpus + draft_cpus), and each speculative step is one call.
 """
 
 from __future__ import annotations
@@ -63,9 +65,11 @@ def up(config: ServeConfig, echo=print) -> dict[str, str]:
     """Create (or replace) the services; returns their addresses once the coordinator serves."""
     rc = config.ray
     down(rc.namespace)
-    bundles = [{"GPU": rc.target_gpus, "CPU": rc.target_cpus}, {"CPU": rc.coordinator_cpus}]
     with_draft = config.draft is not None and config.draft.model_dir is not None
-    if with_draft:
+    colocated = with_draft and config.colocate  # one actor for both models, on the target's GPUs
+    bundles = [{"GPU": rc.target_gpus, "CPU": rc.target_cpus + (rc.draft_cpus if colocated else 0)},
+               {"CPU": rc.coordinator_cpus}]
+    if with_draft and not colocated:
         bundles.insert(1, {"GPU": rc.draft_gpus, "CPU": rc.draft_cpus})
     bundles = [{k: v for k, v in b.items() if v > 0} or {"CPU": 0.01} for b in bundles]
     have = ray.cluster_resources()
@@ -78,19 +82,29 @@ def up(config: ServeConfig, echo=print) -> dict[str, str]:
     echo(f"waiting for resources: {bundles} ({rc.strategy})")
     ray.get(pg.ready(), timeout=rc.ready_timeout_s)
 
-    def start(kind: str, bundle: int, cfg, gpus: float, cpus: float):
+    def start_json(kind: str, bundle: int, config_json: str, gpus: float, cpus: float):
         return ServiceActor.options(
             name=ACTOR_NAMES[kind], namespace=rc.namespace, lifetime="detached", max_restarts=rc.max_restarts,
             max_task_retries=0, num_gpus=gpus, num_cpus=cpus,
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=bundle),
-        ).remote(kind, _json(cfg))
+        ).remote(kind, config_json)
 
-    target = start("target", 0, replace(config.target, port=rc.target_port), rc.target_gpus, rc.target_cpus)
-    actors = {"target": target}
-    if with_draft:
-        actors["draft"] = start("draft", 1, replace(config.draft, port=rc.draft_port), rc.draft_gpus, rc.draft_cpus)
+    def start(kind: str, bundle: int, cfg, gpus: float, cpus: float):
+        return start_json(kind, bundle, _json(cfg), gpus, cpus)
+
+    target_cfg = replace(config.target, port=rc.target_port)
+    if colocated:
+        both = json.dumps({"target": asdict(target_cfg), "draft": asdict(config.draft)}, default=str)
+        actors = {"colocated": start_json("colocated", 0, both, rc.target_gpus, rc.target_cpus + rc.draft_cpus)}
+    else:
+        actors = {"target": start("target", 0, target_cfg, rc.target_gpus, rc.target_cpus)}
+        if with_draft:
+            actors["draft"] = start("draft", 1, replace(config.draft, port=rc.draft_port), rc.draft_gpus,
+                                    rc.draft_cpus)
     echo("loading the models...")
     addresses = {kind: ray.get(a.address.remote(), timeout=rc.ready_timeout_s) for kind, a in actors.items()}
+    if colocated:
+        addresses["target"] = addresses["draft"] = addresses["colocated"]
     coordinator_cfg = replace(config.coordinator, target_address=addresses["target"],
                               draft_address=addresses.get("draft", ""),
                               tokenizer_dir=config.coordinator.tokenizer_dir or config.target.model_dir)
@@ -132,7 +146,7 @@ def placements(namespace: str) -> dict[str, dict]:
 def down(namespace: str) -> list[str]:
     """Stop and remove every service actor and the placement group; returns what was removed."""
     removed = []
-    for kind in ("coordinator", "draft", "target"):  # the coordinator first: no calls to stopped workers
+    for kind in ("coordinator", "draft", "target", "colocated"):  # the coordinator first: no calls to stopped workers
         try:
             actor = ray.get_actor(ACTOR_NAMES[kind], namespace=namespace)
         except ValueError:

@@ -1,0 +1,174 @@
+"""The draft in the target's process (target_service/colocated.py, coordinator/remote_pair.py):
+real gRPC servers on real ports, the coordinator's scheduler over remote proxies. A speculative
+step must be one Speculate call, the next step's proposal chained behind it where the draft's
+loop runs it, and the text must be the in-process engine's token for token, greedy and sampled.
+The draft's self-feeding loop runs eagerly here (its CUDA graphs capture the same functions)."""
+
+import dataclasses
+
+import grpc
+import pytest
+import torch
+
+from bass.coordinator.remote import RemoteDraftWorker, RemoteTargetWorker
+from bass.coordinator.requests import GenerationRequest
+from bass.coordinator.scheduler import Scheduler
+from bass.coordinator.tokenizer import load_codec
+from bass.errors import PreconditionError
+from bass.target_service import colocated
+from bass.target_service.colocated import serve_workers
+from bass.v1 import worker_pb2 as pb
+from bass.v1 import worker_pb2_grpc
+from conftest import build_gpu_scheduler, build_scheduler
+from test_chained_drafts import texts, with_eager_loop
+from test_device_drafts import REQUESTS
+
+
+class Recorder:
+    """Speculation.run, counting calls and those that verified a chained proposal."""
+
+    def __init__(self, monkeypatch):
+        self.calls, self.used_chain, self.chained = 0, 0, 0
+        original = colocated.Speculation.run
+
+        def run(speculation, request):
+            response = original(speculation, request)
+            self.calls += 1
+            self.used_chain += request.propose is None
+            self.chained += response.chained
+            return response
+
+        monkeypatch.setattr(colocated.Speculation, "run", run)
+
+
+def colocated_scheduler(target, draft, policy, *, loop=True, gpu=False, **kw):
+    """A scheduler over gRPC proxies of workers served from one server (this process), as the
+    coordinator drives `bass serve`'s default; returns (scheduler, server). gpu: fp32 workers on
+    the GPU with their CUDA graphs (the draft's loop captured)."""
+    workers = build_gpu_scheduler(target, draft, policy) if gpu else build_scheduler(target, draft, policy, **kw)
+    if loop and not gpu:
+        with_eager_loop(workers)
+    server = serve_workers(workers.target, workers.draft)
+    d = RemoteDraftWorker(server.address)
+    t = RemoteTargetWorker(server.address, draft=d)
+    scheduler = Scheduler(t, d, load_codec(target), workers.config)
+    return scheduler, server
+
+
+@pytest.mark.parametrize("policy", ["3", "auto"])
+def test_one_call_a_step_gives_the_in_process_text(llama_target, llama_draft, policy, monkeypatch):
+    want = texts(with_eager_loop(build_scheduler(llama_target, llama_draft, policy)).generate(REQUESTS))
+    calls = Recorder(monkeypatch)
+    scheduler, server = colocated_scheduler(llama_target, llama_draft, policy)
+    try:
+        assert scheduler.target.verifies_device_drafts, "the proxies found one process behind both"
+        got = scheduler.generate(REQUESTS)
+    finally:
+        server.stop(0)
+    assert texts(got) == want
+    assert calls.calls >= 5 and calls.chained >= 3 and calls.used_chain >= 3, vars(calls)
+    assert sum(r.stats.accepted_tokens for r in got) > 0 and sum(r.stats.rejections for r in got) > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("policy", ["3", "auto"])
+def test_through_cuda_graphs_one_call_a_step_gives_the_in_process_text(llama_target, llama_draft, policy,
+                                                                     monkeypatch):
+    want = texts(build_gpu_scheduler(llama_target, llama_draft, policy).generate(REQUESTS))
+    calls = Recorder(monkeypatch)
+    scheduler, server = colocated_scheduler(llama_target, llama_draft, policy, gpu=True)
+    try:
+        got = texts(scheduler.generate(REQUESTS))
+    finally:
+        server.stop(0)
+    assert got == want
+    assert calls.chained >= 3 and calls.used_chain >= 3, vars(calls)
+
+
+def test_without_the_draft_loop_steps_are_not_chained(llama_target, llama_draft, monkeypatch):
+    """On a CPU worker the draft has no self-feeding loop: the worker declines every chain
+    (SpeculateResponse.chained false) and each step sends its proposal; same text."""
+    want = texts(build_scheduler(llama_target, llama_draft, "3").generate(REQUESTS))
+    calls = Recorder(monkeypatch)
+    scheduler, server = colocated_scheduler(llama_target, llama_draft, "3", loop=False)
+    try:
+        got = texts(scheduler.generate(REQUESTS))
+    finally:
+        server.stop(0)
+    assert got == want
+    assert calls.calls >= 5 and calls.chained == 0 and calls.used_chain == 0
+
+
+def test_separate_processes_are_not_paired(llama_target, llama_draft):
+    """A draft and a target served apart report different instance ids: two calls a step."""
+    from bass.config import WorkerServiceConfig
+    from bass.draft_service import server as draft_server
+    from bass.target_service import server as target_server
+
+    target = target_server.serve(WorkerServiceConfig(model_dir=llama_target, num_slots=4, max_seq_len=128))
+    draft = draft_server.serve(WorkerServiceConfig(model_dir=llama_draft, num_slots=4, max_seq_len=128))
+    try:
+        d = RemoteDraftWorker(draft.address)
+        t = RemoteTargetWorker(target.address, draft=d)
+        assert t.info().instance_id and d.info().instance_id
+        assert t.info().instance_id != d.info().instance_id
+        assert not t.verifies_device_drafts
+    finally:
+        target.stop(0)
+        draft.stop(0)
+
+
+def test_a_draft_call_of_its_own_drops_the_chained_proposal(llama_target, llama_draft):
+    """A chained proposal was queued on the draft's state as the last Speculate left it: after
+    any other draft call, verifying it is refused (FAILED_PRECONDITION), not silently wrong."""
+    scheduler, server = colocated_scheduler(llama_target, llama_draft, "3")
+    try:
+        request = dataclasses.replace(REQUESTS[0], max_new_tokens=40)
+        run = scheduler.submit(request)
+        for _ in range(4):
+            scheduler.step()
+        assert scheduler._chain is not None, "a proposal is chained for the next step"
+        seq_ids = [s.seq_id for s in run.sequences]
+        scheduler.draft.release([])  # a call of the draft's own, through its service
+        channel = grpc.insecure_channel(server.address)
+        stub = worker_pb2_grpc.TargetWorkerStub(channel)
+        sampling = pb.SamplingColumns(temperature=[0.0] * 2, top_k=[0] * 2, top_p=[1.0] * 2, seed_key=[1, 2])
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Speculate(pb.SpeculateRequest(use_chained=True, verify=pb.VerifyRequest(
+                seq_ids=seq_ids, draft_counts=[0, 0], sampling=sampling)))
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "chained" in e.value.details()
+        channel.close()
+    finally:
+        server.stop(0)
+
+
+@pytest.mark.parametrize("request_fields, field", [
+    (dict(use_chained=True, propose=pb.ProposeRequest()), "propose"),
+    (dict(verify=pb.VerifyRequest(seq_ids=[1], draft_counts=[1], draft_tokens=[5],
+                                  sampling=pb.SamplingColumns(temperature=[0], top_k=[0], top_p=[1], seed_key=[0])),
+          propose=pb.ProposeRequest()), "draft_tokens"),
+])
+def test_malformed_speculate_is_invalid_argument(llama_target, llama_draft, request_fields, field):
+    scheduler, server = colocated_scheduler(llama_target, llama_draft, "3", loop=False)
+    try:
+        stub = worker_pb2_grpc.TargetWorkerStub(grpc.insecure_channel(server.address))
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Speculate(pb.SpeculateRequest(**request_fields))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in e.value.details()
+    finally:
+        server.stop(0)
+
+
+def test_a_target_without_a_draft_refuses_speculate(llama_target):
+    from bass.config import WorkerServiceConfig
+    from bass.target_service import server as target_server
+
+    target = target_server.serve(WorkerServiceConfig(model_dir=llama_target, num_slots=4, max_seq_len=128))
+    try:
+        t = RemoteTargetWorker(target.address)
+        with pytest.raises(PreconditionError, match="no draft in its process"):
+            t.start_speculate(pb.SpeculateRequest(propose=pb.ProposeRequest(), verify=pb.VerifyRequest())).result()
+    finally:
+        target.stop(0)
