@@ -309,7 +309,7 @@ class Scheduler:
         # prefill of new sequences, and no draft catching up on tokens it skipped (k = 0 steps).
         clean_verify, clean_draft = not self._target_add, not self._draft_add and self._drafted_last_step
         drafts: list[tuple[int, ...]] = [()] * len(batch)
-        draft_forwards, draft_s = 0, 0.0
+        draft_forwards, draft_s, draft_wait_s = 0, 0.0, 0.0
         proposal = None
         started = self.clock()
         if chain is not None:
@@ -346,12 +346,13 @@ class Scheduler:
                 else:  # verified from the device: its verdicts stand; the drafts' lengths are known
                     drafts = [(0,) * k for k in lengths]
             else:
-                # A chained proposal ran on the GPU while the host committed the last step: its
-                # cost is its GPU time, not the host's wait for it.
+                # The policy's draft cost. A chained proposal ran on the GPU while the host
+                # committed the last step: its cost is its GPU time, not the host's wait for it.
                 # A co-located remote draft answers with the verification (one call): its own
                 # time is what the worker measured (`draft_s`), not the wait for the call.
+                draft_wait_s = self.clock() - started
                 draft_s = (chain.gpu_s if chain is not None
-                           else getattr(proposal, "draft_s", None) or self.clock() - started)
+                           else getattr(proposal, "draft_s", None) or draft_wait_s)
                 self.step_stats.draft_compute_s += response.compute_s
                 if chain is None:  # they went with the proposal (a chained one took none)
                     self._draft_add, self._draft_release = [], []
@@ -373,7 +374,7 @@ class Scheduler:
         self._drafted_last_step = draft_forwards > 0
         size, k = len(batch), max(lengths, default=0)
         finished += self._commit(batch, drafts, verified, draft_forwards, draft_s, verify_s,
-                                 timed=verify_s if clean_verify else None)
+                                 timed=verify_s if clean_verify else None, draft_wait_s=draft_wait_s)
         if next_chain is not None and getattr(next_chain, "queued", True):  # a remote worker may decline
             for seq in batch:  # the draft has them from the verdicts (reconcile)
                 seq.unsent_to_draft.clear()
@@ -475,10 +476,12 @@ class Scheduler:
         return finished
 
     def _commit(self, batch: list[SequenceRun], drafts: list[tuple[int, ...]], verified: VerifyResponse,
-                draft_forwards: int, draft_s: float, verify_s: float, timed: float | None = None) -> list[RequestRun]:
+                draft_forwards: int, draft_s: float, verify_s: float, timed: float | None = None,
+                draft_wait_s: float | None = None) -> list[RequestRun]:
         """Commit a step's verdicts; returns the requests it finished. Sequences that finished
         while the step ran (cancelled, out of time, or done in the step before a pipelined
-        one) are skipped."""
+        one) are skipped. draft_wait_s: how long the host waited for the drafts, where that is
+        not the policy's draft cost `draft_s` (the step statistics count the wait)."""
         live = [(seq, draft, verdict) for seq, draft, verdict in zip(batch, drafts, verified.verdicts)
                 if seq.finish_reason is None]
         if not live:  # a pipelined step whose every sequence finished in the step before
@@ -509,7 +512,7 @@ class Scheduler:
         st.accepted_tokens += sum(v.accepted for v in verdicts)
         st.draft_forwards += draft_forwards
         st.verify_tokens += sum(len(d) for d in drafts) + len(batch)
-        st.draft_s += draft_s
+        st.draft_s += draft_s if draft_wait_s is None else draft_wait_s
         st.verify_s += verify_s
         st.verify_compute_s += verified.compute_s
         if st.trace is not None:

@@ -15,7 +15,7 @@ class StepStats:
     draft_forwards: int = 0  # sequential draft forwards (the longest draft of each step, + tail)
     verify_tokens: int = 0  # tokens the target ran, counting one pending token per sequence
     step_s: float = 0.0  # whole steps, as the coordinator sees them
-    draft_s: float = 0.0  # Propose calls, transport included
+    draft_s: float = 0.0  # the host's wait for the drafts: Propose calls, transport included (co-located: the Speculate call)
     draft_compute_s: float = 0.0  # inside the draft worker
     verify_s: float = 0.0  # Verify calls, transport included
     verify_compute_s: float = 0.0  # inside the target worker

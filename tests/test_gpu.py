@@ -109,6 +109,7 @@ def test_warm_up_captures_every_serving_shape(llama_target, llama_draft):
     (a capture mid-serving would be a slow step), and graphs hold hidden states, not logits."""
     from bass.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
     from bass.coordinator.scheduler import Scheduler
+    from bass.draft_service.worker import CATCH_UP_TOKENS
     from bass.engine.graphs import BATCH_BUCKETS
     from bass.local import build_local_scheduler
 
@@ -117,7 +118,8 @@ def test_warm_up_captures_every_serving_shape(llama_target, llama_draft):
     target, draft = s.target.runner.graphs, s.draft.runner.graphs
     buckets = [b for b in BATCH_BUCKETS if b <= 8]
     assert set(target.graphs) == {(b, k + 1, k + 1) for b in buckets for k in range(5)}
-    assert set(draft.graphs) == {(b, q, 1) for b in buckets for q in (1, 2, 3)}
+    # One token, a proposal's first forward (two or three), and the catch-up after regular steps.
+    assert set(draft.graphs) == {(b, q, 1) for b in buckets for q in (1, 2, 3) + CATCH_UP_TOKENS}
     loop = s.draft.loop  # the self-feeding proposal graphs
     assert set(loop.first) == {(b, q0, m) for b in buckets for q0 in (2, 3) for m in ("greedy", "sampled")}
     assert set(loop.next) == {(b, m) for b in buckets for m in ("greedy", "sampled")}
