@@ -4,7 +4,8 @@
 # target's process (`bass serve`'s default: one Speculate call a step), and with the draft in a
 # process of its own (two calls a step). Usage:
 #   colocated.sh MODE BATCHES POLICIES   (e.g. greedy 1,8,64 0,3,auto)
-# WAYS picks and orders the runs (default "inproc colocated separate"); LIMIT_S bounds each.
+# WAYS picks and orders the runs (default "inproc colocated separate"); LIMIT_S bounds each; TAG
+# names the files (e.g. -mps).
 set -uo pipefail
 mode=$1 batches=$2 policies=$3; shift 3
 cd /tmp
@@ -20,9 +21,9 @@ for way in ${WAYS:-inproc colocated separate}; do
   BASS_COMMIT=${BASS_COMMIT:-} timeout ${LIMIT_S:-200} python3 -m bass.cli bench speed --target $T --draft $D \
     --device cuda --dtype bfloat16 --max-seq-len 1024 --max-new-tokens 128 --problems 0:16 --peak-tflops 989 \
     --batches $batches --policies $policies --mode $mode "${flags[@]}" "$@" \
-    --out $OUT/speed-$mode-$way.json > /dev/null 2> $OUT/speed-$mode-$way.log
+    --out $OUT/speed-$mode${TAG:-}-$way.json > /dev/null 2> $OUT/speed-$mode${TAG:-}-$way.log
 done
-python3 - "$OUT" "$mode" ${WAYS:-inproc colocated separate} <<'PY'
+python3 - "$OUT" "$mode${TAG:-}" ${WAYS:-inproc colocated separate} <<'PY'
 import json, os, sys
 out, mode, *ways = sys.argv[1:]
 rows = {}
