@@ -551,6 +551,9 @@ class Scheduler:
         self.slot_capacity = min(self.target_info.num_slots, info.num_slots)
         self.max_seq_len = min(self.target_info.max_seq_len, info.max_seq_len)
         self.draft_up = True
+        # Whether draft and target share a device is known once both answered Info: a remote
+        # pair that restarted together is one again only once the draft has reconnected.
+        self._fed_verify = self._chains = bool(getattr(self.target, "verifies_device_drafts", False))
 
     def _draft_failed(self, exc: Exception) -> None:
         log.warning("draft failed (%s); continuing with regular decoding", exc)

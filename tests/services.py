@@ -8,6 +8,7 @@ from pathlib import Path
 from bass.config import CoordinatorConfig, DraftLengthConfig, SchedulerConfig, WorkerServiceConfig
 from bass.coordinator import server as coordinator_server
 from bass.draft_service import server as draft_server
+from bass.target_service import colocated
 from bass.target_service import server as target_server
 
 
@@ -24,26 +25,35 @@ class Services:
         return self.coordinator.address
 
     def restart_target(self):
-        self.target = target_server.serve(replace(self.target_config, port=self.target.port))
+        """Co-located (`draft` is `target`), the draft comes back with it."""
+        config = replace(self.target_config, port=self.target.port)
+        if self.draft is self.target:
+            self.target = self.draft = colocated.serve(config, self.draft_config)
+        else:
+            self.target = target_server.serve(config)
 
     def restart_draft(self):
         self.draft = draft_server.serve(replace(self.draft_config, port=self.draft.port))
 
     def stop(self):
         self.coordinator.stop(grace_s=1)
-        for s in (self.draft, self.target):
+        for s in {id(self.draft): self.draft, id(self.target): self.target}.values():
             s.stop(grace_s=0)
 
 
 def start_services(target_dir: Path, draft_dir: Path, *, policy: str = "bass", num_slots: int = 16,
                    max_batch_size: int = 16, max_waiting: int = 64, max_seq_len: int = 1024,
-                   metrics_port: int | None = None, **coordinator) -> Services:
-    """`coordinator`: more CoordinatorConfig fields (e.g. reconnect_interval_s, max_request_bytes)."""
+                   metrics_port: int | None = None, colocate: bool = False, **coordinator) -> Services:
+    """`coordinator`: more CoordinatorConfig fields (e.g. reconnect_interval_s, max_request_bytes).
+    colocate: one server for both models (`bass serve`'s default), else one each."""
     common = dict(num_slots=num_slots, max_seq_len=max_seq_len)
     target_cfg = WorkerServiceConfig(model_dir=target_dir, **common)
     draft_cfg = WorkerServiceConfig(model_dir=draft_dir, **common)
-    target = target_server.serve(target_cfg)
-    draft = draft_server.serve(draft_cfg)
+    if colocate:
+        target = draft = colocated.serve(target_cfg, draft_cfg)
+    else:
+        target = target_server.serve(target_cfg)
+        draft = draft_server.serve(draft_cfg)
     coordinator = coordinator_server.serve(CoordinatorConfig(
         target_address=target.address, draft_address=draft.address, tokenizer_dir=target_dir, port=0,
         max_waiting=max_waiting, metrics_port=metrics_port,
