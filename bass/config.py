@@ -294,10 +294,12 @@ PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 class RayConfig:
     """`bass up`: where Ray places the three services ([ray] section).
 
-    Each service is one actor in a bundle of one placement group. target_gpus = draft_gpus = 0.5
-    with PACK puts both models on one GPU; 1 and 1 on two GPUs of a node (PACK) or of
-    different nodes (SPREAD / STRICT_SPREAD). Actors restart on failure (max_restarts, -1 =
-    always) on a fixed port each, so the coordinator reconnects to the same address.
+    With ServeConfig.colocate (the default) one actor holds both models on target_gpus (with
+    target_cpus + draft_cpus), beside the coordinator's. Otherwise each service is one actor in
+    a bundle of one placement group: target_gpus = draft_gpus = 0.5 with PACK puts both models
+    on one GPU; 1 and 1 on two GPUs of a node (PACK) or of different nodes (SPREAD /
+    STRICT_SPREAD). Actors restart on failure (max_restarts, -1 = always) on a fixed port each,
+    so the coordinator reconnects to the same address.
     """
 
     __pydantic_config__ = {"extra": "forbid"}  # config files: unknown keys are errors

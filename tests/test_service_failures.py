@@ -87,6 +87,17 @@ def test_target_death_fails_fast_then_recovers(services, expected):
         assert list(first_answer_after_restart(client).sequences[0].token_ids) == expected
 
 
+def stop_target_mid_stream(services, client) -> None:
+    """Stop the target while a stream runs: the stream fails UNAVAILABLE, promptly."""
+    stream = client.stream_raw(PROMPT, n=2, max_new_tokens=400, ignore_eos=True)
+    next(stream)
+    t0 = time.monotonic()
+    services.target.stop(grace_s=0)
+    with pytest.raises(grpc.RpcError) as info:
+        list(stream)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() - t0 < 10
+
+
 def test_target_death_with_a_call_in_flight_fails_the_stream_then_recovers(llama_target, llama_draft, expected):
     """Regular decoding keeps a Verify in flight (Scheduler._pipelined_step): the target dying
     mid-stream fails that stream UNAVAILABLE, promptly, and the next request after the restart
@@ -94,16 +105,35 @@ def test_target_death_with_a_call_in_flight_fails_the_stream_then_recovers(llama
     s = start_services(llama_target, llama_draft, policy="0")
     try:
         with BassClient(s.address, timeout_s=30) as client:
-            stream = client.stream_raw(PROMPT, n=2, max_new_tokens=400, ignore_eos=True)
-            next(stream)
-            t0 = time.monotonic()
-            s.target.stop(grace_s=0)
-            with pytest.raises(grpc.RpcError) as info:
-                list(stream)
-            assert info.value.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() - t0 < 10
+            stop_target_mid_stream(s, client)
             s.restart_target()
             r = first_answer_after_restart(client)
             assert list(r.sequences[0].token_ids) == expected and r.stats.draft_tokens == 0
+    finally:
+        s.stop()
+
+
+def test_a_colocated_pair_dying_fails_fast_then_recovers_with_speculation(llama_target, llama_draft, expected):
+    """The draft in the target's process (`bass serve`'s default): the two go down and come back
+    together. A stream in flight fails UNAVAILABLE promptly; after the restart the coordinator
+    (never restarted) answers exactly, and speculates again, paired, once the draft reconnects."""
+    s = start_services(llama_target, llama_draft, policy="3", colocate=True)
+    try:
+        with BassClient(s.address, timeout_s=30) as client:
+            r = client.generate(PROMPT, max_new_tokens=40, ignore_eos=True)
+            assert list(r.sequences[0].token_ids) == expected and r.stats.draft_tokens > 0
+            stop_target_mid_stream(s, client)
+            s.restart_target()
+            deadline = time.monotonic() + 30
+            while True:  # regular decoding until the draft's probe finds it again
+                r = first_answer_after_restart(client)
+                assert list(r.sequences[0].token_ids) == expected
+                if r.stats.draft_tokens > 0:
+                    break
+                assert time.monotonic() < deadline, "speculation should resume with the restarted pair"
+                time.sleep(0.2)
+            scheduler = s.coordinator.engine.scheduler
+            assert scheduler.target.verifies_device_drafts and scheduler._fed_verify, "paired again"
     finally:
         s.stop()
 
