@@ -45,16 +45,20 @@ class Speculation:
     def run(self, request: SpeculateRequest) -> SpeculateResponse:
         chain, self._chain = self._chain, None
         seq_ids = [item.seq_id for item in request.verify.items]
+        # Everything is checked before any work is queued: a refused call leaves no trace.
+        for name, part in (("propose", request.propose), ("chain", request.chain)):
+            if part is not None and [item.seq_id for item in part.items] != seq_ids:
+                raise InvalidRequestError(f"{name}.seq_ids", "must be the verified sequences, in the same order")
+        if request.propose is not None:
+            lengths = {item.num_tokens for item in request.propose.items}
+            if len(lengths) != 1 or min(lengths) < 1:
+                raise InvalidRequestError("propose.num_tokens", "every sequence drafts the same number (>= 1) of tokens")
         if request.propose is None:
             if chain is None or not set(seq_ids) <= set(chain.seq_ids):
                 raise PreconditionError("use_chained: no proposal was chained for these sequences by the last call")
             proposal = chain.select(seq_ids)
         else:
-            if [item.seq_id for item in request.propose.items] != seq_ids:
-                raise InvalidRequestError("propose.seq_ids", "must be the verified sequences, in the same order")
             proposal = self.draft.start_propose(request.propose)
-        if proposal.on_device is None:
-            raise InvalidRequestError("propose.num_tokens", "every sequence drafts the same number (>= 1) of tokens")
         pending = self.target.start_verify(request.verify, drafts=proposal.on_device)
         next_chain = None
         if request.chain is not None and pending.verdicts_on_device is not None:
@@ -73,8 +77,6 @@ class Speculation:
         items = request.chain.items
         k = items[0].num_tokens if items else 0
         sampled = not all(item.sampling.params.greedy for item in items)
-        if [item.seq_id for item in items] != [item.seq_id for item in request.verify.items]:
-            raise InvalidRequestError("chain.seq_ids", "must be the verified sequences, in the same order")
         if not self.draft.chains(len(items), k, verified_k, sampled):
             return None
         try:

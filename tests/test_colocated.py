@@ -144,13 +144,29 @@ def test_a_draft_call_of_its_own_drops_the_chained_proposal(llama_target, llama_
         server.stop(0)
 
 
+def _columns(n):
+    return pb.SamplingColumns(temperature=[0] * n, top_k=[0] * n, top_p=[1] * n, seed_key=list(range(n)))
+
+
+def _verify(*seq_ids):
+    return pb.VerifyRequest(seq_ids=seq_ids, draft_counts=[0] * len(seq_ids), sampling=_columns(len(seq_ids)))
+
+
+def _propose(seq_ids, num_tokens):
+    return pb.ProposeRequest(seq_ids=seq_ids, num_tokens=num_tokens, committed_counts=[0] * len(seq_ids),
+                             sampling=_columns(len(seq_ids)))
+
+
 @pytest.mark.parametrize("request_fields, field", [
     (dict(use_chained=True, propose=pb.ProposeRequest()), "propose"),
-    (dict(verify=pb.VerifyRequest(seq_ids=[1], draft_counts=[1], draft_tokens=[5],
-                                  sampling=pb.SamplingColumns(temperature=[0], top_k=[0], top_p=[1], seed_key=[0])),
+    (dict(verify=pb.VerifyRequest(seq_ids=[1], draft_counts=[1], draft_tokens=[5], sampling=_columns(1)),
           propose=pb.ProposeRequest()), "draft_tokens"),
+    (dict(verify=_verify(1, 2), propose=_propose([1, 2], [3, 2])), "propose.num_tokens"),
+    (dict(verify=_verify(1, 2), propose=_propose([2, 1], [3, 3])), "propose.seq_ids"),
+    (dict(verify=_verify(1, 2), propose=_propose([1, 2], [3, 3]), chain=_propose([1], [3])), "chain.seq_ids"),
 ])
 def test_malformed_speculate_is_invalid_argument(llama_target, llama_draft, request_fields, field):
+    """Refused before any work is queued (the sequences named need not even exist)."""
     scheduler, server = colocated_scheduler(llama_target, llama_draft, "3", loop=False)
     try:
         stub = worker_pb2_grpc.TargetWorkerStub(grpc.insecure_channel(server.address))
