@@ -554,6 +554,8 @@ class Scheduler:
         # Whether draft and target share a device is known once both answered Info: a remote
         # pair that restarted together is one again only once the draft has reconnected.
         self._fed_verify = self._chains = bool(getattr(self.target, "verifies_device_drafts", False))
+        log.info("draft ready: %s%s", info.model_name,
+                 " (shares the target's device: a speculative step is one call)" if self._fed_verify else "")
 
     def _draft_failed(self, exc: Exception) -> None:
         log.warning("draft failed (%s); continuing with regular decoding", exc)
