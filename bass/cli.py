@@ -435,30 +435,43 @@ def _serve_worker(kind: str, cfg: WorkerServiceConfig) -> None:
 @worker_options
 @click.option("--batch-invariant", is_flag=True, default=None,
               help="Compute each row the same way whatever the batch (tokens do not move with load; slower).")
+@click.option("--draft", "draft_dir", type=click.Path(exists=True, file_okay=False),
+              help="Also serve this draft model, from this process and device (bass.v1.DraftWorker on the "
+                   "same port): a speculative step is then one call. With --config, its [draft] section.")
+@click.option("--draft-top-n", type=int, help="With --draft: the draft's top-k / top-p window [64].")
+@click.option("--draft-config-json", hidden=True)
 @click.pass_context
-def target_service(ctx, **_) -> None:
-    """Serve the target model (bass.v1.TargetWorker)."""
-    _serve_worker("target", _worker_config(ctx, "target", ["batch_invariant"]))
-
-
-@main.command("colocated-service", hidden=True)
-@click.option("--target-config-json", required=True)
-@click.option("--draft-config-json", required=True)
-def colocated_service(target_config_json, draft_config_json) -> None:
-    """Serve the target and the draft models from one process, on one device (`bass serve`)."""
-    from pydantic import TypeAdapter
-
+def target_service(ctx, draft_dir, draft_top_n, draft_config_json, **_) -> None:
+    """Serve the target model (bass.v1.TargetWorker), and with --draft the draft model too."""
+    target = _worker_config(ctx, "target", ["batch_invariant"])
+    if draft_dir is None and draft_config_json is None:
+        _serve_worker("target", target)
+        return
     from bass.launcher import ready_line
     from bass.target_service.colocated import serve
 
-    adapter = TypeAdapter(WorkerServiceConfig)
-    target = adapter.validate_json(target_config_json)
     try:
-        server = serve(target, adapter.validate_json(draft_config_json))
+        server = serve(target, _colocated_draft_config(ctx, target, draft_dir, draft_top_n, draft_config_json))
     except (BassError, FileNotFoundError, ValueError) as e:
         _fail(e)
-    click.echo(ready_line("colocated", f"{target.host}:{server.port}"))
+    click.echo(ready_line("target", f"{target.host}:{server.port}"))
     server.wait_for_signal()
+
+
+def _colocated_draft_config(ctx, target: WorkerServiceConfig, draft_dir: str | None, draft_top_n: int | None,
+                            draft_config_json: str | None) -> WorkerServiceConfig:
+    """The draft's config for `target-service --draft`: its [draft] section (or what `bass serve`
+    passed), else the target's cache sizes; always the target's device and dtype."""
+    try:
+        if draft_config_json or ctx.params["config_file"]:
+            base = _load(ctx.params["config_file"], draft_config_json, WorkerServiceConfig, "draft")
+        else:
+            base = WorkerServiceConfig(num_slots=target.num_slots, max_seq_len=target.max_seq_len,
+                                       attention=target.attention)
+        return replace(base, model_dir=draft_dir or base.model_dir, device=target.device, dtype=target.dtype,
+                       draft_top_n=draft_top_n or base.draft_top_n)
+    except BassError as e:
+        _fail(e)
 
 
 @main.command("draft-service")

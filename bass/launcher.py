@@ -105,8 +105,8 @@ def start_workers(config: ServeConfig, started: list[ServiceProcess]) -> tuple[s
     (target address, draft address; "" for none). With `colocate`, one process serves both."""
     with_draft = config.draft is not None and config.draft.model_dir is not None
     if with_draft and config.colocate:
-        both = ServiceProcess("colocated", ["colocated-service", "--target-config-json", _jsonable(config.target),
-                                            "--draft-config-json", _jsonable(config.draft)])
+        both = ServiceProcess("target", ["target-service", "--config-json", _jsonable(config.target),
+                                         "--draft-config-json", _jsonable(config.draft)])
         started.append(both)
         address = both.wait_ready()
         return address, address

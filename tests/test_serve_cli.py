@@ -87,3 +87,32 @@ def test_serve_reports_a_missing_model(tmp_path):
     out = subprocess.run(bass_cmd("serve", "--target", tmp_path, "--draft", "none", "--device", "cpu"),
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "no target model" in out.stderr
+
+
+def test_target_service_with_a_draft_serves_both_from_one_process(llama_target, llama_draft):
+    """`bass target-service --draft DIR` (what `bass serve` starts by default): both worker
+    services on one port, one instance id, the draft on the target's device; SIGTERM stops it."""
+    from bass.coordinator.remote import RemoteDraftWorker, RemoteTargetWorker
+
+    proc = subprocess.Popen(bass_cmd("target-service", "--model", llama_target, "--draft", llama_draft,
+                                     "--device", "cpu", "--num-slots", 4, "--max-seq-len", 128, "--port", 0),
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        line = json.loads(proc.stdout.readline())
+        assert line["service"] == "target"
+        d = RemoteDraftWorker(line["address"])
+        t = RemoteTargetWorker(line["address"], draft=d)
+        target_info, draft_info = t.info(), d.info()
+        assert target_info.instance_id == draft_info.instance_id and t.verifies_device_drafts
+        assert draft_info.device == target_info.device == "cpu" and draft_info.num_slots == 4
+        t.close()
+        d.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+
+
+def test_target_service_reports_a_draft_directory_without_a_model(llama_target, tmp_path):
+    out = subprocess.run(bass_cmd("target-service", "--model", llama_target, "--draft", tmp_path, "--device", "cpu"),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and str(tmp_path) in out.stderr, out.stderr[-2000:]
