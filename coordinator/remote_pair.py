@@ -62,6 +62,8 @@ class PairStep:
         self._error: Exception | None = None
 
     def chain(self, request: ProposeRequest, verified_k: int) -> "PairChain":
+        """The next step's proposal behind this one's verification (verified_k: the worker knows
+        it from the proposal; DraftWorker.start_chained's signature)."""
         if self._call is not None:
             raise ValueError("the step was sent: its next proposal can no longer be chained behind it")
         self._chain = request
@@ -90,7 +92,7 @@ class PairPendingVerify:
     """The verification of a PairStep (PendingVerify's face). `verdicts_on_device` is the step
     itself: what the draft's start_chained chains the next proposal on."""
 
-    revised: list[int] = []  # the worker reconciled the chained proposal with the verdicts itself
+    revised: tuple[int, ...] = ()  # the worker reconciled the chained proposal with the verdicts itself
 
     def __init__(self, step: PairStep):
         self.verdicts_on_device = step
