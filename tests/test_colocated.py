@@ -41,7 +41,7 @@ class Recorder:
         monkeypatch.setattr(colocated.Speculation, "run", run)
 
 
-def colocated_scheduler(target, draft, policy, *, loop=True, gpu=False, **kw):
+def colocated_scheduler(target, draft, policy, *, loop=True, gpu=False, transport="session", **kw):
     """A scheduler over gRPC proxies of workers served from one server (this process), as the
     coordinator drives `bass serve`'s default; returns (scheduler, server). gpu: fp32 workers on
     the GPU with their CUDA graphs (the draft's loop captured)."""
@@ -49,17 +49,18 @@ def colocated_scheduler(target, draft, policy, *, loop=True, gpu=False, **kw):
     if loop and not gpu:
         with_eager_loop(workers)
     server = serve_workers(workers.target, workers.draft)
-    d = RemoteDraftWorker(server.address)
-    t = RemoteTargetWorker(server.address, draft=d)
+    d = RemoteDraftWorker(server.address, transport=transport)
+    t = RemoteTargetWorker(server.address, transport=transport, draft=d)
     scheduler = Scheduler(t, d, load_codec(target), workers.config)
     return scheduler, server
 
 
-@pytest.mark.parametrize("policy", ["3", "auto"])
-def test_one_call_a_step_gives_the_in_process_text(llama_target, llama_draft, policy, monkeypatch):
+@pytest.mark.parametrize("policy, transport", [("3", "session"), ("auto", "session"), ("3", "unary")])
+def test_one_call_a_step_gives_the_in_process_text(llama_target, llama_draft, policy, transport, monkeypatch):
+    """Over the session stream (the default) and as unary Speculate RPCs."""
     want = texts(with_eager_loop(build_scheduler(llama_target, llama_draft, policy)).generate(REQUESTS))
     calls = Recorder(monkeypatch)
-    scheduler, server = colocated_scheduler(llama_target, llama_draft, policy)
+    scheduler, server = colocated_scheduler(llama_target, llama_draft, policy, transport=transport)
     try:
         assert scheduler.target.verifies_device_drafts, "the proxies found one process behind both"
         got = scheduler.generate(REQUESTS)
