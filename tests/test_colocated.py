@@ -25,11 +25,12 @@ from test_device_drafts import REQUESTS
 
 
 class Recorder:
-    """Speculation.run, counting calls and those that verified a chained proposal."""
+    """Speculation.run, counting calls and those that verified a chained proposal, and the
+    draft service's own proposals (Propose calls: the two-call path)."""
 
     def __init__(self, monkeypatch):
-        self.calls, self.used_chain, self.chained = 0, 0, 0
-        original = colocated.Speculation.run
+        self.calls, self.used_chain, self.chained, self.proposes = 0, 0, 0, 0
+        original, original_propose = colocated.Speculation.run, colocated.ColocatedDraft.propose
 
         def run(speculation, request):
             response = original(speculation, request)
@@ -38,7 +39,12 @@ class Recorder:
             self.chained += response.chained
             return response
 
+        def propose(draft, request):
+            self.proposes += 1
+            return original_propose(draft, request)
+
         monkeypatch.setattr(colocated.Speculation, "run", run)
+        monkeypatch.setattr(colocated.ColocatedDraft, "propose", propose)
 
 
 def colocated_scheduler(target, draft, policy, *, loop=True, gpu=False, transport="session", **kw):
@@ -68,6 +74,8 @@ def test_one_call_a_step_gives_the_in_process_text(llama_target, llama_draft, po
         server.stop(0)
     assert texts(got) == want
     assert calls.calls >= 5 and calls.chained >= 3 and calls.used_chain >= 3, vars(calls)
+    if policy == "3":  # one length for every sequence: every speculative step is one call
+        assert calls.proposes == 0, vars(calls)
     assert sum(r.stats.accepted_tokens for r in got) > 0 and sum(r.stats.rejections for r in got) > 0
 
 
