@@ -21,7 +21,9 @@ real thing. Phases, each with its checks:
   sigterm    SIGTERM under load: NOT_SERVING at once, only OK (exact) or UNAVAILABLE answers, exit
              code 0 within shutdown_grace_s + 1 s
 
-Usage:  .venv/bin/python bench/soak.py [--load-s 40] [--out bench/results/DATE-cpu-soak-COMMIT.json]
+Usage:  .venv/bin/python bench/soak.py [--load-s 40] [--colocate] [--out bench/results/DATE-cpu-soak-COMMIT.json]
+(--colocate: one server for both models, as `bass serve` runs them; the draft phase is skipped
+and the target phase also checks that speculation resumes.)
 Exit status 1 if any check fails. `make soak` runs it with the defaults.
 """
 
@@ -54,6 +56,7 @@ from bass.bench.environment import describe  # noqa: E402
 from bass.client import build_request  # noqa: E402
 from bass.config import CoordinatorConfig, DraftLengthConfig, SchedulerConfig, WorkerServiceConfig  # noqa: E402
 from bass.draft_service import server as draft_server  # noqa: E402
+from bass.target_service import colocated  # noqa: E402
 from bass.target_service import server as target_server  # noqa: E402
 from bass.v1 import generation_pb2 as pb  # noqa: E402
 from bass.v1 import generation_pb2_grpc  # noqa: E402
@@ -88,8 +91,11 @@ class Soak:
         common = dict(num_slots=32, max_seq_len=512)
         self.target_cfg = WorkerServiceConfig(model_dir=self.target_dir, **common)
         self.draft_cfg = WorkerServiceConfig(model_dir=self.draft_dir, **common)
-        self.target = target_server.serve(self.target_cfg)
-        self.draft = draft_server.serve(self.draft_cfg)
+        if self.args.colocate:
+            self.target = self.draft = colocated.serve(self.target_cfg, self.draft_cfg)
+        else:
+            self.target = target_server.serve(self.target_cfg)
+            self.draft = draft_server.serve(self.draft_cfg)
         self.config = CoordinatorConfig(
             target_address=self.target.address, draft_address=self.draft.address, tokenizer_dir=self.target_dir,
             port=0, metrics_port=0, max_waiting=self.args.max_waiting, shutdown_grace_s=self.args.grace_s,
@@ -111,7 +117,7 @@ class Soak:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        for s in (self.draft, self.target):
+        for s in {id(self.draft): self.draft, id(self.target): self.target}.values():
             s.stop(grace_s=0)
 
     def log_lines(self) -> list[str]:
@@ -278,11 +284,16 @@ class Soak:
                    f"{first_speculative:.2f} s after (interval {self.args.reconnect_s} s)")
 
     def phase_target(self) -> None:
-        print("target: killed under load, restarted", flush=True)
+        print("target: killed under load, restarted" + (" (the draft with it)" if self.args.colocate else ""),
+              flush=True)
         def restart():
             self.target.stop(grace_s=0)
             time.sleep(self.args.outage_s)
-            self.target = target_server.serve(replace(self.target_cfg, port=self.target.port))
+            config = replace(self.target_cfg, port=self.target.port)
+            if self.args.colocate:
+                self.target = self.draft = colocated.serve(config, self.draft_cfg)
+            else:
+                self.target = target_server.serve(config)
 
         results, gauge, killed, back = self.outage_under_load("bass_target_available", restart)
         outcomes = Counter(o for _, o, _, _ in results)
@@ -305,6 +316,12 @@ class Soak:
         self.check("target served again within reconnect_interval_s + 1 s", recovered <= self.args.reconnect_s + 1.0,
                    f"bass_target_available 1 again {recovered:.2f} s after it served, first answer {first_answer:.2f} s "
                    f"after (interval {self.args.reconnect_s} s)")
+        if self.args.colocate:  # the draft came back with it: speculation resumes
+            speculative = [r[0] for r in results if r[0] - r[2] > back and r[1] == "ok" and r[3] > 0]
+            resumed = (min(speculative) - back) if speculative else math.inf
+            self.figures["target_outage"]["first_speculative_answer_after_s"] = round(resumed, 2)
+            self.check("speculation resumes with the restarted pair", resumed < math.inf,
+                       f"first speculative answer {resumed:.2f} s after it served")
 
     def fuzz_cases(self, rng: random.Random) -> list[tuple[str, bytes, set]]:
         """(kind, serialized request, acceptable status names)."""
@@ -499,7 +516,9 @@ class Soak:
         started = time.monotonic()
         self.start()
         try:
-            for phase in (self.phase_reference, self.phase_load, self.phase_draft, self.phase_target,
+            # Co-located, the draft cannot die alone: its outage is the target's.
+            draft = () if self.args.colocate else (self.phase_draft,)
+            for phase in (self.phase_reference, self.phase_load, *draft, self.phase_target,
                           self.phase_fuzz, self.phase_burst, self.phase_metrics, self.phase_sigterm):
                 phase()
         finally:
@@ -528,6 +547,8 @@ def main() -> int:
     p.add_argument("--max-waiting", type=int, default=32)
     p.add_argument("--burst", type=int, default=300)
     p.add_argument("--fuzz", type=int, default=1200)
+    p.add_argument("--colocate", action="store_true",
+                   help="the draft in the target's process (bass serve's default); no draft-only outage")
     p.add_argument("--out", help="write the result JSON here")
     return Soak(p.parse_args()).run()
 
