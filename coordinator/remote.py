@@ -78,8 +78,12 @@ class _RemoteWorker:
             return InvalidRequestError(f"{self.address}", details or "")
         if code == grpc.StatusCode.FAILED_PRECONDITION:
             return PreconditionError(f"worker at {self.address}: {method}: {details}")
-        self._broken = True
+        self.mark_broken()
         return WorkerUnavailableError(f"worker at {self.address}: {method} failed with {code.name}: {details}")
+
+    def mark_broken(self) -> None:
+        """The worker failed: the next probe (info) starts on a fresh channel and stream."""
+        self._broken = True
 
     def info(self, timeout_s: float | None = None) -> WorkerInfo:
         """Also the reconnect probe: after a failure it opens a fresh channel first. A channel
@@ -164,6 +168,13 @@ class RemoteTargetWorker(_RemoteWorker):
     def verifies_device_drafts(self) -> bool:
         """Whether the draft shares this worker's process, by the Info both last gave."""
         return self.draft is not None and bool(self.instance_id) and self.draft.instance_id == self.instance_id
+
+    def mark_broken(self) -> None:
+        """A draft in this process failed with it: its stream is gone too, so its first probe
+        after the restart must not try the old one (that would cost a reconnect interval)."""
+        if self.verifies_device_drafts:
+            self.draft.mark_broken()
+        super().mark_broken()
 
     def verify(self, request: VerifyRequest) -> VerifyResponse:
         return PendingVerify(self._start("Verify", wire.verify_request_to_proto(request))).result()

@@ -124,14 +124,10 @@ def test_a_colocated_pair_dying_fails_fast_then_recovers_with_speculation(llama_
             assert list(r.sequences[0].token_ids) == expected and r.stats.draft_tokens > 0
             stop_target_mid_stream(s, client)
             s.restart_target()
-            deadline = time.monotonic() + 30
-            while True:  # regular decoding until the draft's probe finds it again
-                r = first_answer_after_restart(client)
-                assert list(r.sequences[0].token_ids) == expected
-                if r.stats.draft_tokens > 0:
-                    break
-                assert time.monotonic() < deadline, "speculation should resume with the restarted pair"
-                time.sleep(0.2)
+            # The draft is probed on a fresh stream as the target reconnects: the first answer
+            # after the restart already speculates.
+            r = first_answer_after_restart(client)
+            assert list(r.sequences[0].token_ids) == expected and r.stats.draft_tokens > 0
             scheduler = s.coordinator.engine.scheduler
             assert scheduler.target.verifies_device_drafts and scheduler._fed_verify, "paired again"
     finally:
