@@ -477,11 +477,11 @@ class Scheduler:
 
     def _commit(self, batch: list[SequenceRun], drafts: list[tuple[int, ...]], verified: VerifyResponse,
                 draft_forwards: int, draft_s: float, verify_s: float, timed: float | None = None,
-                draft_wait_s: float | None = None) -> list[RequestRun]:
+                draft_wait_s: float = 0.0) -> list[RequestRun]:
         """Commit a step's verdicts; returns the requests it finished. Sequences that finished
         while the step ran (cancelled, out of time, or done in the step before a pipelined
-        one) are skipped. draft_wait_s: how long the host waited for the drafts, where that is
-        not the policy's draft cost `draft_s` (the step statistics count the wait)."""
+        one) are skipped. draft_s: the policy's draft cost (traced); draft_wait_s: how long the
+        host waited for the drafts (what the step statistics count)."""
         live = [(seq, draft, verdict) for seq, draft, verdict in zip(batch, drafts, verified.verdicts)
                 if seq.finish_reason is None]
         if not live:  # a pipelined step whose every sequence finished in the step before
@@ -512,7 +512,7 @@ class Scheduler:
         st.accepted_tokens += sum(v.accepted for v in verdicts)
         st.draft_forwards += draft_forwards
         st.verify_tokens += sum(len(d) for d in drafts) + len(batch)
-        st.draft_s += draft_s if draft_wait_s is None else draft_wait_s
+        st.draft_s += draft_wait_s
         st.verify_s += verify_s
         st.verify_compute_s += verified.compute_s
         if st.trace is not None:
