@@ -77,3 +77,20 @@ def test_a_step_trace_records_every_step_when_asked(llama_target, llama_draft):
     assert all(seqs == 2 for _, seqs, *_ in stats.trace[:-1])
     times = [at for *_, at in stats.trace]
     assert times == sorted(times)
+
+
+def test_speed_bench_keeps_the_reported_rounds_step_trace_when_asked(llama_target, llama_draft, tmp_path):
+    out = tmp_path / "speed.json"
+    result = CliRunner().invoke(main, [
+        "bench", "speed", "--target", str(llama_target), "--draft", str(llama_draft), "--problems", "0:2",
+        "--batches", "2", "--policies", "0,2", "--max-new-tokens", "8", "--device", "cpu", "--trace",
+        "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    for row in json.loads(out.read_text())["results"]:
+        stats = row["step_stats"]
+        trace = stats["trace"]
+        assert len(trace) == stats["steps"]
+        assert sum(tokens for _, _, tokens, *_ in trace) == stats["committed_tokens"]
+        assert {str(k) for k, *_ in trace} == set(stats["steps_by_length"])
+        at = [entry[-1] for entry in trace]
+        assert at == sorted(at) and 0 < at[-1] <= 1000 * row["wall_s"] + 1  # wall_s is rounded to ms

@@ -72,8 +72,10 @@ def workers(target: RunnerConfig, draft: RunnerConfig, *, services: bool, draft_
 
 def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, batches: list[int], policies: list[str],
             mode: str, max_new_tokens: int, services: bool, draft_top_n: int = 64, peak_tflops: float | None = None,
-            repeats: int = 3, progress=None, colocate: bool = True) -> list[dict]:
-    """One row per (batch, policy): the run of median wall time out of `repeats` (walls of all runs kept)."""
+            repeats: int = 3, progress=None, colocate: bool = True, trace: bool = False) -> list[dict]:
+    """One row per (batch, policy): the run of median wall time out of `repeats` (walls of all runs kept).
+    trace: the row's step_stats keep that run's per-step trace (StepStats.trace), its clock
+    readings made relative to the run's start."""
     import torch
 
     codec = load_codec(target.model_dir)
@@ -101,10 +103,12 @@ def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, ba
                     torch.cuda.reset_peak_memory_stats()
                 runs = []
                 for round_ in range(1, repeats + 1):
-                    scheduler.step_stats = StepStats()  # count the measured run only
+                    scheduler.step_stats = StepStats(trace=[] if trace else None)  # count the measured run only
                     t0 = time.perf_counter()
                     results = run(max_new_tokens, round_)
                     runs.append((time.perf_counter() - t0, scheduler.step_stats, results))
+                    if trace:
+                        scheduler.step_stats.trace = [_traced(entry, t0) for entry in scheduler.step_stats.trace]
                 digests = [outputs_digest(r[2]) for r in runs]  # in round order, before the sort
                 runs.sort(key=lambda r: r[0])
                 wall, st, results = runs[len(runs) // 2]
@@ -133,3 +137,11 @@ def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, ba
                     progress(f"batch {batch} policy {policy}: {row['ms_per_token_per_sequence']} ms/token/seq, "
                              f"{row['tokens_per_sequence_step']} tokens/step")
     return rows
+
+
+def _traced(entry: tuple, t0: float) -> list:
+    """A StepStats.trace entry for the JSON: seconds as milliseconds, the commit's clock from
+    the run's start."""
+    k, sequences, tokens, draft_s, timed_s, at = entry
+    return [k, sequences, tokens, round(1000 * draft_s, 3), None if timed_s is None else round(1000 * timed_s, 3),
+            round(1000 * (at - t0), 3)]
