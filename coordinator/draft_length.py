@@ -242,10 +242,6 @@ def acceptance_for(tokens: float, k: int) -> float:
     return (lo + hi) / 2
 
 
-# Regular steps in a k = 0 probe while speculating: enough for one of them to be timed (see
-# Scheduler._pipelined_step: the first of a run starts on an idle GPU; the last two are
-# committed without a step sent behind them).
-REGULAR_PROBE_STEPS = 4
 # Sequence-steps of one draft length before its measured tokens per step are used for it.
 MIN_MEASURED_SEQUENCE_STEPS = 8
 # Sequence-steps drafted at the initial length before regular decoding may be chosen over it.
@@ -443,8 +439,8 @@ class MeasuredCost:
         if model is not None and model.ready and len(model.verify.get(0, ())) < MIN_TIMED_STEPS:
             # Measure regular decoding at this batch size before choosing: a line through
             # k >= 1 misjudges it (below), and the draft skips only a few tokens. Each timed
-            # regular step was sent behind another and committed behind the next
-            # (Scheduler._commit_answered), so this takes MIN_TIMED_STEPS + 3 steps.
+            # regular step has regular steps on both sides (Scheduler._commit_in_flight), so
+            # this takes MIN_TIMED_STEPS + 2 steps.
             self.last_k = 0
             return [0] * len(seq_ids)
         best = self.best_length(len(seq_ids), seq_ids)
@@ -471,10 +467,9 @@ class MeasuredCost:
                 # cheap: the draft skips one step, so it catches up on a single token.
                 phase = (self.steps // self.probe_every - 1) % 4
                 k = 0 if phase == 0 else max(1, k - 1) if phase == 2 else min(self.max_length, k + 1)
-                # A regular step is timed only when sent behind another and committed behind
-                # the next, two steps being in flight (Scheduler._commit_answered), so a k = 0
-                # probe is four regular steps, the second of which is timed.
-                self.regular_probe_left = REGULAR_PROBE_STEPS - 1 if k == 0 else 0
+                # A regular step is timed only between two others (Scheduler._commit_in_flight),
+                # so a k = 0 probe is three regular steps.
+                self.regular_probe_left = 2 if k == 0 else 0
             elif self.regular_probe_left:
                 self.regular_probe_left -= 1
                 k = 0

@@ -41,9 +41,6 @@ log = logging.getLogger(__name__)
 
 _MASK64 = (1 << 64) - 1
 
-# Regular steps kept in flight over a target that overlaps calls (Scheduler._pipelined_step).
-PIPELINE_DEPTH = 2
-
 
 def splitmix64(x: int) -> int:
     x = (x + 0x9E3779B97F4A7C15) & _MASK64
@@ -69,7 +66,6 @@ class SequenceRun:
     finish_reason: FinishReason | None = None
     text_end: int | None = None
     drafted: bool = False  # whether the draft worker holds this sequence
-    steps_in_flight: int = 0  # regular steps sent for it and not yet committed
     finish_order: int = 0  # 1 = finished first within its request
 
 
@@ -162,9 +158,9 @@ class Scheduler:
         self._target_release: list[int] = []
         self._draft_release: list[int] = []
         self._drafted_last_step = False  # else the draft catches up on skipped tokens first
-        # Regular decoding over a target that overlaps calls keeps steps in flight, oldest first.
+        # Regular decoding over a target that overlaps calls keeps one step in flight.
         self._overlaps = bool(getattr(target, "overlaps_calls", False))
-        self._in_flight: deque[InFlight] = deque()
+        self._in_flight: InFlight | None = None
         # An in-process target can verify an in-process draft's tokens on the device, and the
         # draft can then chain each step's proposal behind the last verification (_chain_next).
         self._fed_verify = bool(getattr(target, "verifies_device_drafts", False))
@@ -248,9 +244,9 @@ class Scheduler:
         self.waiting.clear()
         self.running = []
         self._slots_held = 0
-        for flight in self._in_flight:  # their answers, if they come, answer nobody
-            flight.pending.discard()
-        self._in_flight.clear()
+        if self._in_flight is not None:  # its answer, if one comes, answers nobody
+            self._in_flight.pending.discard()
+            self._in_flight = None
         self._chain, self._decided = None, None  # the workers are reset before new work
         self._target_add, self._draft_add, self._target_release, self._draft_release = [], [], [], []
         self.policy = make_policy(self.config.draft_length)
@@ -260,7 +256,7 @@ class Scheduler:
     def step(self) -> list[RequestRun]:
         """One speculative step for the whole batch; returns the requests that finished
         (each exactly once). Raises WorkerUnavailableError if the target fails."""
-        if not self.running and not self._in_flight:
+        if not self.running and self._in_flight is None:
             self._last_step_end = None  # idle before this step: no period to time
         finished = self._step()
         self._last_step_end = self.clock()
@@ -287,8 +283,9 @@ class Scheduler:
             self._admit(prefill)
         if prefill.limit != limit:
             prefill = PrefillBudget(limit, used=prefill.used)
-        if self._in_flight and not self.running:
-            finished += self._drain_in_flight()
+        if self._in_flight is not None and not self.running:
+            flight, self._in_flight = self._in_flight, None
+            finished += self._commit_in_flight(self.clock(), flight)
         if not self.running:
             return finished
         batch = self.running
@@ -297,10 +294,11 @@ class Scheduler:
             # Regular decoding (the policy's choice, or no draft). Releases for the draft wait
             # for its next call, or for the loop to go idle (flush_releases).
             return finished + self._pipelined_step()
-        if self._in_flight:
-            # Speculation resumes: the regular steps in flight are committed first, so that the
+        if self._in_flight is not None:
+            # Speculation resumes: the regular step in flight is committed first, so that the
             # sequences joining the draft bring all their tokens and none that finished joins.
-            finished += self._drain_in_flight()
+            flight, self._in_flight = self._in_flight, None
+            finished += self._commit_in_flight(self.clock(), flight)
             batch = self.running
             if not batch:
                 return finished
@@ -435,68 +433,36 @@ class Scheduler:
         return start(request) if start is not None else _Answered(self.draft.propose(request))
 
     def _pipelined_step(self) -> list[RequestRun]:
-        """Regular decoding over a target that overlaps calls, with two steps in flight: wait
-        for the older one's answer, send the next step, and only then commit that answer. The
-        worker finds each Verify waiting when it finishes the step before (it runs one step
-        ahead of the other, from the token that one decides on the device), so the GPU never
-        idles through the round trip; and the commit (stop checks, text, the policy), which
-        needs nothing the worker waits for, runs while the worker already holds the next step,
-        instead of between an answer and the next call. (With the commit before the send, at
-        64 sequences on an H100 through the services, the worker idled ~0.46 ms a step.)
-
-        Each step's input is the target's own last token, which the worker already holds, so
-        nothing in a step waits on the answers before it. A sequence that finishes in a step
-        still in flight runs in the steps sent before that step's commit: their extra tokens
-        are computed and dropped, and its slot released with the next call. A sequence whose
-        length the steps in flight complete is left out of the next one (every regular step
-        commits one token a sequence), so no sequence ever runs past its max_new_tokens on the
-        worker: its cache has room for exactly that many."""
+        """Regular decoding over a target that overlaps calls: send this step's Verify, then
+        commit the previous step's answer while the worker runs this one. The worker finds each
+        Verify waiting when it finishes the last, instead of idling through a round trip and the
+        commit. Each step's input is the target's own last token, which the worker already holds,
+        so nothing in a step waits on the answer before it. A sequence that finished in the
+        previous step is still in this one: its extra token is computed and dropped, and its
+        slot released with the next call."""
         step_started = self.clock()
-        batch = [s for s in self.running if len(s.output) + s.steps_in_flight < s.request.criteria.max_new_tokens]
-        oldest = verified = None
-        wait_s = 0.0
-        if self._in_flight and (len(self._in_flight) >= PIPELINE_DEPTH or not batch):
-            oldest = self._in_flight.popleft()
-            started = self.clock()
-            verified = oldest.pending.result()
-            wait_s = self.clock() - started
-        if batch:
-            sent = self.clock()
-            pending = self.target.start_verify(VerifyRequest(
-                items=[VerifyItem(s.seq_id, (), s.sampling) for s in batch],
-                add=self._target_add, release=self._target_release))
-            for seq in batch:
-                seq.steps_in_flight += 1
-            self._in_flight.append(InFlight(pending, batch, clean=not self._target_add, send_s=self.clock() - sent,
-                                            follows=bool(self._in_flight) or oldest is not None))
-            self._target_add, self._target_release = [], []
-        if oldest is None:  # filling the pipeline: these launches count with the first commit
+        batch = list(self.running)
+        pending = self.target.start_verify(VerifyRequest(
+            items=[VerifyItem(s.seq_id, (), s.sampling) for s in batch],
+            add=self._target_add, release=self._target_release))
+        in_flight = InFlight(pending, batch, clean=not self._target_add, send_s=self.clock() - step_started,
+                             follows=self._in_flight is not None)
+        self._target_add, self._target_release = [], []
+        previous, self._in_flight = self._in_flight, in_flight
+        if previous is None:  # the first call in flight: its launch is part of the next step's time
             self._uncounted_step_s += self.clock() - step_started
             return []
-        return self._commit_answered(step_started, oldest, verified, wait_s, overlapped=bool(batch))
+        return self._commit_in_flight(step_started, previous, overlapped=True)
 
-    def _drain_in_flight(self) -> list[RequestRun]:
-        """Commit every regular step in flight, oldest first (before a speculative step, or
-        when nothing is left to send)."""
-        finished = []
-        while self._in_flight:
-            flight = self._in_flight.popleft()
-            started = self.clock()
-            verified = flight.pending.result()
-            finished += self._commit_answered(started, flight, verified, self.clock() - started)
-        return finished
-
-    def _commit_answered(self, step_started: float, flight: InFlight, verified: VerifyResponse, wait_s: float,
-                         overlapped: bool = False) -> list[RequestRun]:
-        """Commit a pipelined Verify's answer. overlapped: the next regular step was sent
-        before this one was committed, so its wait is the steady state's; a call committed
-        alone (the last of a run, a lone k = 0 probe) waits out its whole step, which no run of
-        regular steps does, and its time would make regular decoding look dearer than it is.
-        So would the first of a run (see InFlight.follows): only a step with regular steps on
-        both sides is timed."""
-        for seq in flight.batch:
-            seq.steps_in_flight -= 1
-        verify_s = flight.send_s + wait_s  # the loop's time spent on this call
+    def _commit_in_flight(self, step_started: float, flight: InFlight, overlapped: bool = False) -> list[RequestRun]:
+        """Wait for a pipelined Verify and commit it. overlapped: the next regular step was sent
+        first, so this wait is the steady state's; a call committed alone (the last of a run,
+        a lone k = 0 probe) waits out its whole step, which no run of regular steps does, and
+        its time would make regular decoding look dearer than it is. So would the first of a
+        run (see InFlight.follows): only a step with regular steps on both sides is timed."""
+        started = self.clock()
+        verified = flight.pending.result()
+        verify_s = flight.send_s + self.clock() - started  # the loop's time spent on this call
         steady = flight.clean and overlapped and flight.follows
         self._drafted_last_step = False
         counted = any(seq.finish_reason is None for seq in flight.batch)  # else not a step (see _commit)

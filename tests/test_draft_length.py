@@ -376,11 +376,9 @@ def test_measured_cost_keeps_each_batch_size_to_its_own_choice():
     assert pol.lengths(list(range(64)))[0] == 0 and pol.chosen == {2: True, 64: False}
 
 
-def test_measured_cost_probes_regular_decoding_with_four_steps_while_speculating():
-    """Only a regular step sent behind another and committed behind the next is timed (a lone
-    one, or the first of a run, waits out its whole step; with two steps in flight the last two
-    of a run are committed with nothing sent behind them), so a k = 0 probe while speculating
-    is four regular steps."""
+def test_measured_cost_probes_regular_decoding_with_three_steps_while_speculating():
+    """Only a regular step between two others is timed (a lone one, or the first of a run,
+    waits out its whole step), so a k = 0 probe while speculating is three regular steps."""
     from bass.coordinator.draft_length import MeasuredCost
 
     pol = MeasuredCost(probe_every=8)
@@ -388,13 +386,13 @@ def test_measured_cost_probes_regular_decoding_with_four_steps_while_speculating
     feed(pol, 8, 0, 0.0, lambda k: 6.0, alpha=0.9, steps=4)
     chosen = [pol.lengths(list(range(8)))[0] for _ in range(64)]
     zeros = [step for step, k in enumerate(chosen) if k == 0]
-    runs = [zeros[i:i + 4] for i in range(0, len(zeros), 4)]
-    assert zeros and len(zeros) % 4 == 0 and all(r == list(range(r[0], r[0] + 4)) for r in runs), chosen
-    assert chosen.count(0) <= 4 * (64 // 32 + 1)
+    runs = [zeros[i:i + 3] for i in range(0, len(zeros), 3)]
+    assert zeros and len(zeros) % 3 == 0 and all(r == list(range(r[0], r[0] + 3)) for r in runs), chosen
+    assert chosen.count(0) <= 3 * (64 // 32 + 1)
 
 
 def test_a_regular_step_is_timed_only_between_two_regular_steps(llama_target, llama_draft):
-    """Scheduler._commit_answered: the cost of a regular step committed alone (the last of a run
+    """Scheduler._commit_in_flight: the cost of a regular step committed alone (the last of a run
     before speculation resumes) is not reported to the policy, nor is the first of a run (sent
     to an idle GPU, it waits out its whole latency); one sent while the step before it was in
     flight and committed after the next was sent is."""
@@ -407,7 +405,7 @@ def test_a_regular_step_is_timed_only_between_two_regular_steps(llama_target, ll
 
         def lengths(self, seq_ids):
             self.step += 1
-            return [0 if self.step in (3, 6, 7, 8, 9) else 2] * len(seq_ids)
+            return [0 if self.step in (3, 6, 7, 8) else 2] * len(seq_ids)
 
         def observe(self, *args):
             pass
@@ -422,10 +420,10 @@ def test_a_regular_step_is_timed_only_between_two_regular_steps(llama_target, ll
     s = build_scheduler(llama_target, llama_draft, "2")
     s.policy = policy = Scripted()
     s.generate([GenerationRequest(prompt_ids=(5, 6, 7), max_new_tokens=30, ignore_eos=True)])
-    # step 3 alone: untimed; steps 6-9: 6 first of its run, 8 and 9 committed with nothing sent
-    # behind them (speculation resumes), only 7 timed
-    assert len(policy.costs) == 5
-    assert [c is not None for c in policy.costs] == [False, False, True, False, False]
+    # step 3 alone: untimed; steps 6-8: 6 first of its run, 8 last, only 7 timed
+    assert len(policy.costs) == 4
+    assert policy.costs[0] is None and policy.costs[1] is None and policy.costs[3] is None
+    assert policy.costs[2] is not None
 
 
 def test_acceptance_for_inverts_the_expected_tokens_of_a_step():
