@@ -270,7 +270,8 @@ _register_model_commands()
 @click.option("--repeats", default=3, show_default=True, help="Measured runs per configuration; the median is reported.")
 @click.option("--batch-invariant", is_flag=True, help="Run the target in its batch-invariant mode (what it costs).")
 @click.option("--trace", is_flag=True, help="Keep the reported round's per-step trace (draft length, sequences, "
-                                             "tokens, times) in each row.")
+                                             "tokens, times) and the coordinator's garbage collections "
+                                             "in each row.")
 @click.option("--out", type=click.Path(dir_okay=False))
 def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_new_tokens, services, separate_draft,
                 device, dtype, attention, max_seq_len, peak_tflops, repeats, batch_invariant, trace, out) -> None:
@@ -418,6 +419,12 @@ def _worker_config(ctx, section: str, extra: list[str] = ()) -> WorkerServiceCon
         _fail(e)
 
 
+def _freeze_startup_heap() -> None:
+    from bass.grpc_server import freeze_startup_heap
+
+    freeze_startup_heap()
+
+
 def _serve_worker(kind: str, cfg: WorkerServiceConfig) -> None:
     from bass.launcher import ready_line
 
@@ -429,6 +436,7 @@ def _serve_worker(kind: str, cfg: WorkerServiceConfig) -> None:
         server = serve(cfg)
     except (BassError, FileNotFoundError, ValueError) as e:
         _fail(e)
+    _freeze_startup_heap()
     click.echo(ready_line(kind, f"{cfg.host}:{server.port}"))
     server.wait_for_signal()
 
@@ -456,6 +464,7 @@ def target_service(ctx, draft_dir, draft_top_n, draft_config_json, **_) -> None:
         server = serve(target, _colocated_draft_config(ctx, target, draft_dir, draft_top_n, draft_config_json))
     except (BassError, FileNotFoundError, ValueError) as e:
         _fail(e)
+    _freeze_startup_heap()
     click.echo(ready_line("target", f"{target.host}:{server.port}"))
     server.wait_for_signal()
 
@@ -533,6 +542,7 @@ def coordinator(ctx, **_) -> None:
         running = serve(cfg)
     except BassError as e:
         _fail(e)
+    _freeze_startup_heap()
     metrics = {"metrics": running.metrics.address} if running.metrics else {}
     click.echo(ready_line("coordinator", f"{cfg.host}:{running.server.port}", **metrics))
     running.wait_for_signal()  # returns once every request is answered and the server has stopped

@@ -8,6 +8,7 @@ one status everywhere.
 from __future__ import annotations
 
 import logging
+import gc
 import signal
 import threading
 import time
@@ -218,6 +219,16 @@ class RunningServer:
         """Block until SIGINT/SIGTERM, then shut down gracefully."""
         wait_for_stop_signal()
         self.stop(grace_s)
+
+
+def freeze_startup_heap() -> None:
+    """Collect once, then move every object alive (torch, transformers, the tokenizer, the
+    models' modules and CUDA graphs: ~350k objects after start-up) out of the garbage
+    collector's reach. Python's full collections otherwise scan them all, a pause of ~170 ms on
+    a 2-core CPU, in the middle of whatever step is running; after this they scan only what
+    serving created. Called once a process has loaded and warmed up, before it serves."""
+    gc.collect()
+    gc.freeze()
 
 
 def wait_for_stop_signal() -> None:

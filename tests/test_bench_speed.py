@@ -80,11 +80,18 @@ def test_a_step_trace_records_every_step_when_asked(llama_target, llama_draft):
 
 
 def test_speed_bench_keeps_the_reported_rounds_step_trace_when_asked(llama_target, llama_draft, tmp_path):
+    import gc
+
+    threshold = gc.get_threshold()
+    gc.set_threshold(50)  # collections in every run (restored below)
     out = tmp_path / "speed.json"
-    result = CliRunner().invoke(main, [
-        "bench", "speed", "--target", str(llama_target), "--draft", str(llama_draft), "--problems", "0:2",
-        "--batches", "2", "--policies", "0,2", "--max-new-tokens", "8", "--device", "cpu", "--trace",
-        "--out", str(out)])
+    try:
+        result = CliRunner().invoke(main, [
+            "bench", "speed", "--target", str(llama_target), "--draft", str(llama_draft), "--problems", "0:2",
+            "--batches", "2", "--policies", "0,2", "--max-new-tokens", "8", "--device", "cpu", "--trace",
+            "--out", str(out)])
+    finally:
+        gc.set_threshold(*threshold)
     assert result.exit_code == 0, result.output
     for row in json.loads(out.read_text())["results"]:
         stats = row["step_stats"]
@@ -94,3 +101,6 @@ def test_speed_bench_keeps_the_reported_rounds_step_trace_when_asked(llama_targe
         assert {str(k) for k, *_ in trace} == set(stats["steps_by_length"])
         at = [entry[-1] for entry in trace]
         assert at == sorted(at) and 0 < at[-1] <= 1000 * row["wall_s"] + 1  # wall_s is rounded to ms
+        assert row["gc_pauses"], "a collection every 50 allocations: some ran"
+        for generation, start, took in row["gc_pauses"]:  # the coordinator's collections in that run
+            assert generation in (0, 1, 2) and 0 <= start and start + took <= 1000 * row["wall_s"] + 1

@@ -11,6 +11,8 @@ per-step breakdown (draft, verify, RPC, coordinator), GPU utilization as BASS de
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import time
 from contextlib import contextmanager
@@ -22,6 +24,7 @@ from bass.config import (DraftLengthConfig, RunnerConfig, SamplingParams, Schedu
 from bass.coordinator.requests import GenerationRequest
 from bass.coordinator.scheduler import Scheduler
 from bass.coordinator.step_stats import StepStats
+from bass.grpc_server import freeze_startup_heap
 from bass.coordinator.tokenizer import load_codec
 from bass.engine.weights import load_config
 
@@ -82,6 +85,7 @@ def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, ba
     flops_per_token = {"target": 2 * params_count(target.model_dir), "draft": 2 * params_count(draft.model_dir)}
     rows = []
     with workers(target, draft, services=services, draft_top_n=draft_top_n, colocate=colocate) as (tw, dw):
+        freeze_startup_heap()  # as every serving process does once it is up (bass/grpc_server.py)
         for batch in batches:
             chosen = [prompts[i % len(prompts)] for i in range(batch)]
             for policy in policies:
@@ -104,14 +108,17 @@ def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, ba
                 runs = []
                 for round_ in range(1, repeats + 1):
                     scheduler.step_stats = StepStats(trace=[] if trace else None)  # count the measured run only
+                    pauses = _GcPauses() if trace else None
                     t0 = time.perf_counter()
-                    results = run(max_new_tokens, round_)
-                    runs.append((time.perf_counter() - t0, scheduler.step_stats, results))
+                    with pauses or contextlib.nullcontext():
+                        results = run(max_new_tokens, round_)
+                    runs.append((time.perf_counter() - t0, scheduler.step_stats, results,
+                                 pauses.relative_to(t0) if trace else None))
                     if trace:
                         scheduler.step_stats.trace = [_traced(entry, t0) for entry in scheduler.step_stats.trace]
                 digests = [outputs_digest(r[2]) for r in runs]  # in round order, before the sort
                 runs.sort(key=lambda r: r[0])
-                wall, st, results = runs[len(runs) // 2]
+                wall, st, results, gc_pauses = runs[len(runs) // 2]
                 generated = sum(len(s.token_ids) for r in results for s in r.sequences)
                 flops = (flops_per_token["target"] * st.verify_tokens
                          + flops_per_token["draft"] * (st.draft_tokens + st.sequence_steps * bool(st.draft_forwards)))
@@ -126,6 +133,8 @@ def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, ba
                        "tokens_per_sequence_step": round(st.committed_tokens / max(st.sequence_steps, 1), 3),
                        "steps": st.steps, "step_stats": st.to_dict(),
                        "achieved_tflops": round(flops / wall / 1e12, 3)}
+                if gc_pauses is not None:
+                    row["gc_pauses"] = gc_pauses
                 if hasattr(scheduler.policy, "describe"):
                     row["policy_state"] = scheduler.policy.describe()  # after every run (auto)
                 if peak_tflops:
@@ -145,3 +154,31 @@ def _traced(entry: tuple, t0: float) -> list:
     k, sequences, tokens, draft_s, timed_s, at = entry
     return [k, sequences, tokens, round(1000 * draft_s, 3), None if timed_s is None else round(1000 * timed_s, 3),
             round(1000 * (at - t0), 3)]
+
+
+class _GcPauses:
+    """The coordinator process's garbage collections during a run: (generation, start, ms)
+    each, to tell a collection's pause from the workers' time in a step trace."""
+
+    def __init__(self):
+        self.pauses: list[tuple[int, float, float]] = []
+        self._started: float | None = None
+
+    def __enter__(self):
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc):
+        gc.callbacks.remove(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        now = time.perf_counter()
+        if phase == "start":
+            self._started = now
+        elif self._started is not None:
+            self.pauses.append((info["generation"], self._started, now - self._started))
+            self._started = None
+
+    def relative_to(self, t0: float) -> list[list]:
+        """[generation, ms from t0 at its start, ms it took] per collection."""
+        return [[g, round(1000 * (at - t0), 3), round(1000 * took, 3)] for g, at, took in self.pauses]
