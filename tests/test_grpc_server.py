@@ -1,3 +1,4 @@
+"""What every serving process does around its gRPC server (bass/grpc_server.py)."""
 
 
 def test_freeze_startup_heap_takes_what_is_alive_out_of_the_collectors_reach():
