@@ -7,8 +7,8 @@ one status everywhere.
 
 from __future__ import annotations
 
-import logging
 import gc
+import logging
 import signal
 import threading
 import time

@@ -135,6 +135,10 @@ class StartedProposal(Protocol):
     or None where the items draft different lengths) and on their way to the host (`result`)."""
 
     on_device: object
+    # The draft's own time as its worker measured it, where the answer came with the
+    # verification (a co-located remote pair, coordinator/remote_pair.py); None: the host's
+    # wait for `result` is its cost.
+    draft_s: float | None
     def result(self) -> ProposeResponse: ...
 
 
@@ -147,6 +151,7 @@ class ChainedProposal(Protocol):
 
     k: int
     seq_ids: list[int]
+    queued: bool  # False where the worker declined the shape (a remote pair's worker decides)
 
     @property
     def gpu_s(self) -> float: ...  # its time on the GPU

@@ -111,6 +111,7 @@ class _Answered:
 
     response: ProposeResponse
     on_device = None
+    draft_s = None
 
     def result(self) -> ProposeResponse:
         return self.response
@@ -352,7 +353,7 @@ class Scheduler:
                 # time is what the worker measured (`draft_s`), not the wait for the call.
                 draft_wait_s = self.clock() - started
                 draft_s = (chain.gpu_s if chain is not None
-                           else getattr(proposal, "draft_s", None) or draft_wait_s)
+                           else proposal.draft_s if proposal.draft_s is not None else draft_wait_s)
                 self.step_stats.draft_compute_s += response.compute_s
                 if chain is None:  # they went with the proposal (a chained one took none)
                     self._draft_add, self._draft_release = [], []
@@ -375,7 +376,7 @@ class Scheduler:
         size, k = len(batch), max(lengths, default=0)
         finished += self._commit(batch, drafts, verified, draft_forwards, draft_s, verify_s,
                                  timed=verify_s if clean_verify else None, draft_wait_s=draft_wait_s)
-        if next_chain is not None and getattr(next_chain, "queued", True):  # a remote worker may decline
+        if next_chain is not None and next_chain.queued:  # a remote pair's worker may decline
             for seq in batch:  # the draft has them from the verdicts (reconcile)
                 seq.unsent_to_draft.clear()
             self._chain = next_chain

@@ -277,6 +277,8 @@ class PendingProposal:
     k (else None); valid until the worker's next call. `result` waits for the copy, records
     the fed tokens' ids in the cache (they ran as placeholders) and answers."""
 
+    draft_s = None  # in-process: the host's wait for `result` is the proposal's cost
+
     def __init__(self, runner: ModelRunner, num_items: int, active: list[int], states: list[SequenceState],
                  rows: list[int], tokens: torch.Tensor | None, decode=None):
         """tokens: [len(states), k] on the device, or, with decode (host values -> per-sequence
@@ -342,6 +344,8 @@ class ChainedProposal:
     verification runs (a subset: some finished meanwhile), whose `on_device` tokens it reads and
     whose `result` brings them to the host."""
 
+    queued = True  # in-process, every chain asked for is queued
+
     def __init__(self, runner: ModelRunner, items: list[ProposeItem], states: list[SequenceState],
                  bases: list[int], k: int, tokens: torch.Tensor, timer: _GpuTimer):
         self._runner, self._states, self._bases, self.k = runner, states, bases, k
@@ -399,6 +403,8 @@ class ChainedProposal:
 
 class SelectedProposal:
     """Some of a chained proposal's sequences, as a started proposal (PendingProposal's face)."""
+
+    draft_s = None  # the scheduler takes the chain's GPU time instead
 
     def __init__(self, chained: ChainedProposal, rows: list[int]):
         self._chained, self._rows = chained, rows

@@ -49,7 +49,7 @@ class CheckedDraft:
         outer, runner = self, self.inner.runner
 
         class Checked:
-            k, seq_ids = chained.k, chained.seq_ids
+            k, seq_ids, queued = chained.k, chained.seq_ids, chained.queued
 
             @property
             def gpu_s(self):

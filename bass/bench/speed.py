@@ -11,11 +11,10 @@ per-step breakdown (draft, verify, RPC, coordinator), GPU utilization as BASS de
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import hashlib
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Iterator
 
@@ -24,9 +23,9 @@ from bass.config import (DraftLengthConfig, RunnerConfig, SamplingParams, Schedu
 from bass.coordinator.requests import GenerationRequest
 from bass.coordinator.scheduler import Scheduler
 from bass.coordinator.step_stats import StepStats
-from bass.grpc_server import freeze_startup_heap
 from bass.coordinator.tokenizer import load_codec
 from bass.engine.weights import load_config
+from bass.grpc_server import freeze_startup_heap
 
 MODES = {"greedy": SamplingParams(), "t0.8-p0.95": SamplingParams(temperature=0.8, top_p=0.95)}
 
@@ -110,7 +109,7 @@ def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, ba
                     scheduler.step_stats = StepStats(trace=[] if trace else None)  # count the measured run only
                     pauses = _GcPauses() if trace else None
                     t0 = time.perf_counter()
-                    with pauses or contextlib.nullcontext():
+                    with pauses or nullcontext():
                         results = run(max_new_tokens, round_)
                     runs.append((time.perf_counter() - t0, scheduler.step_stats, results,
                                  pauses.relative_to(t0) if trace else None))
