@@ -9,25 +9,41 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from typing import Protocol, Sequence
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
 
 from bass.config import GRAPH_MAX_DRAFT, DraftLengthConfig
 
 
+@dataclass(frozen=True)
+class Join:
+    """What speculating this step costs the draft before its proposal: the tokens it must run
+    first (the prompts of sequences it does not hold yet, the tokens it skipped while they
+    decoded regularly), and the tokens the batch's sequences may still decode (the median of
+    their budgets: the most a join can pay back over)."""
+
+    tokens: int
+    horizon: int
+
+
+JoinEstimate = Callable[[], Join]  # asked only where a draft length beats regular decoding
+
+
 class DraftLengthPolicy(Protocol):
-    def lengths(self, seq_ids: Sequence[int]) -> list[int]: ...
+    def lengths(self, seq_ids: Sequence[int], join: JoinEstimate | None = None) -> list[int]: ...
     def observe(self, seq_ids: Sequence[int], proposed: Sequence[int], accepted: Sequence[int]) -> None: ...
     def observe_costs(self, batch: int, draft_forwards: int, draft_s: float, verify_k: int,
-                      verify_s: float | None) -> None:
+                      verify_s: float | None, joined: int = 0) -> None:
         """Step times: draft_forwards = 0 or verify_s = None where that part is not a
-        steady-state cost (prefill, catch-up)."""
+        steady-state cost (prefill, catch-up); joined: the tokens the draft ran before this
+        step's proposal (Join.tokens), in draft_s."""
     def forget(self, seq_id: int) -> None: ...
 
 
 class _NoCosts:
     """For policies that do not look at step times."""
 
-    def observe_costs(self, batch, draft_forwards, draft_s, verify_k, verify_s):
+    def observe_costs(self, batch, draft_forwards, draft_s, verify_k, verify_s, joined=0):
         pass
 
 
@@ -35,7 +51,7 @@ class FixedLength(_NoCosts):
     def __init__(self, k: int):
         self.k = k
 
-    def lengths(self, seq_ids):
+    def lengths(self, seq_ids, join=None):
         return [self.k] * len(seq_ids)
 
     def observe(self, seq_ids, proposed, accepted):
@@ -55,7 +71,7 @@ class BassRule(_NoCosts):
     def __init__(self, initial: int = 7, max_length: int = 32):
         self.length, self.max_length, self.shrink = initial, max_length, 0
 
-    def lengths(self, seq_ids):
+    def lengths(self, seq_ids, join=None):
         return [self.length] * len(seq_ids)
 
     def observe(self, seq_ids, proposed, accepted):
@@ -121,7 +137,7 @@ class PerSequenceAdaptive(_NoCosts):
         gains = [((1 - a ** (k + 1)) / (1 - a)) / (1 + self.cost_ratio * k) for k in range(self.max_length + 1)]
         return max(range(len(gains)), key=gains.__getitem__)
 
-    def lengths(self, seq_ids):
+    def lengths(self, seq_ids, join=None):
         return [self.best_length(self.acceptance(i)) for i in seq_ids]
 
     def observe(self, seq_ids, proposed, accepted):
@@ -242,6 +258,15 @@ def acceptance_for(tokens: float, k: int) -> float:
     return (lo + hi) / 2
 
 
+# A join (Join) must pay for itself within the batch's remaining budgets, at most this many of
+# each sequence's tokens: leaving regular decoding, or speculating where the draft does not hold
+# the batch yet, costs the draft's run over the tokens it lacks, which no step cost counts. On
+# an H100 at batch 64 (b1a07b2, greedy, 128 new tokens) one such step of auto cost 51 ms, the
+# draft's prefill of all 64 sequences (10k tokens), ~20 regular steps, for two drafted steps:
+# auto 3.60 ms/token against regular 3.05. Budgets are upper bounds (a sequence may stop at
+# its end-of-sequence token long before), hence the cap, twice the default budget.
+JOIN_HORIZON_TOKENS = 256
+
 # Sequence-steps of one draft length before its measured tokens per step are used for it.
 MIN_MEASURED_SEQUENCE_STEPS = 8
 # Sequence-steps drafted at the initial length before regular decoding may be chosen over it.
@@ -320,7 +345,11 @@ class MeasuredCost:
     further apart, up to `max_probe_every`. Acceptance learnt
     while speculating at other batch sizes still moves the choice between probes. Since
     regular steps teach nothing about acceptance, regular decoding is not chosen before
-    MIN_EXPLORED_SEQUENCE_STEPS sequence-steps have drafted at the initial length.
+    MIN_EXPLORED_SEQUENCE_STEPS sequence-steps have drafted at the initial length. Where the
+    draft would first have to run tokens it lacks (a `Join`: a new batch, a return from regular
+    decoding), a length must also pay that back: the time it saves over regular decoding on
+    the batch's remaining budgets (the median; at most JOIN_HORIZON_TOKENS tokens) must exceed
+    the join's, at the draft's measured seconds per joined token.
     """
 
     def __init__(self, initial: int = 4, max_length: int = 8, decay: float = 0.9, probe_every: int = 16,
@@ -345,6 +374,7 @@ class MeasuredCost:
         self.chosen: dict[int, bool] = {}
         self.zero_probe_every, self.next_zero_probe = regular_probe_every, regular_probe_every
         self.regular_probe_left = 0  # further regular steps of a k = 0 probe
+        self.joins = [0.0, 0.0]  # decayed (seconds, tokens) the draft spent on joins
 
     @staticmethod
     def bucket(batch: int) -> int:
@@ -402,7 +432,12 @@ class MeasuredCost:
         fitted = self.yields.acceptance(k)
         return expected_tokens(min(self.acceptance(), 0.999) if fitted is None else fitted, k)
 
-    def best_length(self, batch: int, seq_ids: Sequence[int] = ()) -> int:
+    def join_seconds_per_token(self) -> float | None:
+        """The draft's measured time per joined token (None before a join was timed)."""
+        seconds, tokens = self.joins
+        return seconds / tokens if tokens else None
+
+    def best_length(self, batch: int, seq_ids: Sequence[int] = (), join: JoinEstimate | None = None) -> int:
         scores = self.scores(batch, seq_ids)
         if scores is None:  # a batch size not measured yet: drafts of `initial` measure it, unless
             return 0 if self.speculating is False else self.initial  # regular decoding was chosen
@@ -418,6 +453,8 @@ class MeasuredCost:
             return 1 + (self.margin if model.measured(k) else max(self.margin, EXTRAPOLATED_MARGIN))
 
         winners = [k for k in range(1, len(scores)) if scores[k] > needed(k) * scores[0]]
+        if winners and join is not None:
+            winners = self._paying_back(winners, scores, join())
         if not winners:
             return 0
         best = max(winners, key=scores.__getitem__)
@@ -433,7 +470,16 @@ class MeasuredCost:
                 return best_timed
         return best
 
-    def lengths(self, seq_ids):
+    def _paying_back(self, winners: list[int], scores: list[float], join: Join) -> list[int]:
+        """The lengths whose time saved over regular decoding, over the join's horizon, exceeds
+        the join's own time."""
+        rate = self.join_seconds_per_token()
+        if rate is None or not join.tokens:
+            return winners
+        join_s, horizon = join.tokens * rate, min(join.horizon, JOIN_HORIZON_TOKENS)
+        return [k for k in winners if horizon * (1 / scores[0] - 1 / scores[k]) > join_s]
+
+    def lengths(self, seq_ids, join=None):
         self.steps += 1
         model = self.costs.get(self.bucket(len(seq_ids)))
         if model is not None and model.ready and len(model.verify.get(0, ())) < MIN_TIMED_STEPS:
@@ -443,7 +489,7 @@ class MeasuredCost:
             # this takes MIN_TIMED_STEPS + 2 steps.
             self.last_k = 0
             return [0] * len(seq_ids)
-        best = self.best_length(len(seq_ids), seq_ids)
+        best = self.best_length(len(seq_ids), seq_ids, join)
         if (best == 0 and model is not None and model.ready
                 and self.yields.seen(self.initial) < MIN_EXPLORED_SEQUENCE_STEPS):
             best = self.initial  # too few drafted steps to give speculation up on
@@ -502,9 +548,15 @@ class MeasuredCost:
                 old = self.shortfalls.get(bucket)
                 self.shortfalls[bucket] = shortfall if old is None else old * self.decay + shortfall * (1 - self.decay)
 
-    def observe_costs(self, batch, draft_forwards, draft_s, verify_k, verify_s):
-        self.costs.setdefault(self.bucket(batch), _CostModel(self.window)).add(draft_forwards, draft_s, verify_k,
-                                                                               verify_s)
+    def observe_costs(self, batch, draft_forwards, draft_s, verify_k, verify_s, joined=0):
+        model = self.costs.setdefault(self.bucket(batch), _CostModel(self.window))
+        if joined and draft_s > 0:
+            # The join's part of the draft call: beyond a steady call of this length where one
+            # was timed here, else all of it (a first join: over- rather than underestimated).
+            steady = model.draft_cost(verify_k) if model.draft else 0.0
+            self.joins = [self.joins[0] * self.decay + max(0.0, draft_s - steady),
+                          self.joins[1] * self.decay + joined]
+        model.add(draft_forwards, draft_s, verify_k, verify_s)
 
     def forget(self, seq_id):
         self.per_sequence.forget(seq_id)
@@ -514,7 +566,7 @@ class MeasuredCost:
         timed cost of each draft length (ms), how many steps timed it, and the mode chosen;
         the acceptance estimate; the tokens per sequence-step measured at each draft length
         (decayed mean, sequence-steps seen); per bucket, the slowest sequence's acceptance over
-        the mean's (decayed)."""
+        the mean's (decayed); the draft's time per joined token (µs)."""
         def ms(samples) -> list:
             return [round(1000 * statistics.median(samples), 3), len(samples)]
 
@@ -523,7 +575,9 @@ class MeasuredCost:
                 "buckets": {bucket: {"draft": {k: ms(v) for k, v in sorted(m.draft.items())},
                                      "verify": {k: ms(v) for k, v in sorted(m.verify.items())}}
                             for bucket, m in sorted(self.costs.items())},
-                "slowest_over_mean": {bucket: round(v, 3) for bucket, v in sorted(self.shortfalls.items())}}
+                "slowest_over_mean": {bucket: round(v, 3) for bucket, v in sorted(self.shortfalls.items())},
+                "join_us_per_token": None if self.join_seconds_per_token() is None
+                else round(1e6 * self.join_seconds_per_token(), 3)}
 
 
 def make_policy(config: DraftLengthConfig) -> DraftLengthPolicy:

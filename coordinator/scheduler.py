@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import logging
 import secrets
+import statistics
 import sys
 import time
 from collections import deque
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from bass.config import SchedulerConfig
-from bass.coordinator.draft_length import make_policy
+from bass.coordinator.draft_length import Join, make_policy
 from bass.coordinator.incremental_text import IncrementalText
 from bass.coordinator.requests import (FinishReason, GenerationRequest, GenerationResult, RequestStats,
                                        SequenceOutput)
@@ -40,6 +41,9 @@ from bass.worker_api import (AddSequence, ChainedProposal, DraftWorkerAPI, Pendi
 log = logging.getLogger(__name__)
 
 _MASK64 = (1 << 64) - 1
+# Tokens a drafting sequence's first forward runs anyway (the last step's one or two: the draft
+# worker's FIRST_STEP_TOKENS); more are a catch-up the policy counts as a join.
+_STEADY_PENDING = 2
 
 
 def splitmix64(x: int) -> int:
@@ -310,7 +314,7 @@ class Scheduler:
         # prefill of new sequences, and no draft catching up on tokens it skipped (k = 0 steps).
         clean_verify, clean_draft = not self._target_add, not self._draft_add and self._drafted_last_step
         drafts: list[tuple[int, ...]] = [()] * len(batch)
-        draft_forwards, draft_s, draft_wait_s = 0, 0.0, 0.0
+        draft_forwards, draft_s, draft_wait_s, joined = 0, 0.0, 0.0, 0
         proposal = None
         started = self.clock()
         if chain is not None:
@@ -319,6 +323,9 @@ class Scheduler:
         elif self.draft_up and (any(lengths) or self._draft_add or self._draft_release):
             drafting = [i for i, k in enumerate(lengths) if k > 0]
             draft_forwards = max(lengths, default=0)
+            if not clean_draft:  # what the draft runs before its proposal, for the policy's join cost
+                joined = (sum(len(a.prompt_ids) for a in self._draft_add)
+                          + sum(self._join_tokens(batch[i]) for i in drafting))
             try:
                 proposal = self._start_propose(ProposeRequest(
                     items=[ProposeItem(batch[i].seq_id, lengths[i], tuple(batch[i].unsent_to_draft),
@@ -386,7 +393,8 @@ class Scheduler:
         # regular step's Verify read 1.84 ms of a 2.10 ms step). The rest counts as verification.
         period = self._period()
         self.policy.observe_costs(size, draft_forwards if clean_draft else 0, draft_s, k,
-                                  period - draft_s if clean_verify and period is not None else None)
+                                  period - draft_s if clean_verify and period is not None else None,
+                                  joined=joined)
         self.step_stats.step_s += self.clock() - step_started
         return finished
 
@@ -650,7 +658,25 @@ class Scheduler:
             default = values.pop() if len(values) == 1 else 0
             return {s.seq_id: decided.get(s.seq_id, default) for s in batch}
         seq_ids = [s.seq_id for s in batch]
-        return dict(zip(seq_ids, self.policy.lengths(seq_ids)))
+        return dict(zip(seq_ids, self.policy.lengths(seq_ids, join=lambda: self._join(batch))))
+
+    def _join(self, batch: list[SequenceRun]) -> Join:
+        """What speculating would first cost the draft for this batch (see Join)."""
+        remaining = [s.request.request.max_new_tokens - len(s.output) for s in batch]
+        return Join(tokens=sum(self._join_tokens(s) for s in batch if s.request.request.speculate),
+                    horizon=statistics.median_low(remaining))
+
+    def _join_tokens(self, seq: SequenceRun) -> int:
+        """Tokens the draft must run for `seq` before it drafts: after regular steps, those it
+        skipped beyond a step's usual; where it does not hold the sequence, its prompt and
+        output (none for a fresh sequence that forks its fresh root's cache, as
+        _attach_to_draft does)."""
+        if seq.drafted:
+            return 0 if self._drafted_last_step else max(0, len(seq.unsent_to_draft) - _STEADY_PENDING)
+        root = seq.request.sequences[0]
+        if seq is not root and not seq.output and not root.output:
+            return 0
+        return len(seq.request.prompt_ids) + len(seq.output)
 
     def _attach_where_wanted(self, batch: list[SequenceRun], wanted: dict[int, int], prefill: PrefillBudget) -> None:
         """Attach sequences to the draft where speculation first wants them."""

@@ -197,6 +197,50 @@ def test_measured_cost_leaves_regular_decoding_only_for_a_clear_gain_and_does_no
     assert policy_where_speculation_gains(0.30, speculating=False, batch=8).best_length(8) > 0
 
 
+def test_measured_cost_leaves_regular_decoding_only_where_the_gain_repays_the_drafts_join():
+    """Speculating where the draft does not hold the batch first costs the draft's run over the
+    tokens it lacks (at batch 64 on an H100, 51 ms for a new batch's 10k tokens: auto lost 15%
+    to regular decoding for two drafted steps). The policy learns the seconds per joined token
+    from the draft's time beyond a steady call, and leaves regular decoding only where the time
+    saved within the join's horizon exceeds the join's time."""
+    from bass.coordinator.draft_length import JOIN_HORIZON_TOKENS, Join, MeasuredCost
+
+    pol = MeasuredCost()
+    pol.alpha = [9.0, 10.0]
+    pol.observe(list(range(100, 116)), [4] * 16, [3] * 16)  # drafted enough to judge speculation by
+    for k in list(range(1, pol.max_length + 1)) * 3:  # draft 1.2 ms per token, verification 3 ms
+        pol.observe_costs(64, k, 0.0012 * k, k, 0.003)
+    for _ in range(3):
+        pol.observe_costs(64, 0, 0.0, 0, 1.0)
+    scores = pol.scores(64)
+    best = max(range(1, pol.max_length + 1), key=scores.__getitem__)
+    regular_s = 1.10 / scores[best]  # regular decoding's step: speculation 10% ahead, past the margin
+    pol.costs[64].verify[0] = deque([regular_s] * 3)
+    pol.chosen[64] = False
+    batch = list(range(64))
+    assert pol.join_seconds_per_token() is None
+    assert pol.best_length(64, batch, lambda: Join(10_000, 128)) == best  # no join timed yet: as before
+
+    # A join step: 10k tokens, the draft call 50 ms where a steady one of k = 4 takes 4.8 ms.
+    pol.observe_costs(64, 0, 0.0048 + 0.050, 4, None, joined=10_000)
+    assert pol.join_seconds_per_token() == pytest.approx(5e-6)
+    scores = pol.scores(64, batch)
+    saved_per_token = 1 / scores[0] - 1 / scores[best]  # per sequence, speculating rather than not
+    repaid = int(0.9 * 128 * saved_per_token / 5e-6)  # joins the horizon of 128 tokens repays
+    assert pol.best_length(64, batch, lambda: Join(10_000, 128)) == 0  # a new batch: not worth joining
+    assert pol.best_length(64, batch, lambda: Join(repaid, 128)) == best  # a short catch-up: worth it
+    assert pol.best_length(64, batch, lambda: Join(repaid, 8)) == 0  # ... not with 8 tokens left
+    assert pol.best_length(64, batch, lambda: Join(3 * repaid, 10_000)) == 0  # nor beyond the cap
+    assert pol.best_length(64, batch, lambda: Join(repaid, 10_000)) == best
+    assert JOIN_HORIZON_TOKENS < 3 * 128
+    assert pol.best_length(64, batch, lambda: Join(0, 128)) == best
+    assert pol.lengths(batch, join=lambda: Join(10_000, 128)) == [0] * 64
+    asked = []  # the join is estimated only where a length beats regular decoding (a pass over the batch)
+    assert pol.best_length(64, batch, lambda: asked.append(1) or Join(10, 128)) == best and asked == [1]
+    pol.costs[64].verify[0] = deque([regular_s / 2] * 3)
+    assert pol.best_length(64, batch, lambda: asked.append(2) or Join(10, 128)) == 0 and asked == [1]
+
+
 def test_measured_cost_measures_regular_decoding_before_its_first_choice():
     """The first steps at a batch size draft `initial` tokens, the next is a regular step
     (its cost is measured, not extrapolated from k >= 1), then the policy chooses from
@@ -403,14 +447,14 @@ def test_a_regular_step_is_timed_only_between_two_regular_steps(llama_target, ll
         def __init__(self):
             self.step, self.costs = 0, []
 
-        def lengths(self, seq_ids):
+        def lengths(self, seq_ids, join=None):
             self.step += 1
             return [0 if self.step in (3, 6, 7, 8) else 2] * len(seq_ids)
 
         def observe(self, *args):
             pass
 
-        def observe_costs(self, batch, draft_forwards, draft_s, verify_k, verify_s):
+        def observe_costs(self, batch, draft_forwards, draft_s, verify_k, verify_s, joined=0):
             if verify_k == 0:
                 self.costs.append(verify_s)
 

@@ -189,14 +189,14 @@ class ScriptedPolicy:
     def __init__(self):
         self.step = 0
 
-    def lengths(self, seq_ids):
+    def lengths(self, seq_ids, join=None):
         self.step += 1
         return [0 if 3 <= self.step <= 9 else 3] * len(seq_ids)
 
     def observe(self, *args):
         pass
 
-    def observe_costs(self, *args):
+    def observe_costs(self, *args, **kwargs):
         pass
 
     def forget(self, seq_id):

@@ -156,13 +156,13 @@ class ScriptedPolicy:
     def __init__(self, ks):
         self.ks = list(ks)
 
-    def lengths(self, seq_ids):
+    def lengths(self, seq_ids, join=None):
         return [self.ks.pop(0) if len(self.ks) > 1 else self.ks[0]] * len(seq_ids)
 
     def observe(self, *args):
         pass
 
-    def observe_costs(self, *args):
+    def observe_costs(self, *args, **kwargs):
         pass
 
     def forget(self, seq_id):
@@ -174,7 +174,7 @@ class CostRecordingPolicy(ScriptedPolicy):
         super().__init__(ks)
         self.costs = []  # (k, verification seconds as given) per timed step
 
-    def observe_costs(self, batch, draft_forwards, draft_s, verify_k, verify_s):
+    def observe_costs(self, batch, draft_forwards, draft_s, verify_k, verify_s, joined=0):
         if verify_s is not None:
             self.costs.append((verify_k, verify_s))
 
@@ -242,6 +242,47 @@ def test_sequences_join_the_draft_only_when_speculation_wants_them(llama_target,
     else:
         assert [a.prompt_ids for a in roots] == [PROMPT] and len(forks) == 1
     assert [i.num_tokens for i in first.items] == [3, 3]
+
+
+class JoinRecordingPolicy(ScriptedPolicy):
+    """Scripted lengths; records the join estimate it is given and the tokens each step joined."""
+
+    def __init__(self, ks):
+        super().__init__(ks)
+        self.estimates, self.joined = [], []  # per lengths() call; per step: (k, joined)
+
+    def lengths(self, seq_ids, join=None):
+        self.estimates.append(join())
+        return super().lengths(seq_ids)
+
+    def observe_costs(self, batch, draft_forwards, draft_s, verify_k, verify_s, joined=0):
+        self.joined.append((verify_k, joined))
+
+
+def test_the_policy_is_told_what_joining_the_draft_costs(llama_target):
+    """Before each step the policy can ask what speculating would first cost the draft (its
+    prompt and output for a sequence it does not hold, none for a fork of a fresh root; after
+    regular steps, the tokens skipped beyond a step's usual two for one it holds; nothing while
+    speculating) and how many tokens the batch may still decode; after a step it is told what
+    the draft ran before its proposal."""
+    s = build_scheduler(llama_target, llama_target, "4")
+    s.draft, s.policy = RecordingDraft(s.draft), JoinRecordingPolicy([0, 0, 0, 3, 3, 0, 0, 0, 0, 3, 3])
+    request = GenerationRequest(prompt_ids=PROMPT, n=2, max_new_tokens=24, ignore_eos=True)
+    s.generate([request])
+    pol, calls = s.policy, s.draft.calls
+    fresh = pol.estimates[0]
+    assert fresh.tokens == len(PROMPT) and fresh.horizon == 24  # the second sequence forks the first
+    drafted = [i for i, (k, _) in enumerate(pol.joined) if k]
+    first, steady, back = drafted[0], drafted[1], drafted[2]
+    assert (first, steady) == (3, 4) and back > steady + 1
+    # the first drafted step joined both sequences, each with its prompt and output so far
+    assert pol.joined[first][1] == sum(len(a.prompt_ids) for a in calls[0].add) > 2 * len(PROMPT)
+    # estimated before the regular step in flight was committed: one token each short at most
+    assert pol.joined[first][1] - 2 <= pol.estimates[first].tokens <= pol.joined[first][1]
+    assert 24 - 4 <= pol.estimates[first].horizon < 24
+    assert pol.joined[steady][1] == 0 and pol.estimates[steady].tokens == 0  # after a drafted step: nothing
+    returning = next(c for c in calls[1:] if c.items and len(c.items[0].committed) > 4)
+    assert pol.joined[back][1] == sum(len(it.committed) - 2 for it in returning.items) > 0
 
 
 # -- the prefill budget ------------------------------------------------------------------------------
