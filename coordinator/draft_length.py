@@ -335,8 +335,8 @@ class MeasuredCost:
     one (`batch_tail`; a new batch starts from the shortfall its batch size showed before). Once speculating, it stays while speculation is ahead at all
     (hysteresis: the two thresholds keep it from flapping, each flap being a catch-up); per
     batch-size bucket, since the tail of a batch (a few sequences left) can favour speculation
-    where the full batch does not. k grows by at most 2 a step (an estimate from one k says
-    little about much longer drafts). While speculating, every `probe_every` steps it tries
+    where the full batch does not. k grows by at most 2 a step from the last length drafted
+    (an estimate from one k says little about much longer drafts). While speculating, every `probe_every` steps it tries
     k = 0 or a neighbour of the best k, k = 0 first, to keep costs and acceptance current.
     While decoding regularly, a probe (k = 1) makes the draft catch up on every token it
     skipped, for every sequence (at batch 64 on an H100, auto choosing regular decoding but
@@ -368,6 +368,10 @@ class MeasuredCost:
         self.yields = _Yields(decay)
         self.steps = 0
         self.last_k = initial
+        # The last length drafted: k grows from it, so a k = 0 probe is not followed by a climb
+        # (through the services at batch 16-64 on an H100, 0, 0, 0, 2, 3, 4: each short step
+        # cost a full step's time, and a change of length is one more step without a chain).
+        self.last_drafted = initial
         self.speculating: bool | None = None  # the mode last chosen, probes aside (None: not yet)
         # The mode chosen at each batch-size bucket: leaving it needs that bucket's evidence
         # (a choice made with a few sequences left says nothing about a full batch).
@@ -495,7 +499,7 @@ class MeasuredCost:
             best = self.initial  # too few drafted steps to give speculation up on
         if model is not None and model.ready:
             self.speculating = self.chosen[self.bucket(len(seq_ids))] = best > 0
-        k = min(best, self.last_k + 2)
+        k = min(best, self.last_drafted + 2)
         if best == 0:
             self.regular_probe_left = 0
             if self.steps >= self.next_zero_probe:
@@ -520,6 +524,8 @@ class MeasuredCost:
                 self.regular_probe_left -= 1
                 k = 0
         self.last_k = k
+        if k:
+            self.last_drafted = k
         return [k] * len(seq_ids)
 
     def observe(self, seq_ids, proposed, accepted):

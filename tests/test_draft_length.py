@@ -435,6 +435,19 @@ def test_measured_cost_probes_regular_decoding_with_three_steps_while_speculatin
     assert chosen.count(0) <= 3 * (64 // 32 + 1)
 
 
+def test_measured_cost_returns_from_a_regular_probe_to_the_length_it_left():
+    """After a k = 0 probe the policy drafts its best length again at once: growing back from
+    k = 0 by 2 a step (0, 0, 0, 2, 4) spent steps at short lengths, each a whole step's time."""
+    from bass.coordinator.draft_length import MeasuredCost
+
+    pol = MeasuredCost(probe_every=8)
+    feed(pol, 8, 4, 1.0, lambda k: 3.0 if k else 6.0, alpha=0.9, steps=4)
+    feed(pol, 8, 0, 0.0, lambda k: 6.0, alpha=0.9, steps=4)
+    chosen = [pol.lengths(list(range(8)))[0] for _ in range(64)]
+    returns = [chosen[i] for i in range(1, len(chosen)) if chosen[i - 1] == 0 and chosen[i]]
+    assert returns and set(returns) == {pol.best_length(8)} and pol.best_length(8) >= 3, chosen
+
+
 def test_a_regular_step_is_timed_only_between_two_regular_steps(llama_target, llama_draft):
     """Scheduler._commit_in_flight: the cost of a regular step committed alone (the last of a run
     before speculation resumes) is not reported to the policy, nor is the first of a run (sent
