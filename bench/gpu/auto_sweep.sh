@@ -3,6 +3,8 @@
 # sizes, for the baseline build (.whlbase/, auto only) and the current one (regular, k = 3, k = 4,
 # auto), both sampling modes, one call. With .whlalt/ (a variant's wheel, same generated code as
 # the current build), its auto too (ALT_COMMIT names it). Usage: auto_sweep.sh [BATCHES] [POLICIES]
+# MODES picks the sampling modes (default both); EXTRA passes more `bass bench speed` arguments
+# (e.g. --trace; builds older than 3908ab5 reject it).
 set -uo pipefail
 R=$PWD
 batches=${1:-1,2,4,8,16,32,64} policies=${2:-0,3,4,auto}
@@ -17,7 +19,7 @@ if [ -d .whlalt ]; then
 fi
 cd /tmp
 export PYTHONUNBUFFERED=1
-for mode in greedy t0.8-p0.95; do
+for mode in ${MODES:-greedy t0.8-p0.95}; do
   for build in $builds; do
     site=/tmp/site commit=${BASS_COMMIT:-} pols=$policies
     [ $build = base ] && site=/tmp/site-base commit=${BASE_COMMIT:-base} pols=auto
@@ -25,14 +27,16 @@ for mode in greedy t0.8-p0.95; do
     BASS_COMMIT=$commit PYTHONPATH=$site timeout ${LIMIT_S:-200} python3 -m bass.cli bench speed \
       --target /tmp/models/qwen2.5-coder-1.5b-instruct --draft /tmp/models/qwen2.5-coder-0.5b-instruct \
       --device cuda --dtype bfloat16 --max-seq-len 1024 --max-new-tokens 128 --problems 0:16 --peak-tflops 989 \
-      --batches $batches --policies $pols --mode $mode --out $OUT/auto-sweep-$mode-$build.json \
+      --batches $batches --policies $pols --mode $mode ${EXTRA:-} --out $OUT/auto-sweep-$mode-$build.json \
       > /dev/null 2>> $OUT/auto-sweep.log  # one log: the device tool brings back only a few files
   done
 done
 python3 - "$OUT" <<'PY'
-import json, sys
+import json, os, sys
 for mode in ("greedy", "t0.8-p0.95"):
     rows = {}
+    if not any(os.path.exists(f"{sys.argv[1]}/auto-sweep-{mode}-{b}.json") for b in ("base", "new")):
+        continue
     for build in ("base", "new", "alt"):
         try:
             for r in json.load(open(f"{sys.argv[1]}/auto-sweep-{mode}-{build}.json"))["results"]:
