@@ -266,6 +266,12 @@ def acceptance_for(tokens: float, k: int) -> float:
 # auto 3.60 ms/token against regular 3.05. Budgets are upper bounds (a sequence may stop at
 # its end-of-sequence token long before), hence the cap, twice the default budget.
 JOIN_HORIZON_TOKENS = 256
+# Joins of at least this many tokens time the draft's seconds per joined token. A smaller one's
+# time is mostly a draft call's fixed part (and a first call's set-up: 43 ms at batch 1), which
+# priced every token 30x too dear (H100, 10c2746: 240-360 us a token after the first requests,
+# against 7-9 us from joins of whole batches of 64), and auto then decoded regularly at
+# batches 2-8 where k = 3 ran 8-16% faster.
+JOIN_TIMED_TOKENS = 1024
 
 # Sequence-steps of one draft length before its measured tokens per step are used for it.
 MIN_MEASURED_SEQUENCE_STEPS = 8
@@ -349,7 +355,7 @@ class MeasuredCost:
     draft would first have to run tokens it lacks (a `Join`: a new batch, a return from regular
     decoding), a length must also pay that back: the time it saves over regular decoding on
     the batch's remaining budgets (the median; at most JOIN_HORIZON_TOKENS tokens) must exceed
-    the join's, at the draft's measured seconds per joined token.
+    the join's, at the draft's seconds per joined token measured on large joins.
     """
 
     def __init__(self, initial: int = 4, max_length: int = 8, decay: float = 0.9, probe_every: int = 16,
@@ -556,7 +562,7 @@ class MeasuredCost:
 
     def observe_costs(self, batch, draft_forwards, draft_s, verify_k, verify_s, joined=0):
         model = self.costs.setdefault(self.bucket(batch), _CostModel(self.window))
-        if joined and draft_s > 0:
+        if joined >= JOIN_TIMED_TOKENS and draft_s > 0:
             # The join's part of the draft call: beyond a steady call of this length where one
             # was timed here, else all of it (a first join: over- rather than underestimated).
             steady = model.draft_cost(verify_k) if model.draft else 0.0

@@ -221,6 +221,9 @@ def test_measured_cost_leaves_regular_decoding_only_where_the_gain_repays_the_dr
     assert pol.join_seconds_per_token() is None
     assert pol.best_length(64, batch, lambda: Join(10_000, 128)) == best  # no join timed yet: as before
 
+    # A small join is mostly a draft call's fixed part: not timed per token.
+    pol.observe_costs(1, 0, 0.040, 4, None, joined=150)
+    assert pol.join_seconds_per_token() is None
     # A join step: 10k tokens, the draft call 50 ms where a steady one of k = 4 takes 4.8 ms.
     pol.observe_costs(64, 0, 0.0048 + 0.050, 4, None, joined=10_000)
     assert pol.join_seconds_per_token() == pytest.approx(5e-6)
