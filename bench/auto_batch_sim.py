@@ -1,0 +1,111 @@
+"""Why `auto` decodes regularly at 4-8 sequences where k = 3-4 is faster: the policy alone, simulated.
+
+No models: each step's cost is the H100's, per batch-size bucket (bench/results, "2026-11-25
+(night)": fixed k = 3 / 4 and policy 0 traces; a draft call of k tokens, its verification, a
+regular step), and each sequence accepts along a chain whose first draft is accepted with the
+sequence's own probability P0 (drawn uniformly from --p0) and each further one, after an
+acceptance, with P1. As `bass bench speed` does, rounds of 128 tokens a sequence, a new batch
+each (finished sequences leave it), one policy throughout; the first round is a warm-up. For
+each batch size it prints fixed k = 0 / 3 / 4 and `auto` (mean ms per token per sequence over
+--runs runs, and the share of runs whose measured rounds ended no faster than regular
+decoding), then what the policy believed of the last batch: its slowest sequence's expected
+tokens per step of k = 4 over the mean's (`batch_tail`, for a new batch) against the pace fixed
+k = 4's batches realized.
+
+    python bench/auto_batch_sim.py                          # greedy, P0 0.75-0.95, P1 0.95
+    python bench/auto_batch_sim.py --mode sampled --runs 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+
+from bass.coordinator.draft_length import MeasuredCost
+
+# Per bucket: (draft ms per token, draft call's fixed ms, verification ms at k > 0, regular step ms)
+COSTS = {"greedy": {1: (1.08, 0.09, 2.08, 2.0), 2: (1.06, 0.09, 2.08, 2.01), 4: (1.07, 0.09, 2.1, 2.03),
+                    8: (1.08, 0.08, 2.2, 2.05)},
+         "sampled": {1: (1.19, 0.05, 2.23, 2.13), 2: (1.19, 0.05, 2.24, 2.17), 4: (1.2, 0.05, 2.3, 2.2),
+                     8: (1.23, 0.1, 2.45, 2.22)}}
+TOKENS = 128
+
+
+def step_cost(mode: str, batch: int, k: int, rng: random.Random) -> tuple[float, float]:
+    """(draft seconds, rest of the step's seconds), with +-3% noise."""
+    per_token, fixed, verify, regular = COSTS[mode][min(MeasuredCost.bucket(batch), 8)]
+    noise = rng.uniform(0.97, 1.03)
+    return (0.0, regular * noise / 1000) if k == 0 else ((fixed + per_token * k) * noise / 1000, verify * noise / 1000)
+
+
+def accepted(k: int, p0: float, p1: float, rng: random.Random) -> int:
+    m, p = 0, p0
+    while m < k and rng.random() < p:
+        m, p = m + 1, p1
+    return m
+
+
+def one_run(seed: int, batch: int, mode: str, p0: tuple[float, float], p1: float, rounds: int,
+            fixed_k: int | None = None) -> tuple[float, MeasuredCost | None, float]:
+    """(median ms per token per sequence of the measured rounds, the policy, the last batch's
+    realized pace: its slowest sequence's tokens per drafted step over the mean's)."""
+    rng = random.Random(seed)
+    policy = MeasuredCost() if fixed_k is None else None
+    per_round, next_id, realized = [], 0, 1.0
+    for _ in range(rounds + 1):
+        seqs = list(range(next_id, next_id + batch))
+        next_id += batch
+        first = {s: rng.uniform(*p0) for s in seqs}
+        done, drafted, seconds = dict.fromkeys(seqs, 0), dict.fromkeys(seqs, [0, 0]), 0.0
+        while any(done[s] < TOKENS for s in seqs):
+            live = [s for s in seqs if done[s] < TOKENS]
+            k = policy.lengths(live)[0] if policy else fixed_k
+            ms = [accepted(k, first[s], p1, rng) if k else 0 for s in live]
+            draft_s, rest_s = step_cost(mode, len(live), k, rng)
+            if policy:
+                policy.observe(live, [k] * len(live), ms)
+                policy.observe_costs(len(live), k, draft_s, k, rest_s)
+            seconds += draft_s + rest_s
+            for s, m in zip(live, ms):
+                done[s] += m + 1
+                if k:
+                    drafted[s] = [drafted[s][0] + m + 1, drafted[s][1] + 1]
+        rates = [t / n for t, n in drafted.values() if n]
+        if len(rates) == batch and batch > 1:
+            realized = min(rates) / statistics.fmean(rates)
+        if policy:
+            for s in seqs:
+                policy.forget(s)
+        per_round.append(1000 * seconds / TOKENS)
+    return statistics.median(per_round[1:]), policy, realized
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", choices=sorted(COSTS), default="greedy")
+    parser.add_argument("--p0", type=float, nargs=2, default=(0.75, 0.95))
+    parser.add_argument("--p1", type=float, default=0.95)
+    parser.add_argument("--batches", type=int, nargs="+", default=(1, 2, 4, 8))
+    parser.add_argument("--runs", type=int, default=60)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    p0 = tuple(args.p0)
+    for batch in args.batches:
+        fixed = {k: statistics.median(one_run(s, batch, args.mode, p0, args.p1, args.rounds, k)[0] for s in range(10))
+                 for k in (0, 3, 4)}
+        runs = [one_run(s, batch, args.mode, p0, args.p1, args.rounds) for s in range(args.runs)]
+        auto = [ms for ms, _, _ in runs]
+        # What the policy expects of a new batch's pace at k = 4 (its remembered shortfall), against
+        # the pace fixed k = 4's batches realized (slowest sequence's tokens per step over the mean's).
+        believed = [policy.batch_tail(list(range(-batch, 0)), 4) for _, policy, _ in runs]
+        realized = [one_run(s, batch, args.mode, p0, args.p1, args.rounds, 4)[2] for s in range(10)]
+        print(f"{args.mode} batch {batch}: fixed " + ", ".join(f"k={k} {v:.3f}" for k, v in fixed.items())
+              + f"; auto {statistics.fmean(auto):.3f} (ended at regular's speed in "
+              f"{sum(ms >= 0.99 * fixed[0] for ms in auto) / len(auto):.0%} of runs); a new batch's "
+              f"pace at k = 4 believed {statistics.median(believed):.2f} "
+              f"({min(believed):.2f}-{max(believed):.2f}), realized {statistics.median(realized):.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
