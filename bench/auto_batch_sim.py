@@ -22,6 +22,7 @@ import argparse
 import random
 import statistics
 
+from auto_alone_sim import accepted  # the same acceptance chain as the batch-1 simulation
 from bass.coordinator.draft_length import MeasuredCost
 
 # Per bucket: (draft ms per token, draft call's fixed ms, verification ms at k > 0, regular step ms)
@@ -37,13 +38,6 @@ def step_cost(mode: str, batch: int, k: int, rng: random.Random) -> tuple[float,
     per_token, fixed, verify, regular = COSTS[mode][min(MeasuredCost.bucket(batch), 8)]
     noise = rng.uniform(0.97, 1.03)
     return (0.0, regular * noise / 1000) if k == 0 else ((fixed + per_token * k) * noise / 1000, verify * noise / 1000)
-
-
-def accepted(k: int, p0: float, p1: float, rng: random.Random) -> int:
-    m, p = 0, p0
-    while m < k and rng.random() < p:
-        m, p = m + 1, p1
-    return m
 
 
 def one_run(seed: int, batch: int, mode: str, p0: tuple[float, float], p1: float, rounds: int,

@@ -373,7 +373,6 @@ class MeasuredCost:
         self.shortfalls: dict[int, float] = {}
         self.yields = _Yields(decay)
         self.steps = 0
-        self.last_k = initial
         # The last length drafted: k grows from it, so a k = 0 probe is not followed by a climb
         # (through the services at batch 16-64 on an H100, 0, 0, 0, 2, 3, 4: each short step
         # cost a full step's time, and a change of length is one more step without a chain).
@@ -497,7 +496,6 @@ class MeasuredCost:
             # k >= 1 misjudges it (below), and the draft skips only a few tokens. Each timed
             # regular step has regular steps on both sides (Scheduler._commit_in_flight), so
             # this takes MIN_TIMED_STEPS + 2 steps.
-            self.last_k = 0
             return [0] * len(seq_ids)
         best = self.best_length(len(seq_ids), seq_ids, join)
         if (best == 0 and model is not None and model.ready
@@ -529,7 +527,6 @@ class MeasuredCost:
             elif self.regular_probe_left:
                 self.regular_probe_left -= 1
                 k = 0
-        self.last_k = k
         if k:
             self.last_drafted = k
         return [k] * len(seq_ids)
