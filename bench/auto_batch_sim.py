@@ -90,7 +90,7 @@ def main() -> None:
                  for k in (0, 3, 4)}
         runs = [one_run(s, batch, args.mode, p0, args.p1, args.rounds) for s in range(args.runs)]
         auto = [ms for ms, _, _ in runs]
-        # What the policy expects of a new batch's pace at k = 4 (its remembered shortfall), against
+        # What the policy expects of a new batch's pace at k = 4 (the share its bucket remembers), against
         # the pace fixed k = 4's batches realized (slowest sequence's tokens per step over the mean's).
         believed = [policy.batch_tail(list(range(-batch, 0)), 4) for _, policy, _ in runs]
         realized = [one_run(s, batch, args.mode, p0, args.p1, args.rounds, 4)[2] for s in range(10)]

@@ -158,16 +158,23 @@ MIN_TIMED_STEPS = 3
 # E(k) is the mean sequence's tokens per step, but a batch (and a request of n sequences) waits
 # for its slowest: on an H100 (176f1c8, k = 4, 128 tokens each) 8 sequences at T = 0.8 took 45
 # steps where their mean tokens per step (4.04) predicts 32, and 64 greedy ones 37 where 4.24
-# predicts 30. So a batch's tokens per step are scaled by how far its least accepted sequence
-# falls behind the mean (MeasuredCost.batch_tail), each sequence's acceptance drawn towards the
-# batch's with the weight of this many tested drafts (one sequence's few steps say little).
-# Sequences that have barely speculated (a new batch) take the shortfall the batch-size bucket
-# showed before, in proportion to what they lack of this many tested drafts each: starting each
-# batch from the mean sent auto into a few speculative steps per new batch where regular
-# decoding was faster (H100, 24f414f: T = 0.8 batch 64 3.72 against regular 3.35 with 2 such
-# steps in 127).
-SEQUENCE_PRIOR_TRIALS = 4.0
-
+# predicts 30. So a batch's tokens per step are scaled by how far its slowest sequence falls
+# behind the mean (MeasuredCost.batch_tail), judged from each sequence's own tokens per drafted
+# step, drawn towards the batch's mean with the weight of this many steps (one sequence's few
+# steps say little). The pace is judged in tokens per step, not from a per-token acceptance
+# through the geometric model: acceptance runs are correlated, and the minimum of noisy
+# per-token estimates put a batch of 8 (greedy, H100) at 0.77 of the mean's pace where fixed
+# k = 4 realized 0.86, which hid a 5-8% gain of k = 3 over regular decoding
+# (bench/auto_batch_sim.py reproduces it: 0.80 believed, 0.89 realized).
+SEQUENCE_PRIOR_STEPS = 4.0
+# Sequences that have barely speculated (a new batch) take the pace their batch-size bucket
+# showed before, in proportion to what they lack of SEQUENCE_PRIOR_STEPS drafted steps each;
+# starting each batch from the mean sent auto into a few speculative steps per new batch where
+# regular decoding was faster (H100, 24f414f: T = 0.8 batch 64 3.72 against regular 3.35 with 2
+# such steps in 127). A bucket remembers its pace from this much evidence on (its sequences'
+# second drafted step): a bucket that soon chose regular decoding otherwise kept none, and its
+# next batches started at the mean's pace.
+PACE_EVIDENCE = 0.5
 
 class _CostModel:
     """Step costs at one batch-size bucket: the median of recent observations of a draft call's
@@ -237,13 +244,49 @@ def expected_tokens(a: float, k: int) -> float:
     return float(k + 1) if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
 
 
-def _tail(pace: tuple[float, float] | None, k: int) -> float:
-    """Expected tokens per step of k drafts at the slowest acceptance over those at the mean,
-    pace being (mean, slowest); 1 without a batch to wait for (None) and for k = 0."""
-    if pace is None or k == 0:
+def _tail(gain_share: float, expected: float) -> float:
+    """A batch's slowest sequence's tokens per step over the mean's at a length whose mean
+    sequence commits `expected` tokens a step, where the slowest gains `gain_share` of the
+    mean's tokens beyond the one every step commits (a length of one draft loses less to the
+    tail than one of four)."""
+    if gain_share >= 1 or expected <= 1:
         return 1.0
-    mean, slowest = pace
-    return min(1.0, expected_tokens(min(slowest, 0.999), k) / expected_tokens(min(mean, 0.999), k))
+    return (1 + gain_share * (expected - 1)) / expected
+
+
+class _SequencePace:
+    """Each sequence's decayed tokens per drafted step: (tokens, steps) decayed, and the steps
+    it drafted (not decayed: the evidence a new batch's pace rests on)."""
+
+    def __init__(self, decay: float):
+        self.decay = decay
+        self.stats: dict[int, tuple[float, float, int]] = {}
+
+    def get(self, seq_id: int) -> tuple[float, float, int]:
+        return self.stats.get(seq_id, (0.0, 0.0, 0))
+
+    def add(self, seq_id: int, tokens: int) -> None:
+        t, n, seen = self.get(seq_id)
+        self.stats[seq_id] = (t * self.decay + tokens, n * self.decay + 1, seen + 1)
+
+    def forget(self, seq_id: int) -> None:
+        self.stats.pop(seq_id, None)
+
+    def __contains__(self, seq_id: int) -> bool:
+        return seq_id in self.stats
+
+    def gain_share(self, seq_ids: Sequence[int]) -> tuple[float, float]:
+        """(the share of the batch's mean tokens per drafted step beyond the first that its
+        slowest sequence gains, in [0, 1]; the evidence, in [0, 1]: the mean share of
+        SEQUENCE_PRIOR_STEPS each sequence has drafted)."""
+        stats = [self.get(seq_id) for seq_id in seq_ids]
+        tokens, steps = sum(t for t, _, _ in stats), sum(n for _, n, _ in stats)
+        evidence = statistics.fmean(min(1.0, seen / SEQUENCE_PRIOR_STEPS) for _, _, seen in stats)
+        mean = tokens / steps if steps else 1.0
+        if mean <= 1:  # nothing accepted: no gain to share
+            return 1.0, evidence
+        slowest = min((t + mean * SEQUENCE_PRIOR_STEPS) / (n + SEQUENCE_PRIOR_STEPS) for t, n, _ in stats)
+        return min(1.0, max(0.0, (slowest - 1) / (mean - 1))), evidence
 
 
 def acceptance_for(tokens: float, k: int) -> float:
@@ -338,7 +381,8 @@ class MeasuredCost:
     and regular decoding (k = 0) unless that speculation beats it by `margin` (5%; at least 15%
     where the cost is extrapolated, not measured): speculating costs a draft catch-up each time
     it resumes. A batch's tokens per step are those of its slowest sequence, not of the mean
-    one (`batch_tail`; a new batch starts from the shortfall its batch size showed before). Once speculating, it stays while speculation is ahead at all
+    one (`batch_tail`; judged from each sequence's tokens per drafted step; a new batch starts from the pace its
+    batch size showed before). Once speculating, it stays while speculation is ahead at all
     (hysteresis: the two thresholds keep it from flapping, each flap being a catch-up); per
     batch-size bucket, since the tail of a batch (a few sequences left) can favour speculation
     where the full batch does not. k grows by at most 2 a step from the last length drafted
@@ -367,10 +411,10 @@ class MeasuredCost:
         self.margin = margin
         self.costs: dict[int, _CostModel] = {}
         self.alpha = [0.0, 0.0]  # decayed (successes, trials): used until a length is measured
-        self.per_sequence = _SequenceTrials(decay)
-        # bucket -> decayed mean of the slowest sequence's acceptance over the batch's (<= 1),
-        # taken at steps where every sequence had its prior's worth of tested drafts
-        self.shortfalls: dict[int, float] = {}
+        self.pace = _SequencePace(decay)
+        # bucket -> decayed mean of the share of the mean's gain its slowest sequence kept
+        # (_SequencePace.gain_share), taken from PACE_EVIDENCE on
+        self.gain_shares: dict[int, float] = {}
         self.yields = _Yields(decay)
         self.steps = 0
         # The last length drafted: k grows from it, so a k = 0 probe is not followed by a climb
@@ -402,39 +446,29 @@ class MeasuredCost:
             return None
         # Asked before every step, so each input is read once, not once per length: the batch's
         # acceptances (a pass over its sequences) and each timed length's median cost.
-        pace = self.slowest_acceptance(seq_ids) if len(seq_ids) >= 2 else None
-        return [self.tokens_per_step(k) * _tail(pace, k) / cost
-                for k, cost in enumerate(model.step_costs(self.max_length))]
+        share = self.gain_share(seq_ids) if len(seq_ids) >= 2 else 1.0
+        scores = []
+        for k, cost in enumerate(model.step_costs(self.max_length)):
+            expected = self.tokens_per_step(k)
+            scores.append(expected * _tail(share, expected) / cost)
+        return scores
 
     def batch_tail(self, seq_ids: Sequence[int], k: int) -> float:
         """The slowest sequence's expected tokens per step of k drafts over the mean sequence's
-        (<= 1): see `slowest_acceptance`. 1 for k = 0 (every sequence commits one token) and
-        for a lone sequence."""
-        return _tail(self.slowest_acceptance(seq_ids) if len(seq_ids) >= 2 else None, k)
+        (<= 1): see `gain_share`. 1 for k = 0 (every sequence commits one token) and for a
+        lone sequence."""
+        return _tail(self.gain_share(seq_ids) if len(seq_ids) >= 2 else 1.0, self.tokens_per_step(k))
 
-    def slowest_acceptance(self, seq_ids: Sequence[int]) -> tuple[float, float]:
-        """(the batch's mean per-token acceptance, its least accepting sequence's), each
-        sequence's own drawn towards the mean with SEQUENCE_PRIOR_TRIALS' weight. Where the
-        sequences have fewer tested drafts than that (a new batch), the shortfall this bucket
-        showed before makes up for the evidence they lack."""
-        mean, shortfall, evidence = self._measured_shortfall(seq_ids)
-        remembered = self.shortfalls.get(self.bucket(len(seq_ids)))
+    def gain_share(self, seq_ids: Sequence[int]) -> float:
+        """The share of the mean sequence's tokens per drafted step beyond the first that the
+        batch's slowest sequence gains, each sequence's own pace drawn towards the mean with
+        SEQUENCE_PRIOR_STEPS' weight. Where the sequences have drafted fewer steps than that (a
+        new batch), the share this bucket showed before makes up for the evidence they lack."""
+        share, evidence = self.pace.gain_share(seq_ids)
+        remembered = self.gain_shares.get(self.bucket(len(seq_ids)))
         if remembered is not None and evidence < 1:
-            shortfall = evidence * shortfall + (1 - evidence) * remembered
-        return mean, mean * shortfall
-
-    def _measured_shortfall(self, seq_ids: Sequence[int]) -> tuple[float, float, float]:
-        """(mean acceptance, slowest over mean, evidence in [0, 1]) from the sequences' own
-        tested drafts alone."""
-        stats = [self.per_sequence.get(seq_id) for seq_id in seq_ids]
-        successes, trials = sum(s for s, _ in stats), sum(n for _, n in stats)
-        if not trials:
-            return self.acceptance(), 1.0, 0.0
-        mean = successes / trials
-        if mean <= 0:
-            return mean, 1.0, 1.0
-        slowest = min((s + mean * SEQUENCE_PRIOR_TRIALS) / (n + SEQUENCE_PRIOR_TRIALS) for s, n in stats)
-        return mean, min(1.0, slowest / mean), min(1.0, trials / (len(stats) * SEQUENCE_PRIOR_TRIALS))
+            share = evidence * share + (1 - evidence) * remembered
+        return share
 
     def tokens_per_step(self, k: int) -> float:
         """Expected tokens a sequence commits in a step of k drafts (as scored)."""
@@ -545,17 +579,17 @@ class MeasuredCost:
                 s += m
                 n += m + (m < k)
                 by_length.setdefault(k, []).append(m + 1)
-                self.per_sequence.add(seq_id, k, m)
+                self.pace.add(seq_id, m + 1)
         self.alpha = [s, n]
         for k, tokens in by_length.items():
             self.yields.add(k, sum(tokens), len(tokens))
         drafted = [seq_id for seq_id, k in zip(seq_ids, proposed) if k]
         if len(drafted) >= 2:
-            _, shortfall, evidence = self._measured_shortfall(drafted)
-            if evidence >= 1:
+            share, evidence = self.pace.gain_share(drafted)
+            if evidence >= PACE_EVIDENCE:
                 bucket = self.bucket(len(drafted))
-                old = self.shortfalls.get(bucket)
-                self.shortfalls[bucket] = shortfall if old is None else old * self.decay + shortfall * (1 - self.decay)
+                old = self.gain_shares.get(bucket)
+                self.gain_shares[bucket] = share if old is None else old * self.decay + share * (1 - self.decay)
 
     def observe_costs(self, batch, draft_forwards, draft_s, verify_k, verify_s, joined=0):
         model = self.costs.setdefault(self.bucket(batch), _CostModel(self.window))
@@ -568,14 +602,15 @@ class MeasuredCost:
         model.add(draft_forwards, draft_s, verify_k, verify_s)
 
     def forget(self, seq_id):
-        self.per_sequence.forget(seq_id)
+        self.pace.forget(seq_id)
 
     def describe(self) -> dict:
         """What the policy knows (for benchmarks and logs): per batch-size bucket, the median
         timed cost of each draft length (ms), how many steps timed it, and the mode chosen;
         the acceptance estimate; the tokens per sequence-step measured at each draft length
         (decayed mean, sequence-steps seen); per bucket, the slowest sequence's acceptance over
-        the mean's (decayed); the draft's time per joined token (µs)."""
+        the mean's gain kept by the slowest sequence (decayed); the draft's time per joined
+        token (µs)."""
         def ms(samples) -> list:
             return [round(1000 * statistics.median(samples), 3), len(samples)]
 
@@ -584,7 +619,7 @@ class MeasuredCost:
                 "buckets": {bucket: {"draft": {k: ms(v) for k, v in sorted(m.draft.items())},
                                      "verify": {k: ms(v) for k, v in sorted(m.verify.items())}}
                             for bucket, m in sorted(self.costs.items())},
-                "slowest_over_mean": {bucket: round(v, 3) for bucket, v in sorted(self.shortfalls.items())},
+                "slowest_gain_share": {bucket: round(v, 3) for bucket, v in sorted(self.gain_shares.items())},
                 "join_us_per_token": None if self.join_seconds_per_token() is None
                 else round(1e6 * self.join_seconds_per_token(), 3)}
 

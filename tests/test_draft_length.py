@@ -321,19 +321,19 @@ def test_measured_cost_paces_a_batch_by_its_slowest_sequence():
     fast = list(range(7))
     pol.costs[pol.bucket(8)].verify[0][0] = 1.20 / max(pol.scores(8, fast)[1:])
     assert pol.best_length(8, fast) > 0
-    assert pol.batch_tail(list(range(8)), 4) < 0.6
+    assert pol.batch_tail(list(range(8)), 4) < 0.7
     assert pol.best_length(8, list(range(8))) == 0
     assert pol.batch_tail([7], 4) == pol.batch_tail(list(range(8)), 0) == 1.0  # alone; regular steps
     pol.forget(7)
-    assert 7 not in pol.per_sequence and pol.best_length(8, list(range(8))) > 0  # a newcomer: the batch's mean
+    assert 7 not in pol.pace and pol.best_length(8, list(range(8))) > 0  # a newcomer: the batch's mean
 
 
-def test_measured_cost_starts_a_new_batch_from_the_shortfall_its_bucket_showed():
+def test_measured_cost_starts_a_new_batch_from_the_pace_its_bucket_showed():
     """A new batch has no per-sequence history; starting it from the mean sent auto into a few
-    slow speculative steps with every new batch (H100, T = 0.8, batch 64). It takes the
-    shortfall the bucket showed before instead, until its own sequences have drafted; a bucket
-    whose sequences accepted alike keeps no shortfall."""
-    from bass.coordinator.draft_length import MeasuredCost
+    slow speculative steps with every new batch (H100, T = 0.8, batch 64). It takes the pace
+    the bucket showed before instead, until its own sequences have drafted; a bucket whose
+    sequences accepted alike remembers none lost."""
+    from bass.coordinator.draft_length import PACE_EVIDENCE, SEQUENCE_PRIOR_STEPS, MeasuredCost
 
     pol = MeasuredCost()
     old, new = list(range(8)), list(range(100, 108))
@@ -342,22 +342,46 @@ def test_measured_cost_starts_a_new_batch_from_the_shortfall_its_bucket_showed()
         pol.observe(old, [4] * 8, [4] * 7 + [1])
     for seq_id in old:
         pol.forget(seq_id)
-    assert pol.describe()["slowest_over_mean"][8] < 0.8
+    assert pol.describe()["slowest_gain_share"][8] < 0.7
     tail_new = pol.batch_tail(new, 4)
     assert tail_new < 0.8
     assert pol.batch_tail(new[:1], 4) == 1.0  # alone, no batch to wait for
-    # the new batch's own drafts, all alike, replace the remembered shortfall as they accrue
-    pol.observe(new, [4] * 8, [1] * 8)  # 2 tested drafts each: half the prior's weight
+    # the new batch's own drafts, all alike, replace the remembered pace as they accrue
+    pol.observe(new, [4] * 8, [2] * 8)
     assert tail_new < pol.batch_tail(new, 4) < 1.0
-    for _ in range(2):  # (decayed) past the prior's weight
-        pol.observe(new, [4] * 8, [1] * 8)
+    for _ in range(int(SEQUENCE_PRIOR_STEPS) - 1):
+        pol.observe(new, [4] * 8, [2] * 8)
     assert pol.batch_tail(new, 4) == pytest.approx(1.0)
+
+    # remembered from the sequences' second drafted step on, not before
+    early = MeasuredCost()
+    observed = [early.observe(old, [4] * 8, [4] * 7 + [0]) for _ in range(int(PACE_EVIDENCE * SEQUENCE_PRIOR_STEPS) - 1)]
+    assert len(observed) == 1 and 8 not in early.gain_shares
+    early.observe(old, [4] * 8, [4] * 7 + [0])
+    assert early.gain_shares[8] < 0.7
 
     alike = MeasuredCost()
     for _ in range(12):
         alike.observe(old, [4] * 8, [3] * 8)
-    assert alike.describe()["slowest_over_mean"][8] == pytest.approx(1.0)
+    assert alike.describe()["slowest_gain_share"][8] == pytest.approx(1.0)
     assert alike.batch_tail(new, 4) == pytest.approx(1.0)
+
+
+def test_a_batch_tail_costs_a_short_draft_less_than_a_long_one():
+    """The slowest sequence keeps a share of the mean's gain beyond the one token every step
+    commits: one draft token loses less to it than four, and a batch that keeps all of it
+    loses nothing."""
+    from bass.coordinator.draft_length import MeasuredCost
+
+    pol = MeasuredCost()
+    for _ in range(12):
+        pol.observe(list(range(8)), [4] * 8, [4] * 7 + [2])
+    tails = [pol.batch_tail(list(range(8)), k) for k in range(5)]
+    assert tails[0] == 1.0 and tails[1] > tails[2] > tails[3] > tails[4]
+    # the tail at the drafted length matches the shrunk pace of the slowest sequence
+    share = pol.gain_share(list(range(8)))
+    expected = pol.tokens_per_step(4)
+    assert tails[4] == pytest.approx((1 + share * (expected - 1)) / expected)
 
 
 def test_measured_cost_remembers_acceptance_through_regular_steps():
