@@ -323,14 +323,9 @@ MIN_MEASURED_SEQUENCE_STEPS = 8
 # unlucky steps stands until the next probe (2,048 steps on): simulated at batch 1 with the
 # H100's costs (bench/auto_alone_sim.py, T = 0.8, k = 4 21% faster than regular decoding), 30%
 # of 200 runs ended decoding regularly, some after 3 drafted steps; with this floor none, at
-# ~0.16 ms/token more in the first request where speculation does not pay. 16 such steps were
-# too few on an H100 (d8e95ba): a completion's first tokens are drafted worse than the rest,
-# and auto judged k = 4 from them (greedy batch 8: 3.76 tokens a step from 37 sequence-steps
-# where longer runs make 4.0-4.3; T = 0.8 batch 2: 3.17 from 16), so it decoded regularly
-# where k = 3 ran 8-15% faster. 128 cost ~0.6 ms/token over the first ~300 tokens of one lone
-# sequence where speculation does not pay at all (bench/auto_alone_sim.py --p0 0.6 --p1 0.7),
-# nothing measurable where it roughly breaks even, and are two steps at 64 sequences.
-MIN_EXPLORED_SEQUENCE_STEPS = 128
+# ~0.16 ms/token more in the first request where speculation does not pay. At 8 sequences and
+# more it is one or two steps.
+MIN_EXPLORED_SEQUENCE_STEPS = 16
 # The measured tokens per step remember at least this many sequence-steps (and 1 / (1 - decay)
 # steps): at one sequence a step is one noisy sample (T = 0.8, k = 4: 1 to 5 tokens), and ten
 # of them mislead.
