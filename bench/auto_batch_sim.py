@@ -5,7 +5,7 @@ No models: each step's cost is the H100's, per batch-size bucket (bench/results,
 regular step), and each sequence accepts along a chain whose first draft is accepted with the
 sequence's own probability P0 (drawn uniformly from --p0) and each further one, after an
 acceptance, with P1. As `bass bench speed` does, rounds of 128 tokens a sequence, a new batch
-each (finished sequences leave it), one policy throughout; the first round is a warm-up. For
+each (finished sequences leave it), one policy throughout, after a warm-up round of 16. For
 each batch size it prints fixed k = 0 / 3 / 4 and `auto` (mean ms per token per sequence over
 --runs runs, and the share of runs whose measured rounds ended no faster than regular
 decoding), then what the policy believed of the last batch: its slowest sequence's expected
@@ -14,6 +14,15 @@ k = 4's batches realized.
 
     python bench/auto_batch_sim.py                          # greedy, P0 0.75-0.95, P1 0.95
     python bench/auto_batch_sim.py --mode sampled --runs 40
+
+Each new batch also costs the draft a join, as the scheduler reports it (`Scheduler._join`):
+where a step drafts, the draft first runs the prompts of sequences it does not hold and the
+tokens it skipped while the batch decoded regularly, at the H100's measured ~7 us a token. With
+--early-tokens N --early-drop D, a sequence's first N tokens are drafted worse (P0 - D): on
+the H100 auto judged k = 4 from a completion's first tokens (3.76 tokens a step at greedy 8
+against 4.0-4.3 over whole runs). --explore sets MIN_EXPLORED_SEQUENCE_STEPS, to compare floors.
+
+    python bench/auto_batch_sim.py --batches 4 8 16 --early-tokens 24 --early-drop 0.2 --explore 128
 """
 
 from __future__ import annotations
@@ -23,55 +32,76 @@ import random
 import statistics
 
 from auto_alone_sim import accepted  # the same acceptance chain as the batch-1 simulation
-from bass.coordinator.draft_length import MeasuredCost
+import bass.coordinator.draft_length as draft_length
+from bass.coordinator.draft_length import Join, MeasuredCost
 
-# Per bucket: (draft ms per token, draft call's fixed ms, verification ms at k > 0, regular step ms)
+# Per bucket: (draft ms per token, draft call's fixed ms, verification ms at k > 0, regular step ms);
+# 16 and 64 from the late session's policy states (bench/results, "2026-11-25 (late)")
 COSTS = {"greedy": {1: (1.08, 0.09, 2.08, 2.0), 2: (1.06, 0.09, 2.08, 2.01), 4: (1.07, 0.09, 2.1, 2.03),
-                    8: (1.08, 0.08, 2.2, 2.05)},
+                    8: (1.08, 0.08, 2.2, 2.05), 16: (1.1, 0.1, 2.28, 2.09), 64: (1.25, 0.1, 3.7, 2.25)},
          "sampled": {1: (1.19, 0.05, 2.23, 2.13), 2: (1.19, 0.05, 2.24, 2.17), 4: (1.2, 0.05, 2.3, 2.2),
-                     8: (1.23, 0.1, 2.45, 2.22)}}
+                     8: (1.23, 0.1, 2.45, 2.22), 16: (1.27, 0.1, 2.95, 2.28), 64: (1.6, 0.1, 5.3, 2.72)}}
 TOKENS = 128
+WARM_UP_TOKENS = 16  # as `bass bench speed`
+PROMPT_TOKENS = 150  # HumanEval 0:16 with the chat template, roughly
+JOIN_S_PER_TOKEN = 7e-6  # the draft's time per joined token on the H100 (5.6-8.6 us measured)
+STEADY_PENDING = 2  # as Scheduler._join_tokens: tokens a drafted step runs anyway
 
 
 def step_cost(mode: str, batch: int, k: int, rng: random.Random) -> tuple[float, float]:
     """(draft seconds, rest of the step's seconds), with +-3% noise."""
-    per_token, fixed, verify, regular = COSTS[mode][min(MeasuredCost.bucket(batch), 8)]
+    bucket = MeasuredCost.bucket(batch)
+    per_token, fixed, verify, regular = COSTS[mode][max(b for b in COSTS[mode] if b <= bucket)]
     noise = rng.uniform(0.97, 1.03)
     return (0.0, regular * noise / 1000) if k == 0 else ((fixed + per_token * k) * noise / 1000, verify * noise / 1000)
 
 
 def one_run(seed: int, batch: int, mode: str, p0: tuple[float, float], p1: float, rounds: int,
-            fixed_k: int | None = None) -> tuple[float, MeasuredCost | None, float]:
+            fixed_k: int | None = None, early: tuple[int, float] = (0, 0.0)) -> tuple[float, MeasuredCost | None, float]:
     """(median ms per token per sequence of the measured rounds, the policy, the last batch's
     realized pace: its slowest sequence's tokens per drafted step over the mean's)."""
     rng = random.Random(seed)
     policy = MeasuredCost() if fixed_k is None else None
     per_round, next_id, realized = [], 0, 1.0
-    for _ in range(rounds + 1):
+    early_tokens, early_drop = early
+    for round_ in range(rounds + 1):
+        tokens = WARM_UP_TOKENS if round_ == 0 else TOKENS
         seqs = list(range(next_id, next_id + batch))
         next_id += batch
         first = {s: rng.uniform(*p0) for s in seqs}
         done, drafted, seconds = dict.fromkeys(seqs, 0), dict.fromkeys(seqs, [0, 0]), 0.0
-        while any(done[s] < TOKENS for s in seqs):
-            live = [s for s in seqs if done[s] < TOKENS]
-            k = policy.lengths(live)[0] if policy else fixed_k
-            ms = [accepted(k, first[s], p1, rng) if k else 0 for s in live]
+        held, skipped, drafted_last = dict.fromkeys(seqs, False), dict.fromkeys(seqs, 0), False
+        while any(done[s] < tokens for s in seqs):
+            live = [s for s in seqs if done[s] < tokens]
+            joining = 0 if drafted_last and all(held[s] for s in live) else sum(
+                max(0, skipped[s] - STEADY_PENDING) if held[s] else PROMPT_TOKENS + done[s] for s in live)
+            horizon = int(statistics.median_low(tokens - done[s] for s in live))
+            k = policy.lengths(live, join=lambda: Join(joining, horizon))[0] if policy else fixed_k
+            ms = [accepted(k, first[s] - (early_drop if done[s] < early_tokens else 0.0), p1, rng) if k else 0
+                  for s in live]
             draft_s, rest_s = step_cost(mode, len(live), k, rng)
+            joined = joining if k else 0
+            draft_s += joined * JOIN_S_PER_TOKEN
             if policy:
                 policy.observe(live, [k] * len(live), ms)
-                policy.observe_costs(len(live), k, draft_s, k, rest_s)
+                # a join step's draft time is not a steady cost of its length (as the scheduler)
+                policy.observe_costs(len(live), 0 if joined else k, draft_s, k, rest_s, joined=joined)
             seconds += draft_s + rest_s
             for s, m in zip(live, ms):
                 done[s] += m + 1
                 if k:
                     drafted[s] = [drafted[s][0] + m + 1, drafted[s][1] + 1]
+                    held[s], skipped[s] = True, 0
+                else:
+                    skipped[s] += 1
+            drafted_last = k > 0
         rates = [t / n for t, n in drafted.values() if n]
         if len(rates) == batch and batch > 1:
             realized = min(rates) / statistics.fmean(rates)
         if policy:
             for s in seqs:
                 policy.forget(s)
-        per_round.append(1000 * seconds / TOKENS)
+        per_round.append(1000 * seconds / tokens)
     return statistics.median(per_round[1:]), policy, realized
 
 
@@ -83,17 +113,23 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=(1, 2, 4, 8))
     parser.add_argument("--runs", type=int, default=60)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--early-tokens", type=int, default=0)
+    parser.add_argument("--early-drop", type=float, default=0.0)
+    parser.add_argument("--explore", type=int, default=None, help="MIN_EXPLORED_SEQUENCE_STEPS")
     args = parser.parse_args()
-    p0 = tuple(args.p0)
+    if args.explore is not None:
+        draft_length.MIN_EXPLORED_SEQUENCE_STEPS = args.explore
+    p0, early = tuple(args.p0), (args.early_tokens, args.early_drop)
     for batch in args.batches:
-        fixed = {k: statistics.median(one_run(s, batch, args.mode, p0, args.p1, args.rounds, k)[0] for s in range(10))
+        fixed = {k: statistics.median(one_run(s, batch, args.mode, p0, args.p1, args.rounds, k, early)[0]
+                                      for s in range(10))
                  for k in (0, 3, 4)}
-        runs = [one_run(s, batch, args.mode, p0, args.p1, args.rounds) for s in range(args.runs)]
+        runs = [one_run(s, batch, args.mode, p0, args.p1, args.rounds, early=early) for s in range(args.runs)]
         auto = [ms for ms, _, _ in runs]
         # What the policy expects of a new batch's pace at k = 4 (the share its bucket remembers), against
         # the pace fixed k = 4's batches realized (slowest sequence's tokens per step over the mean's).
         believed = [policy.batch_tail(list(range(-batch, 0)), 4) for _, policy, _ in runs]
-        realized = [one_run(s, batch, args.mode, p0, args.p1, args.rounds, 4)[2] for s in range(10)]
+        realized = [one_run(s, batch, args.mode, p0, args.p1, args.rounds, 4, early)[2] for s in range(10)]
         print(f"{args.mode} batch {batch}: fixed " + ", ".join(f"k={k} {v:.3f}" for k, v in fixed.items())
               + f"; auto {statistics.fmean(auto):.3f} (ended at regular's speed in "
               f"{sum(ms >= 0.99 * fixed[0] for ms in auto) / len(auto):.0%} of runs); a new batch's "
