@@ -326,6 +326,17 @@ MIN_MEASURED_SEQUENCE_STEPS = 8
 # ~0.16 ms/token more in the first request where speculation does not pay. At 8 sequences and
 # more it is one or two steps.
 MIN_EXPLORED_SEQUENCE_STEPS = 16
+# ... and at most SMALL_BATCH sequences, where a step is one or two samples and the draft's joins
+# are small (a prompt or two), this many: a completion's first tokens are drafted worse than the
+# rest, and 16 of them made auto decode regularly at T = 0.8 and 2 sequences where k = 3 ran 15%
+# faster (H100, d8e95ba). With 128 (11a5c5d, both build orders, one H100) auto ran 1.77 / 2.10
+# greedy and 1.88 / 2.24 sampled at 1 / 2 sequences against 1.78 / 2.13 and 1.91 / 2.32 with 16.
+# Not beyond: at 8-16 sequences the longer exploration paid draft joins and mode switches worth
+# more than it found (greedy 16: 2.60 against 2.40), as bench/auto_batch_sim.py also shows.
+# Where speculation does not pay at all (a weak draft: auto_alone_sim.py --p0 0.6 --p1 0.7),
+# 128 cost a lone sequence ~0.4-0.6 ms/token over its first ~300 tokens, once.
+SMALL_BATCH = 2
+MIN_EXPLORED_SEQUENCE_STEPS_SMALL_BATCH = 128
 # The measured tokens per step remember at least this many sequence-steps (and 1 / (1 - decay)
 # steps): at one sequence a step is one noisy sample (T = 0.8, k = 4: 1 to 5 tokens), and ten
 # of them mislead.
@@ -395,7 +406,8 @@ class MeasuredCost:
     further apart, up to `max_probe_every`. Acceptance learnt
     while speculating at other batch sizes still moves the choice between probes. Since
     regular steps teach nothing about acceptance, regular decoding is not chosen before
-    MIN_EXPLORED_SEQUENCE_STEPS sequence-steps have drafted at the initial length. Where the
+    MIN_EXPLORED_SEQUENCE_STEPS sequence-steps have drafted at the initial length
+    (MIN_EXPLORED_SEQUENCE_STEPS_SMALL_BATCH at up to SMALL_BATCH sequences). Where the
     draft would first have to run tokens it lacks (a `Join`: a new batch, a return from regular
     decoding), a length must also pay that back: the time it saves over regular decoding on
     the batch's remaining budgets (the median; at most JOIN_HORIZON_TOKENS tokens) must exceed
@@ -532,8 +544,8 @@ class MeasuredCost:
             # this takes MIN_TIMED_STEPS + 2 steps.
             return [0] * len(seq_ids)
         best = self.best_length(len(seq_ids), seq_ids, join)
-        if (best == 0 and model is not None and model.ready
-                and self.yields.seen(self.initial) < MIN_EXPLORED_SEQUENCE_STEPS):
+        floor = MIN_EXPLORED_SEQUENCE_STEPS_SMALL_BATCH if len(seq_ids) <= SMALL_BATCH else MIN_EXPLORED_SEQUENCE_STEPS
+        if best == 0 and model is not None and model.ready and self.yields.seen(self.initial) < floor:
             best = self.initial  # too few drafted steps to give speculation up on
         if model is not None and model.ready:
             self.speculating = self.chosen[self.bucket(len(seq_ids))] = best > 0

@@ -580,20 +580,31 @@ def test_measured_cost_drafts_enough_steps_before_giving_speculation_up(monkeypa
 
     chosen = _run_alone(draft_length.MeasuredCost(), unlucky_start, 80)
     assert sum(k > 0 for k in chosen[-30:]) >= 25, chosen
-    monkeypatch.setattr(draft_length, "MIN_EXPLORED_SEQUENCE_STEPS", 0)
+    monkeypatch.setattr(draft_length, "MIN_EXPLORED_SEQUENCE_STEPS_SMALL_BATCH", 0)
     chosen = _run_alone(draft_length.MeasuredCost(), unlucky_start, 80)
     assert not any(chosen[-60:]), chosen
 
 
 def test_measured_cost_gives_speculation_up_after_the_floor_where_it_does_not_pay():
-    """Where the draft never gets a token right, the floor costs MIN_EXPLORED_SEQUENCE_STEPS
-    drafted steps of the initial length at one sequence (and the shorter ones ramping up to
-    it after the timed regular steps), then regular decoding for good."""
-    from bass.coordinator.draft_length import MIN_EXPLORED_SEQUENCE_STEPS, MeasuredCost
+    """Where the draft never gets a token right, the floor costs its sequence-steps drafted at
+    the initial length (and the shorter ones of the neighbour probes and the ramp after the
+    timed regular steps), then regular decoding for good: at one sequence the small batch's
+    floor, at 8 sequences the other, a step or two."""
+    from bass.coordinator.draft_length import (MIN_EXPLORED_SEQUENCE_STEPS, MIN_EXPLORED_SEQUENCE_STEPS_SMALL_BATCH,
+                                               MeasuredCost)
 
-    chosen = _run_alone(MeasuredCost(), lambda step, k: 0, 200)
-    assert sum(k > 0 for k in chosen) <= MIN_EXPLORED_SEQUENCE_STEPS + 4, chosen
+    floor = MIN_EXPLORED_SEQUENCE_STEPS_SMALL_BATCH
+    chosen = _run_alone(MeasuredCost(), lambda step, k: 0, floor + 200)
+    assert floor <= sum(k > 0 for k in chosen) <= 1.1 * floor + 4, chosen
     assert not any(chosen[-150:])
+
+    pol, drafted = MeasuredCost(), 0
+    for _ in range(200):
+        k = pol.lengths(list(range(8)))[0]
+        pol.observe(list(range(8)), [k] * 8, [0] * 8)
+        pol.observe_costs(8, k, 0.0012 * k, k, 0.00216 if k else 0.00213)
+        drafted += k > 0
+    assert MIN_EXPLORED_SEQUENCE_STEPS // 8 <= drafted <= MIN_EXPLORED_SEQUENCE_STEPS // 8 + 6
 
 
 def test_measured_yields_remember_dozens_of_steps_at_one_sequence():
