@@ -86,19 +86,11 @@ def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, ba
     with workers(target, draft, services=services, draft_top_n=draft_top_n, colocate=colocate) as (tw, dw):
         freeze_startup_heap()  # as every serving process does once it is up (bass/grpc_server.py)
         for batch in batches:
-            chosen = [prompts[i % len(prompts)] for i in range(batch)]
             for policy in policies:
-                length = DraftLengthConfig.parse(policy)
-                scheduler = Scheduler(tw, dw if length.speculates else None, codec,
-                                      SchedulerConfig(max_batch_size=batch, max_n=1, max_new_tokens=max_new_tokens,
-                                                      draft_length=length))
+                scheduler = case_scheduler(tw, dw, codec, batch, policy, max_new_tokens)
 
                 def run(tokens: int, round_: int):
-                    # Seeded alike for every policy: each policy decodes the same texts (up to bf16
-                    # numerics), so policies are compared on equal acceptance, not on luck.
-                    return scheduler.generate([GenerationRequest(prompt=p, max_new_tokens=tokens, ignore_eos=True,
-                                                                 sampling=MODES[mode], seed=1000 * round_ + i)
-                                               for i, p in enumerate(chosen)])
+                    return scheduler.generate(case_requests(prompts, batch, mode, tokens, round_))
 
                 run(min(16, max_new_tokens), 0)  # warm-up: CUDA graphs, allocator, first cost measurements
                 if torch.cuda.is_available():
@@ -145,6 +137,22 @@ def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, ba
                     progress(f"batch {batch} policy {policy}: {row['ms_per_token_per_sequence']} ms/token/seq, "
                              f"{row['tokens_per_sequence_step']} tokens/step")
     return rows
+
+
+def case_scheduler(target, draft, codec, batch: int, policy: str, max_new_tokens: int) -> Scheduler:
+    """The scheduler of one (batch, policy) case: fresh, so its policy learns from nothing;
+    without the draft for regular decoding; one sequence a request."""
+    length = DraftLengthConfig.parse(policy)
+    return Scheduler(target, draft if length.speculates else None, codec,
+                     SchedulerConfig(max_batch_size=batch, max_n=1, max_new_tokens=max_new_tokens, draft_length=length))
+
+
+def case_requests(prompts: list[str], batch: int, mode: str, tokens: int, round_: int) -> list[GenerationRequest]:
+    """One round's requests of a case: `batch` prompts (cycled), seeded alike for every policy,
+    so that each decodes the same texts (up to bf16 numerics) and policies are compared on equal
+    acceptance, not on luck."""
+    return [GenerationRequest(prompt=prompts[i % len(prompts)], max_new_tokens=tokens, ignore_eos=True,
+                              sampling=MODES[mode], seed=1000 * round_ + i) for i in range(batch)]
 
 
 def _traced(entry: tuple, t0: float) -> list:

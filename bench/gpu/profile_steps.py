@@ -19,10 +19,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from bass.bench.humaneval import load_problems, select
-from bass.bench.speed import MODES
-from bass.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
-from bass.coordinator.requests import GenerationRequest
-from bass.coordinator.scheduler import Scheduler
+from bass.bench.speed import case_requests, case_scheduler
+from bass.config import RunnerConfig
 from bass.coordinator.step_stats import StepStats
 from bass.coordinator.tokenizer import load_codec
 from bass.local import build_local_workers
@@ -43,16 +41,10 @@ def main() -> None:
     codec = load_codec(Path(target))
     for mode, batch, policy in cases:
         batch = int(batch)
-        length = DraftLengthConfig.parse(policy)
-        # As `bass bench speed` does: a fresh scheduler (and policy) per case, no draft for k = 0.
-        scheduler = Scheduler(target_worker, draft_worker if length.speculates else None, codec,
-                              SchedulerConfig(max_batch_size=batch, max_n=1, max_new_tokens=NEW_TOKENS,
-                                              draft_length=length))
+        scheduler = case_scheduler(target_worker, draft_worker, codec, batch, policy, NEW_TOKENS)  # as bench speed
 
         def run(tokens: int, round_: int):
-            return scheduler.generate([GenerationRequest(prompt=prompts[i % len(prompts)], max_new_tokens=tokens,
-                                                         ignore_eos=True, sampling=MODES[mode], seed=1000 * round_ + i)
-                                       for i in range(batch)])
+            return scheduler.generate(case_requests(prompts, batch, mode, tokens, round_))
 
         run(min(16, NEW_TOKENS), 0)
         run(NEW_TOKENS, 1)  # the policy learns its costs, as in `bass bench speed`'s first round

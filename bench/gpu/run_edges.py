@@ -23,10 +23,8 @@ from pathlib import Path
 import torch
 
 from bass.bench.humaneval import load_problems, select
-from bass.bench.speed import MODES
-from bass.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
-from bass.coordinator.requests import GenerationRequest
-from bass.coordinator.scheduler import Scheduler
+from bass.bench.speed import case_requests, case_scheduler
+from bass.config import RunnerConfig
 from bass.coordinator.step_stats import StepStats
 from bass.coordinator.tokenizer import load_codec
 from bass.local import build_local_workers
@@ -91,10 +89,7 @@ def main() -> None:
     prefill = Timed(target_worker.runner, "add", gpu=DEVICE == "cuda")
     for mode, batch, policy in cases:
         batch = int(batch)
-        length = DraftLengthConfig.parse(policy)
-        scheduler = Scheduler(target_worker, draft_worker if length.speculates else None, codec,
-                              SchedulerConfig(max_batch_size=batch, max_n=1, max_new_tokens=NEW_TOKENS,
-                                              draft_length=length))
+        scheduler = case_scheduler(target_worker, draft_worker, codec, batch, policy, NEW_TOKENS)  # as bench speed
         finish, flush = Timed(scheduler, "_finish"), Timed(scheduler, "flush_releases")
         allocs_at_step: list[int] = []
         step = scheduler.step
@@ -116,9 +111,7 @@ def main() -> None:
                 pauses.append((gc_started[0], now - gc_started[0]))
 
         def run(tokens: int, round_: int):
-            return scheduler.generate([GenerationRequest(prompt=prompts[i % len(prompts)], max_new_tokens=tokens,
-                                                         ignore_eos=True, sampling=MODES[mode], seed=1000 * round_ + i)
-                                       for i in range(batch)])
+            return scheduler.generate(case_requests(prompts, batch, mode, tokens, round_))
 
         run(min(16, NEW_TOKENS), 0)  # warm-up, as `bass bench speed` does
         sync()
