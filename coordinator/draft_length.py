@@ -176,6 +176,7 @@ SEQUENCE_PRIOR_STEPS = 4.0
 # next batches started at the mean's pace.
 PACE_EVIDENCE = 0.5
 
+
 class _CostModel:
     """Step costs at one batch-size bucket: the median of recent observations of a draft call's
     time and of the rest of the step ("verify": verification and the loop's own work), at each k (a median, so that an odd slow step does not
@@ -392,9 +393,10 @@ class MeasuredCost:
     and regular decoding (k = 0) unless that speculation beats it by `margin` (5%; at least 15%
     where the cost is extrapolated, not measured): speculating costs a draft catch-up each time
     it resumes. A batch's tokens per step are those of its slowest sequence, not of the mean
-    one (`batch_tail`; judged from each sequence's tokens per drafted step; a new batch starts from the pace its
-    batch size showed before). Once speculating, it stays while speculation is ahead at all
-    (hysteresis: the two thresholds keep it from flapping, each flap being a catch-up); per
+    one (`batch_tail`, judged from each sequence's tokens per drafted step; a new batch starts
+    from the pace its batch size showed before). Once speculating, it stays while speculation
+    is ahead at all (hysteresis: the two thresholds keep it from flapping, each flap being a
+    catch-up); per
     batch-size bucket, since the tail of a batch (a few sequences left) can favour speculation
     where the full batch does not. k grows by at most 2 a step from the last length drafted
     (an estimate from one k says little about much longer drafts). While speculating, every `probe_every` steps it tries
@@ -457,7 +459,7 @@ class MeasuredCost:
         if model is None or not model.ready:
             return None
         # Asked before every step, so each input is read once, not once per length: the batch's
-        # acceptances (a pass over its sequences) and each timed length's median cost.
+        # pace (a pass over its sequences) and each timed length's median cost.
         share = self.gain_share(seq_ids) if len(seq_ids) >= 2 else 1.0
         scores = []
         for k, cost in enumerate(model.step_costs(self.max_length)):
