@@ -249,9 +249,7 @@ def _tail(gain_share: float, expected: float) -> float:
     """A batch's slowest sequence's tokens per step over the mean's at a length whose mean
     sequence commits `expected` tokens a step, where the slowest gains `gain_share` of the
     mean's tokens beyond the one every step commits (a length of one draft loses less to the
-    tail than one of four)."""
-    if gain_share >= 1 or expected <= 1:
-        return 1.0
+    tail than one of four); 1 where the slowest keeps all of it, or for regular decoding."""
     return (1 + gain_share * (expected - 1)) / expected
 
 
@@ -460,7 +458,7 @@ class MeasuredCost:
             return None
         # Asked before every step, so each input is read once, not once per length: the batch's
         # pace (a pass over its sequences) and each timed length's median cost.
-        share = self.gain_share(seq_ids) if len(seq_ids) >= 2 else 1.0
+        share = self.gain_share(seq_ids)
         scores = []
         for k, cost in enumerate(model.step_costs(self.max_length)):
             expected = self.tokens_per_step(k)
@@ -471,13 +469,16 @@ class MeasuredCost:
         """The slowest sequence's expected tokens per step of k drafts over the mean sequence's
         (<= 1): see `gain_share`. 1 for k = 0 (every sequence commits one token) and for a
         lone sequence."""
-        return _tail(self.gain_share(seq_ids) if len(seq_ids) >= 2 else 1.0, self.tokens_per_step(k))
+        return _tail(self.gain_share(seq_ids), self.tokens_per_step(k))
 
     def gain_share(self, seq_ids: Sequence[int]) -> float:
         """The share of the mean sequence's tokens per drafted step beyond the first that the
         batch's slowest sequence gains, each sequence's own pace drawn towards the mean with
         SEQUENCE_PRIOR_STEPS' weight. Where the sequences have drafted fewer steps than that (a
-        new batch), the share this bucket showed before makes up for the evidence they lack."""
+        new batch), the share this bucket showed before makes up for the evidence they lack.
+        1 for a lone sequence (no batch to wait for)."""
+        if len(seq_ids) < 2:
+            return 1.0
         share, evidence = self.pace.gain_share(seq_ids)
         remembered = self.gain_shares.get(self.bucket(len(seq_ids)))
         if remembered is not None and evidence < 1:

@@ -65,10 +65,17 @@ class Timed:
         return sum(b.elapsed_time(e) for b, e in self.events)
 
 
-def host_allocations() -> int:
-    """Pinned host blocks allocated so far (cudaHostAlloc calls), where torch reports them."""
+def host_allocations() -> int | None:
+    """Pinned host blocks allocated so far (the pinned allocator growing its pool), or None
+    where this torch does not report them."""
     stats = getattr(torch.cuda, "host_memory_stats", lambda: {})()
-    return int(stats.get("num_host_alloc", stats.get("allocations.current", -1)))
+    value = stats.get("num_host_alloc", stats.get("allocations.allocated"))
+    return None if value is None else int(value)
+
+
+def grew(before: int | None, after: int | None) -> int | str:
+    """Allocations between two readings ("n/a" where torch reports none)."""
+    return "n/a" if before is None or after is None else after - before
 
 
 def sync() -> None:
@@ -131,14 +138,14 @@ def main() -> None:
             commits = [at - t0 for *_, at in trace]
             gaps = [b - a for a, b in zip(commits, commits[1:])]
             median = statistics.median(gaps)
-            slow = [(i + 1, round(1000 * g, 1), allocs_at_step[i + 1] - allocs_at_step[i] if i + 1 < len(allocs_at_step) else None)
+            slow = [(i + 1, round(1000 * g, 1), grew(allocs_at_step[i], allocs_at_step[i + 1]) if i + 1 < len(allocs_at_step) else None)
                     for i, g in enumerate(gaps) if g > 1.5 * median]
             print(f"{mode} batch {batch} policy {policy} round {round_}: {1000 * returned / NEW_TOKENS:.3f} ms/token/seq; "
                   f"first commit {1000 * commits[0]:.1f} ms (prefill host {1000 * sum(prefill.host):.1f}, GPU "
                   f"{prefill.gpu_ms():.1f}); steps {1000 * (commits[-1] - commits[0]):.1f} ms over {len(gaps)} "
                   f"(median {1000 * median:.2f}); after the last commit {1000 * (returned - commits[-1]):.1f} ms "
                   f"(_finish {1000 * sum(finish.host):.1f}, flush_releases {1000 * sum(flush.host):.1f}); pinned host "
-                  f"allocations {host_allocations() - before}; gc {len(pauses)} pauses {1000 * sum(p for _, p in pauses):.1f} ms",
+                  f"allocations {grew(before, host_allocations())}; gc {len(pauses)} pauses {1000 * sum(p for _, p in pauses):.1f} ms",
                   flush=True)
             print(f"  slow steps (index, ms, pinned allocations during it): {slow}", flush=True)
         gc.callbacks.remove(on_gc)
