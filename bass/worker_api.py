@@ -162,7 +162,9 @@ class ChainedProposal(Protocol):
 class TargetWorkerAPI(Protocol):
     """A target whose `overlaps_calls` is true (the remote one over its session stream) also
     has `start_verify(request) -> PendingVerify`: regular decoding sends each step's Verify
-    before reading the previous one's answer, so the worker never waits on a round trip.
+    before reading the previous one's answer, so the worker never waits on a round trip; its
+    `steps_in_flight` (1 if absent) says how many regular steps stay sent and uncommitted after
+    each commit.
 
     In-process, a target whose `verifies_device_drafts` is true takes `start_verify(request,
     drafts=...)`, the draft's tokens still on the device, from a draft worker's

@@ -416,8 +416,12 @@ class MeasuredCost:
 
     def __init__(self, initial: int = 4, max_length: int = 8, decay: float = 0.9, probe_every: int = 16,
                  regular_probe_every: int = 2048, max_probe_every: int = 16384, window: int = 16,
-                 margin: float = 0.05):
+                 margin: float = 0.05, regular_steps_in_flight: int = 1):
         self.initial, self.max_length, self.decay = initial, max_length, decay
+        # A regular step is timed only when sent behind another and committed behind the next
+        # (Scheduler._commit_in_flight): with n steps kept in flight, the first of a run and the
+        # n committed as speculation resumes are not, so a k = 0 probe is n + 2 regular steps.
+        self.regular_probe_steps = regular_steps_in_flight + 2
         self.probe_every, self.max_probe_every, self.window = probe_every, max_probe_every, window
         self.regular_probe_every = regular_probe_every
         self.margin = margin
@@ -542,9 +546,9 @@ class MeasuredCost:
         model = self.costs.get(self.bucket(len(seq_ids)))
         if model is not None and model.ready and len(model.verify.get(0, ())) < MIN_TIMED_STEPS:
             # Measure regular decoding at this batch size before choosing: a line through
-            # k >= 1 misjudges it (below), and the draft skips only a few tokens. Each timed
-            # regular step has regular steps on both sides (Scheduler._commit_in_flight), so
-            # this takes MIN_TIMED_STEPS + 2 steps.
+            # k >= 1 misjudges it (below), and the draft skips only a few tokens. Only a
+            # regular step sent behind another and committed behind the next is timed
+            # (Scheduler._commit_in_flight), so this takes MIN_TIMED_STEPS + regular_probe_steps - 1.
             return [0] * len(seq_ids)
         best = self.best_length(len(seq_ids), seq_ids, join)
         floor = MIN_EXPLORED_SEQUENCE_STEPS_SMALL_BATCH if len(seq_ids) <= SMALL_BATCH else MIN_EXPLORED_SEQUENCE_STEPS
@@ -570,9 +574,7 @@ class MeasuredCost:
                 # cheap: the draft skips one step, so it catches up on a single token.
                 phase = (self.steps // self.probe_every - 1) % 4
                 k = 0 if phase == 0 else max(1, k - 1) if phase == 2 else min(self.max_length, k + 1)
-                # A regular step is timed only between two others (Scheduler._commit_in_flight),
-                # so a k = 0 probe is three regular steps.
-                self.regular_probe_left = 2 if k == 0 else 0
+                self.regular_probe_left = self.regular_probe_steps - 1 if k == 0 else 0
             elif self.regular_probe_left:
                 self.regular_probe_left -= 1
                 k = 0
@@ -639,12 +641,15 @@ class MeasuredCost:
                 else round(1e6 * self.join_seconds_per_token(), 3)}
 
 
-def make_policy(config: DraftLengthConfig) -> DraftLengthPolicy:
+def make_policy(config: DraftLengthConfig, regular_steps_in_flight: int = 1) -> DraftLengthPolicy:
+    """regular_steps_in_flight: how many regular steps the scheduler keeps in flight after a
+    commit (Scheduler._pipelined_step), which decides how long a k = 0 probe must run for one of
+    its steps to be timed."""
     if config.policy == "fixed":
         return FixedLength(config.fixed)
     if config.policy == "bass":
         return BassRule(config.initial, config.max_length)
     if config.policy == "auto":
         return MeasuredCost(min(config.initial, 4), min(config.max_length, GRAPH_MAX_DRAFT),
-                            margin=config.speculation_margin)
+                            margin=config.speculation_margin, regular_steps_in_flight=regular_steps_in_flight)
     return PerSequenceAdaptive(config.cost_ratio, config.max_length)

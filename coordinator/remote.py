@@ -71,6 +71,14 @@ class _RemoteWorker:
         the worker finds the next call waiting when it finishes the last)."""
         return self.transport == "session"
 
+    @property
+    def steps_in_flight(self) -> int:
+        """Regular steps the scheduler keeps in flight after each commit: two over the session,
+        since an answer's way back, the commit and the next frame's way out take longer than a
+        step at 64 sequences (Scheduler._pipelined_step); the worker still runs one step ahead
+        of another, and the next frame waits on its stream."""
+        return 2 if self.transport == "session" else 1
+
     def _failed(self, method: str, code: grpc.StatusCode, details: str | None) -> Exception:
         """The same errors whatever the transport: INVALID_ARGUMENT is the caller's, anything else
         makes the worker unavailable until a probe (info) finds it again."""

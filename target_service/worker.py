@@ -114,6 +114,7 @@ class PendingVerify:
 
 class TargetWorker:
     overlaps_calls = True  # regular decoding keeps one call in flight (see the module docstring)
+    steps_in_flight = 1  # in-process the next call's launch follows the commit at once
     verifies_device_drafts = True  # start_verify(request, drafts=the draft's tokens on the GPU)
 
     def __init__(self, runner: ModelRunner):

@@ -447,19 +447,24 @@ def test_measured_cost_keeps_each_batch_size_to_its_own_choice():
     assert pol.lengths(list(range(64)))[0] == 0 and pol.chosen == {2: True, 64: False}
 
 
-def test_measured_cost_probes_regular_decoding_with_three_steps_while_speculating():
-    """Only a regular step between two others is timed (a lone one, or the first of a run,
-    waits out its whole step), so a k = 0 probe while speculating is three regular steps."""
+@pytest.mark.parametrize("in_flight", [1, 2])
+def test_measured_cost_probes_regular_decoding_with_enough_steps_for_one_to_be_timed(in_flight):
+    """Only a regular step sent behind another and committed behind the next is timed (a lone
+    one, or the first of a run, waits out its whole step; the ones still in flight when
+    speculation resumes are committed with nothing behind them), so with n regular steps kept
+    in flight a k = 0 probe while speculating is n + 2 regular steps: three in-process, four
+    through the services."""
     from bass.coordinator.draft_length import MeasuredCost
 
-    pol = MeasuredCost(probe_every=8)
+    run = in_flight + 2
+    pol = MeasuredCost(probe_every=8, regular_steps_in_flight=in_flight)
     feed(pol, 8, 4, 1.0, lambda k: 3.0 if k else 6.0, alpha=0.9, steps=4)
     feed(pol, 8, 0, 0.0, lambda k: 6.0, alpha=0.9, steps=4)
     chosen = [pol.lengths(list(range(8)))[0] for _ in range(64)]
     zeros = [step for step, k in enumerate(chosen) if k == 0]
-    runs = [zeros[i:i + 3] for i in range(0, len(zeros), 3)]
-    assert zeros and len(zeros) % 3 == 0 and all(r == list(range(r[0], r[0] + 3)) for r in runs), chosen
-    assert chosen.count(0) <= 3 * (64 // 32 + 1)
+    runs = [zeros[i:i + run] for i in range(0, len(zeros), run)]
+    assert zeros and len(zeros) % run == 0 and all(r == list(range(r[0], r[0] + run)) for r in runs), chosen
+    assert chosen.count(0) <= run * (64 // 32 + 1)
 
 
 def test_measured_cost_returns_from_a_regular_probe_to_the_length_it_left():

@@ -1,7 +1,9 @@
-"""Regular decoding with one Verify in flight (Scheduler._pipelined_step, issue #13): over a
-target that overlaps calls, each step's Verify is sent before the previous answer is read.
-The output must be exactly what step-by-step decoding gives, greedy and seeded sampling, with
-requests finishing, joining and leaving at different steps; and every slot must be freed."""
+"""Regular decoding with Verify calls in flight (Scheduler._pipelined_step, issue #13): over a
+target that overlaps calls, each step's Verify is sent before the previous answer is read, and
+as many steps as the target asks for (`steps_in_flight`: one in-process, two over the
+services) stay sent and uncommitted after each commit. The output must be exactly what
+step-by-step decoding gives, greedy and seeded sampling, with requests finishing, joining and
+leaving at different steps; and every slot must be freed."""
 
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -38,8 +40,8 @@ class OverlappingTarget:
     overlaps_calls = True
     verifies_device_drafts = False  # as a remote target: drafts come in the request
 
-    def __init__(self, worker, fail_at=None):
-        self.worker, self.fail_at = worker, fail_at
+    def __init__(self, worker, fail_at=None, steps_in_flight=1):
+        self.worker, self.fail_at, self.steps_in_flight = worker, fail_at, steps_in_flight
         self.events, self.sent = [], 0
 
     def start_verify(self, request):
@@ -51,10 +53,13 @@ class OverlappingTarget:
         return getattr(self.worker, name)
 
 
-def scheduler_pair(target_dir, fail_at=None):
+DEPTHS = pytest.mark.parametrize("depth", [1, 2], ids=["one-in-flight", "two-in-flight"])
+
+
+def scheduler_pair(target_dir, fail_at=None, depth=1):
     plain = build_scheduler(target_dir, None)
     overlapping = build_scheduler(target_dir, None)
-    wrapped = OverlappingTarget(overlapping.target, fail_at)
+    wrapped = OverlappingTarget(overlapping.target, fail_at, depth)
     return plain, Scheduler(wrapped, None, overlapping.codec, overlapping.config), wrapped
 
 
@@ -91,18 +96,31 @@ def tokens(results):
 
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.8, top_p=0.95)],
                          ids=["greedy", "sampled"])
-def test_pipelined_output_equals_step_by_step(llama_target, sampling):
-    plain, overlapping, target = scheduler_pair(llama_target)
+@DEPTHS
+def test_pipelined_output_equals_step_by_step(llama_target, sampling, depth):
+    plain, overlapping, target = scheduler_pair(llama_target, depth=depth)
+    commit = overlapping._commit
+
+    def logged_commit(*args, **kwargs):
+        target.events.append(("commit", None))
+        return commit(*args, **kwargs)
+
+    overlapping._commit = logged_commit
     want = run_staggered(plain, requests_that_stop_early(llama_target, sampling))
     got = run_staggered(overlapping, requests_that_stop_early(llama_target, sampling))
     assert tokens(got) == tokens(want)
     assert {s.finish_reason for r in got for s in r.sequences} == {FinishReason.STOP, FinishReason.LENGTH}
-    # The pipeline was kept full: every answer but the last was read after the next call was sent.
-    sends = [i for kind, i in target.events if kind == "send"]
-    results = [i for kind, i in target.events if kind == "result"]
+    # The pipeline was kept full: each answer was read with `depth` later calls already sent,
+    # but for the calls near the end, whose sequences the calls in flight complete.
+    events = target.events
+    sends = [i for kind, i in events if kind == "send"]
+    results = [i for kind, i in events if kind == "result"]
     assert results == sends, "every call is answered, in order"
-    for i in results[:-1]:
-        assert target.events.index(("send", i + 1)) < target.events.index(("result", i))
+    at = {event: n for n, event in enumerate(events) if event[0] != "commit"}
+    ahead = [i for i in results if at.get(("send", i + depth), len(events)) < at[("result", i)]]
+    assert len(ahead) >= len(results) - 2 * depth - 1, events
+    assert all(at.get(("send", i + depth + 1), len(events)) > at[("result", i)] for i in results), \
+        "never more than `depth` calls sent ahead of the answer read"
     assert not overlapping.target.runner.sequences, "every slot is released"
     assert overlapping.step_stats.committed_tokens == plain.step_stats.committed_tokens
     # A last call whose sequences had all finished is not a step: the counts match step by step.
@@ -110,13 +128,14 @@ def test_pipelined_output_equals_step_by_step(llama_target, sampling):
     assert overlapping.step_stats.steps == plain.step_stats.steps
 
 
-def test_sequences_filling_the_cache_to_the_last_position_never_run_past_it(llama_target):
-    """A sequence that finishes by length runs one more step on the worker (the call sent
-    before its last answer was read): its cache must hold that step, so a prompt +
-    max_new_tokens of exactly max_seq_len still fits."""
+@DEPTHS
+def test_sequences_filling_the_cache_to_the_last_position_never_run_past_it(llama_target, depth):
+    """A sequence whose length the steps in flight complete is left out of the next call, so it
+    never runs past its last token on the worker, and a prompt + max_new_tokens of exactly
+    max_seq_len fits."""
     plain = build_scheduler(llama_target, None, max_seq_len=32)
     base = build_scheduler(llama_target, None, max_seq_len=32)
-    target = OverlappingTarget(base.target)
+    target = OverlappingTarget(base.target, steps_in_flight=depth)
     overlapping = Scheduler(target, None, base.codec, base.config)
     reqs = [GenerationRequest(prompt_ids=tuple(range(5, 5 + p)), max_new_tokens=32 - p, ignore_eos=True, n=n)
             for p, n in ((4, 2), (9, 1), (20, 1))]
@@ -125,17 +144,20 @@ def test_sequences_filling_the_cache_to_the_last_position_never_run_past_it(llam
     assert got == want
     assert [len(s) for r in got for s, _ in r] == [28, 28, 23, 12]
     assert not base.target.runner.sequences, "every slot is released"
+    # Every sequence was sent in exactly as many calls as it has tokens.
+    assert overlapping.step_stats.verify_tokens == 28 + 28 + 23 + 12
 
 
-def test_cancel_while_in_flight_drops_the_sequence_and_frees_its_slot(llama_target):
-    plain, overlapping, target = scheduler_pair(llama_target)
+@DEPTHS
+def test_cancel_while_in_flight_drops_the_sequence_and_frees_its_slot(llama_target, depth):
+    plain, overlapping, target = scheduler_pair(llama_target, depth=depth)
     keep = GenerationRequest(prompt_ids=(5, 6, 7), max_new_tokens=12, ignore_eos=True)
     want = plain.generate([keep])[0].sequences[0].token_ids
     kept = overlapping.submit(keep)
     gone = overlapping.submit(GenerationRequest(prompt_ids=(9, 9), max_new_tokens=12, n=2, ignore_eos=True))
     for _ in range(3):
         overlapping.step()
-    assert overlapping._in_flight is not None
+    assert len(overlapping._in_flight) == depth
     overlapping.cancel(gone)
     while overlapping.has_work:
         overlapping.step()
@@ -145,14 +167,16 @@ def test_cancel_while_in_flight_drops_the_sequence_and_frees_its_slot(llama_targ
     assert not overlapping.target.runner.sequences
 
 
-def test_a_failure_in_flight_reaches_the_caller_and_fail_all_discards_it(llama_target):
-    _, overlapping, target = scheduler_pair(llama_target, fail_at=3)
+@DEPTHS
+def test_a_failure_in_flight_reaches_the_caller_and_fail_all_discards_it(llama_target, depth):
+    _, overlapping, target = scheduler_pair(llama_target, fail_at=3, depth=depth)
     run = overlapping.submit(GenerationRequest(prompt_ids=(5, 6, 7), max_new_tokens=20, ignore_eos=True))
     with pytest.raises(WorkerUnavailableError):
         for _ in range(10):
             overlapping.step()
     assert overlapping.fail_all() == [run]
-    assert target.events[-2:] == [("result", 3), ("discard", 4)], target.events
+    assert target.events[-1 - depth:] == [("result", 3)] + [("discard", 3 + i) for i in range(1, depth + 1)], \
+        target.events
     assert not overlapping.has_work
 
 
@@ -205,13 +229,14 @@ class ScriptedPolicy:
 
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.8, top_p=0.95)],
                          ids=["greedy", "sampled"])
-def test_regular_steps_chosen_with_the_draft_up_are_pipelined_too(llama_target, llama_draft, sampling):
+@DEPTHS
+def test_regular_steps_chosen_with_the_draft_up_are_pipelined_too(llama_target, llama_draft, sampling, depth):
     """When the policy picks regular decoding for the batch while the draft is up, those steps
     keep a call in flight as well; speculation resuming commits it first. Lossless either way:
     the same tokens as step-by-step decoding with the same choices of k."""
     plain = build_scheduler(llama_target, llama_draft, draft_length="3")
     base = build_scheduler(llama_target, llama_draft, draft_length="3")
-    target = OverlappingTarget(base.target)
+    target = OverlappingTarget(base.target, steps_in_flight=depth)
     overlapping = Scheduler(target, base.draft, base.codec, base.config)
     for s in (plain, overlapping):
         s.policy = ScriptedPolicy()

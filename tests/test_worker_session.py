@@ -107,7 +107,7 @@ def test_session_answers_like_unary_calls_on_one_stream(server, worker):
 def test_calls_sent_ahead_are_answered_in_order_and_a_discarded_answer_is_dropped(server, worker):
     client = RemoteTargetWorker(server.address)
     try:
-        assert client.overlaps_calls
+        assert client.overlaps_calls and client.steps_in_flight == 2
         first, second, third = (client.start_verify(request(s)) for s in (1, 2, 3))
         bad = client.start_verify(request(0))
         assert second.result().verdicts[0].tokens == [3, 4, 2]  # reads past the first answer, kept
