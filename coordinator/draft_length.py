@@ -532,23 +532,6 @@ class MeasuredCost:
                 return best_timed
         return best
 
-    def _untimed_contender(self, seq_ids: Sequence[int], join: JoinEstimate | None) -> int:
-        """A draft length that beats regular decoding by the margin on its extrapolated cost but
-        was timed too little at this bucket to be chosen on that (EXTRAPOLATED_MARGIN): the best
-        such length, drafted for a few steps before regular decoding is chosen, so the choice is
-        made on its measured cost; 0 where there is none. Only `initial` is drafted at a new
-        bucket, and the line through one length's cost misjudges the others (a draft call's fixed
-        part): on an H100 at 8 sequences, greedy, k = 4 lost to regular decoding by a few percent
-        and k = 3, never timed there, ran 8-9% faster than regular (1.87 / 1.97 against 2.04 /
-        2.14 ms a token, through the services / in-process)."""
-        scores = self.scores(len(seq_ids), seq_ids)
-        model = self.costs[self.bucket(len(seq_ids))]
-        untimed = [k for k in range(1, len(scores)) if len(model.verify.get(k, ())) < MIN_TIMED_STEPS
-                   and scores[k] > (1 + self.margin) * scores[0]]
-        if untimed and join is not None:
-            untimed = self._paying_back(untimed, scores, join())
-        return max(untimed, key=scores.__getitem__, default=0)
-
     def _paying_back(self, winners: list[int], scores: list[float], join: Join) -> list[int]:
         """The lengths whose time saved over regular decoding, over the join's horizon, exceeds
         the join's own time."""
@@ -571,11 +554,8 @@ class MeasuredCost:
         floor = MIN_EXPLORED_SEQUENCE_STEPS_SMALL_BATCH if len(seq_ids) <= SMALL_BATCH else MIN_EXPLORED_SEQUENCE_STEPS
         if best == 0 and model is not None and model.ready and self.yields.seen(self.initial) < floor:
             best = self.initial  # too few drafted steps to give speculation up on
-        timing = best == 0 and model is not None and model.ready and self._untimed_contender(seq_ids, join)
-        if timing:
-            best = timing  # drafted to be timed: not a choice of speculation (below)
         if model is not None and model.ready:
-            self.speculating = self.chosen[self.bucket(len(seq_ids))] = best > 0 and not timing
+            self.speculating = self.chosen[self.bucket(len(seq_ids))] = best > 0
         k = min(best, self.last_drafted + 2)
         if best == 0:
             self.regular_probe_left = 0
