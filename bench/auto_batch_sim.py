@@ -23,6 +23,13 @@ the H100 auto judged k = 4 from a completion's first tokens (3.76 tokens a step 
 against 4.0-4.3 over whole runs). --explore sets MIN_EXPLORED_SEQUENCE_STEPS, to compare floors.
 
     python bench/auto_batch_sim.py --batches 4 8 16 --early-tokens 24 --early-drop 0.2 --explore 128
+
+--rounds-trace N prints, for auto's first N runs at each batch size, the draft length of every
+step, round by round (`|` between rounds; the first is the warm-up): whether auto settles, keeps
+speculating, or starts each new batch speculating and falls back to regular decoding (what it
+did through the services at 8 sequences on the H100, bench/results "2026-11-25 (night 2)").
+
+    python bench/auto_batch_sim.py --batches 8 --rounds 5 --rounds-trace 8
 """
 
 from __future__ import annotations
@@ -57,9 +64,11 @@ def step_cost(mode: str, batch: int, k: int, rng: random.Random) -> tuple[float,
 
 
 def one_run(seed: int, batch: int, mode: str, p0: tuple[float, float], p1: float, rounds: int,
-            fixed_k: int | None = None, early: tuple[int, float] = (0, 0.0)) -> tuple[float, MeasuredCost | None, float]:
+            fixed_k: int | None = None, early: tuple[int, float] = (0, 0.0),
+            trace: list[list[int]] | None = None) -> tuple[float, MeasuredCost | None, float]:
     """(median ms per token per sequence of the measured rounds, the policy, the last batch's
-    realized pace: its slowest sequence's tokens per drafted step over the mean's)."""
+    realized pace: its slowest sequence's tokens per drafted step over the mean's). trace: a
+    list given gets each round's draft lengths, step by step."""
     rng = random.Random(seed)
     policy = MeasuredCost() if fixed_k is None else None
     per_round, next_id, realized = [], 0, 1.0
@@ -71,12 +80,16 @@ def one_run(seed: int, batch: int, mode: str, p0: tuple[float, float], p1: float
         first = {s: rng.uniform(*p0) for s in seqs}
         done, drafted, seconds = dict.fromkeys(seqs, 0), dict.fromkeys(seqs, [0, 0]), 0.0
         held, skipped, drafted_last = dict.fromkeys(seqs, False), dict.fromkeys(seqs, 0), False
+        if trace is not None:
+            trace.append([])
         while any(done[s] < tokens for s in seqs):
             live = [s for s in seqs if done[s] < tokens]
             joining = 0 if drafted_last and all(held[s] for s in live) else sum(
                 max(0, skipped[s] - STEADY_PENDING) if held[s] else PROMPT_TOKENS + done[s] for s in live)
             horizon = int(statistics.median_low(tokens - done[s] for s in live))
             k = policy.lengths(live, join=lambda: Join(joining, horizon))[0] if policy else fixed_k
+            if trace is not None:
+                trace[-1].append(k)
             ms = [accepted(k, first[s] - (early_drop if done[s] < early_tokens else 0.0), p1, rng) if k else 0
                   for s in live]
             draft_s, rest_s = step_cost(mode, len(live), k, rng)
@@ -116,6 +129,7 @@ def main() -> None:
     parser.add_argument("--early-tokens", type=int, default=0)
     parser.add_argument("--early-drop", type=float, default=0.0)
     parser.add_argument("--explore", type=int, default=None, help="MIN_EXPLORED_SEQUENCE_STEPS")
+    parser.add_argument("--rounds-trace", type=int, default=0, help="print auto's draft lengths for this many runs")
     args = parser.parse_args()
     if args.explore is not None:
         draft_length.MIN_EXPLORED_SEQUENCE_STEPS = args.explore
@@ -124,7 +138,9 @@ def main() -> None:
         fixed = {k: statistics.median(one_run(s, batch, args.mode, p0, args.p1, args.rounds, k, early)[0]
                                       for s in range(10))
                  for k in (0, 3, 4)}
-        runs = [one_run(s, batch, args.mode, p0, args.p1, args.rounds, early=early) for s in range(args.runs)]
+        traces = [[] for _ in range(args.runs)]
+        runs = [one_run(s, batch, args.mode, p0, args.p1, args.rounds, early=early, trace=traces[s])
+                for s in range(args.runs)]
         auto = [ms for ms, _, _ in runs]
         # What the policy expects of a new batch's pace at k = 4 (the share its bucket remembers), against
         # the pace fixed k = 4's batches realized (slowest sequence's tokens per step over the mean's).
@@ -135,6 +151,8 @@ def main() -> None:
               f"{sum(ms >= 0.99 * fixed[0] for ms in auto) / len(auto):.0%} of runs); a new batch's "
               f"pace at k = 4 believed {statistics.median(believed):.2f} "
               f"({min(believed):.2f}-{max(believed):.2f}), realized {statistics.median(realized):.2f}", flush=True)
+        for s in range(min(args.rounds_trace, args.runs)):
+            print(f"  run {s} ({runs[s][0]:.3f}): " + " | ".join("".join(map(str, r)) for r in traces[s]))
 
 
 if __name__ == "__main__":
