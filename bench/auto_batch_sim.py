@@ -50,7 +50,7 @@ COSTS = {"greedy": {1: (1.08, 0.09, 2.08, 2.0), 2: (1.06, 0.09, 2.08, 2.01), 4: 
                      8: (1.23, 0.1, 2.45, 2.22), 16: (1.27, 0.1, 2.95, 2.28), 64: (1.6, 0.1, 5.3, 2.72)}}
 TOKENS = 128
 WARM_UP_TOKENS = 16  # as `bass bench speed`
-PROMPT_TOKENS = 150  # HumanEval 0:16 with the chat template, roughly
+PROMPT_TOKENS = 94  # HumanEval 0:16's prompts as `bass bench speed` sends them (no template): 53-137, mean 94
 JOIN_S_PER_TOKEN = 7e-6  # the draft's time per joined token on the H100 (5.6-8.6 us measured)
 STEADY_PENDING = 2  # as Scheduler._join_tokens: tokens a drafted step runs anyway
 
