@@ -625,9 +625,8 @@ class MeasuredCost:
         """What the policy knows (for benchmarks and logs): per batch-size bucket, the median
         timed cost of each draft length (ms), how many steps timed it, and the mode chosen;
         the acceptance estimate; the tokens per sequence-step measured at each draft length
-        (decayed mean, sequence-steps seen); per bucket, the slowest sequence's acceptance over
-        the mean's gain kept by the slowest sequence (decayed); the draft's time per joined
-        token (µs)."""
+        (decayed mean, sequence-steps seen); per bucket, the share of the mean's gain per drafted
+        step that the slowest sequence kept (decayed); the draft's time per joined token (µs)."""
         def ms(samples) -> list:
             return [round(1000 * statistics.median(samples), 3), len(samples)]
 

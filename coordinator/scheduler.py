@@ -153,7 +153,7 @@ class Scheduler:
         # after each commit as the target asks for (TargetWorkerAPI.steps_in_flight).
         self._overlaps = bool(getattr(target, "overlaps_calls", False))
         self._depth = max(1, int(getattr(target, "steps_in_flight", 1))) if self._overlaps else 1
-        self.policy = make_policy(config.draft_length, regular_steps_in_flight=self._depth)
+        self.policy = self._new_policy()
         self.wants_draft = draft is not None and config.draft_length.speculates
         self.draft_up = False
         self._next_probe = 0.0
@@ -178,6 +178,11 @@ class Scheduler:
         self._uncounted_step_s = 0.0  # a pipelined step that committed nothing: counted with the next
         self._last_step_end: float | None = None  # clock() when the last step() returned
         self.step_stats = StepStats()
+
+    def _new_policy(self):
+        """A draft-length policy that knows nothing yet, timed for this scheduler's regular steps
+        in flight."""
+        return make_policy(self.config.draft_length, regular_steps_in_flight=self._depth)
 
     # -- requests ---------------------------------------------------------------------------------
     def prepare(self, request: GenerationRequest) -> RequestRun:
@@ -257,7 +262,7 @@ class Scheduler:
         self._in_flight.clear()
         self._chain, self._decided = None, None  # the workers are reset before new work
         self._target_add, self._draft_add, self._target_release, self._draft_release = [], [], [], []
-        self.policy = make_policy(self.config.draft_length, regular_steps_in_flight=self._depth)
+        self.policy = self._new_policy()
         return failed
 
     # -- the step ---------------------------------------------------------------------------------
