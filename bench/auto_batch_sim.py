@@ -30,6 +30,12 @@ speculating, or starts each new batch speculating and falls back to regular deco
 did through the services at 8 sequences on the H100, bench/results "2026-11-25 (night 2)").
 
     python bench/auto_batch_sim.py --batches 8 --rounds 5 --rounds-trace 8
+
+--set NAME=VALUE changes one of draft_length's constants for the run and --policy-arg NAME=VALUE
+one of MeasuredCost's arguments, to weigh a candidate before measuring it on the GPU:
+
+    python bench/auto_batch_sim.py --batches 1 2 4 8 16 32 64 --set SEQUENCE_PRIOR_STEPS=8
+    python bench/auto_batch_sim.py --batches 8 --policy-arg initial=3
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ WARM_UP_TOKENS = 16  # as `bass bench speed`
 PROMPT_TOKENS = 94  # HumanEval 0:16's prompts as `bass bench speed` sends them (no template): 53-137, mean 94
 JOIN_S_PER_TOKEN = 7e-6  # the draft's time per joined token on the H100 (5.6-8.6 us measured)
 STEADY_PENDING = 2  # as Scheduler._join_tokens: tokens a drafted step runs anyway
+POLICY_ARGS: dict = {}  # MeasuredCost's arguments (--policy-arg)
 
 
 def step_cost(mode: str, batch: int, k: int, rng: random.Random) -> tuple[float, float]:
@@ -70,7 +77,7 @@ def one_run(seed: int, batch: int, mode: str, p0: tuple[float, float], p1: float
     realized pace: its slowest sequence's tokens per drafted step over the mean's). trace: a
     list given gets each round's draft lengths, step by step."""
     rng = random.Random(seed)
-    policy = MeasuredCost() if fixed_k is None else None
+    policy = MeasuredCost(**POLICY_ARGS) if fixed_k is None else None
     per_round, next_id, realized = [], 0, 1.0
     early_tokens, early_drop = early
     for round_ in range(rounds + 1):
@@ -130,7 +137,18 @@ def main() -> None:
     parser.add_argument("--early-drop", type=float, default=0.0)
     parser.add_argument("--explore", type=int, default=None, help="MIN_EXPLORED_SEQUENCE_STEPS")
     parser.add_argument("--rounds-trace", type=int, default=0, help="print auto's draft lengths for this many runs")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="a draft_length constant for this run, e.g. SEQUENCE_PRIOR_STEPS=8 (repeatable)")
+    parser.add_argument("--policy-arg", action="append", default=[], metavar="NAME=VALUE",
+                        help="a MeasuredCost argument, e.g. initial=3 (repeatable)")
     args = parser.parse_args()
+    for setting in args.set:
+        name, value = setting.split("=", 1)
+        assert hasattr(draft_length, name), name
+        setattr(draft_length, name, float(value))
+    for setting in args.policy_arg:
+        name, value = setting.split("=", 1)
+        POLICY_ARGS[name] = int(value) if value.lstrip("-").isdigit() else float(value)
     if args.explore is not None:
         draft_length.MIN_EXPLORED_SEQUENCE_STEPS = args.explore
     p0, early = tuple(args.p0), (args.early_tokens, args.early_drop)
