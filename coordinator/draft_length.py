@@ -148,11 +148,25 @@ class PerSequenceAdaptive(_NoCosts):
         self._trials.forget(seq_id)
 
 
-# Leaving regular decoding for a draft length whose cost is a line through other lengths needs
-# at least this much more throughput: the line misjudges short drafts (a draft call has a fixed
-# part, and a speculative Verify waits out its whole round trip while regular steps overlap
-# theirs). 15% is the single margin the policy used before 2026-11-25 (not tuned separately).
+# Leaving regular decoding for a draft length longer than any timed, whose cost and yield are
+# extrapolated, needs at least this much more throughput. 15% is the single margin the policy
+# used before 2026-11-25 (not tuned separately). A length shorter than a timed one is held to
+# the measured margin (`MeasuredCost._trusted`): its cost, the timed one's draft scaled down
+# with verification kept, was within 2% of what it measured on an H200 (2026-11-25 night 3:
+# from k = 4, k = 2 and 3 predicted 4.3 / 5.4 ms a step at 2 sequences, T = 0.8, measured 4.29 /
+# 5.40; through the services at 8, 3.66 against 3.65), erring high where verification shrinks
+# with the rows; and its yield is the chain's (`_Yields`), fitted on every drafted step. Held
+# to 15% there, auto on that H200 decoded regularly at T = 0.8 and 2-4 sequences where k = 2 ran
+# 8-13% faster.
 EXTRAPOLATED_MARGIN = 0.15
+# Where `auto` starts at a batch size it has not timed: the shortest length that still tells
+# the chain's later acceptance (p1, `_Yields`). On the H200, k = 2 was the fastest fixed length
+# at T = 0.8 and 1-8 sequences and at greedy 8 through the services (within 1% of k = 3);
+# longer lengths are reached by the neighbour probes and by lengths' scores (at most 2 longer
+# than the last drafted per step), and a short start loses less where speculation does not pay.
+# bench/auto_batch_sim.py over batches 1-64 with the pair's chain: auto / best fixed length
+# 1.02-1.05 greedy and 1.01-1.04 at T = 0.8 from 2, against 1.02-1.14 from 4.
+AUTO_INITIAL_LENGTH = 2
 # Steady steps of one draft length timed at a batch-size bucket before the first choice there.
 MIN_TIMED_STEPS = 3
 # E(k) is the mean sequence's tokens per step, but a batch (and a request of n sequences) waits
@@ -343,47 +357,71 @@ YIELD_MEMORY_SEQUENCE_STEPS = 64
 
 
 class _Yields:
-    """Tokens per sequence-step measured at each draft length (decayed means).
+    """Tokens per sequence-step measured at each draft length (decayed means), and a chain
+    model for the lengths not measured.
 
     The geometric model with one per-token acceptance misjudges how many tokens a step of k
-    drafts yields: acceptance is not independent from token to token (a draft that got the
-    first tokens right tends to get the next ones too). On an H100 at batch 1 the decayed
-    estimate (0.842) predicted 3.65 tokens a k = 4 step where fixed k = 4 committed ~4.1, and
-    auto decoded regularly where k = 4 ran 15% faster. So each length is scored by the
-    acceptance that reproduces what it measured, and an unmeasured length by that of the
-    nearest measured one (the model then only interpolates between lengths)."""
+    drafts yields: acceptance is not the same from draft to draft (on an H100 at batch 1 the
+    decayed estimate, 0.842, predicted 3.65 tokens a k = 4 step where fixed k = 4 committed
+    ~4.1). So a measured length is scored by the acceptance that reproduces what it measured.
+    A length not measured follows a chain: the first draft accepted with probability p0, each
+    further one, after an acceptance, with p1, both counted over every drafted step. The
+    pair's first draft is accepted more often than the later ones (on an H200, fixed k = 2 / 3
+    / 4 committed 2.70 / 3.41 / 4.02 tokens a step greedy, 2.72 / 3.42 at T = 0.8: p0 ~0.93, p1
+    ~0.86), so the one acceptance that reproduces k = 4, carried to k = 2 (as before), underrates
+    it: auto on that H200 at T = 0.8 and 2-4 sequences decoded regularly where k = 2 ran 8-13%
+    faster."""
 
     def __init__(self, decay: float):
         self.decay = decay
         self.sums: dict[int, tuple[float, float, int]] = {}  # k -> (tokens, sequence-steps) decayed, seen
         self.fitted: dict[int, float] = {}  # measured k -> the acceptance reproducing it
+        # decayed (first drafts accepted, first drafts tested, later drafts accepted, later tested)
+        self.chain = [0.0, 0.0, 0.0, 0.0]
 
-    def add(self, k: int, tokens: int, sequence_steps: int) -> None:
+    def _memory(self, sequence_steps: int) -> float:
+        return max(self.decay, (1 - 1 / YIELD_MEMORY_SEQUENCE_STEPS) ** sequence_steps)
+
+    def add(self, k: int, accepted: Sequence[int]) -> None:
+        """One step's sequences that drafted k tokens and accepted `accepted` of them."""
         t, n, seen = self.sums.get(k, (0.0, 0.0, 0))
-        decay = max(self.decay, (1 - 1 / YIELD_MEMORY_SEQUENCE_STEPS) ** sequence_steps)
-        t, n, seen = t * decay + tokens, n * decay + sequence_steps, seen + sequence_steps
+        decay = self._memory(len(accepted))
+        t, n, seen = t * decay + sum(accepted) + len(accepted), n * decay + len(accepted), seen + len(accepted)
         self.sums[k] = (t, n, seen)
         if seen >= MIN_MEASURED_SEQUENCE_STEPS:
             self.fitted[k] = acceptance_for(t / n, k)
+        # Draft j + 1 (j >= 1) is tested where the first j were accepted: min(m, k - 1) of them,
+        # m - 1 of those accepted where m >= 1.
+        first_ok, first, later_ok, later = (x * decay for x in self.chain)
+        self.chain = [first_ok + sum(m >= 1 for m in accepted), first + len(accepted),
+                      later_ok + sum(max(0, m - 1) for m in accepted),
+                      later + sum(min(m, k - 1) for m in accepted if m >= 1)]
 
     def seen(self, k: int) -> int:
         """Sequence-steps drafted at length k so far."""
         return self.sums.get(k, (0.0, 0.0, 0))[2]
 
     def acceptance(self, k: int) -> float | None:
-        """The acceptance to score length k with (None: no length measured yet)."""
+        """The acceptance a measured length k is scored with (None where k is not measured)."""
+        return self.fitted.get(k)
+
+    def chained_tokens(self, k: int) -> float | None:
+        """Tokens a step of k drafts yields under the chain model (None before any was measured)."""
         if not self.fitted:
             return None
-        nearest = k if k in self.fitted else min(self.fitted, key=lambda j: (abs(j - k), j))
-        return self.fitted[nearest]
+        first_ok, first, later_ok, later = self.chain
+        p0 = first_ok / first
+        p1 = min(0.999, (later_ok + 0.5) / (later + 1.0))  # a weak prior: k = 1 tests no later draft
+        return 1 + p0 * (1 - p1 ** k) / (1 - p1)
 
 
 class MeasuredCost:
     """The batch-level draft length that maximizes measured throughput (our default).
 
     Tokens per step follow E(k) = (1 - a^(k+1)) / (1 - a), with a the per-token acceptance
-    that reproduces the tokens per sequence-step measured at k, or at the nearest length that
-    was measured (see `_Yields`); before any, a decayed estimate of the per-token acceptance.
+    that reproduces the tokens per sequence-step measured at k; a length not measured follows a
+    chain of a first and later acceptances counted over every drafted step (see `_Yields`);
+    before any, a decayed estimate of the per-token acceptance.
     A step costs a draft call of k tokens plus the rest of the step (verification
     and the coordinator's own work around it, which regular decoding pays once per token), both
     timed as the coordinator sees them (RPC included; steps with prefill or draft catch-up are
@@ -414,8 +452,8 @@ class MeasuredCost:
     the join's, at the draft's seconds per joined token measured on large joins.
     """
 
-    def __init__(self, initial: int = 4, max_length: int = 8, decay: float = 0.9, probe_every: int = 16,
-                 regular_probe_every: int = 2048, max_probe_every: int = 16384, window: int = 16,
+    def __init__(self, initial: int = AUTO_INITIAL_LENGTH, max_length: int = 8, decay: float = 0.9,
+                 probe_every: int = 16, regular_probe_every: int = 2048, max_probe_every: int = 16384, window: int = 16,
                  margin: float = 0.05, regular_steps_in_flight: int = 1):
         self.initial, self.max_length, self.decay = initial, max_length, decay
         # A regular step is timed only when sent behind another and committed behind the next
@@ -490,9 +528,15 @@ class MeasuredCost:
         return share
 
     def tokens_per_step(self, k: int) -> float:
-        """Expected tokens a sequence commits in a step of k drafts (as scored)."""
+        """Expected tokens a sequence commits in a step of k drafts (as scored): what k
+        measured, else the chain model's (see _Yields), else the decayed acceptance's."""
+        if k == 0:
+            return 1.0
         fitted = self.yields.acceptance(k)
-        return expected_tokens(min(self.acceptance(), 0.999) if fitted is None else fitted, k)
+        if fitted is not None:
+            return expected_tokens(fitted, k)
+        chained = self.yields.chained_tokens(k)
+        return expected_tokens(min(self.acceptance(), 0.999), k) if chained is None else chained
 
     def join_seconds_per_token(self) -> float | None:
         """The draft's measured time per joined token (None before a join was timed)."""
@@ -512,7 +556,7 @@ class MeasuredCost:
         def needed(k: int) -> float:
             if speculating:
                 return 1.0
-            return 1 + (self.margin if model.measured(k) else max(self.margin, EXTRAPOLATED_MARGIN))
+            return 1 + (self.margin if self._trusted(model, k) else max(self.margin, EXTRAPOLATED_MARGIN))
 
         winners = [k for k in range(1, len(scores)) if scores[k] > needed(k) * scores[0]]
         if winners and join is not None:
@@ -521,7 +565,7 @@ class MeasuredCost:
             return 0
         best = max(winners, key=scores.__getitem__)
         timed = [k for k in [0] + winners if model.measured(k)]
-        if not model.measured(best) and timed:
+        if not self._trusted(model, best) and timed:
             # A length whose cost is a line through others must beat the best timed choice
             # (regular decoding included) by the extrapolation margin, also while speculating:
             # else the policy wanders to other lengths on a guess (H100 greedy batch 1: drafts of
@@ -531,6 +575,12 @@ class MeasuredCost:
             if scores[best] < (1 + EXTRAPOLATED_MARGIN) * scores[best_timed]:
                 return best_timed
         return best
+
+    @staticmethod
+    def _trusted(model: "_CostModel", k: int) -> bool:
+        """Whether k is held to the measured margin: timed, or shorter than a timed draft length
+        (see EXTRAPOLATED_MARGIN)."""
+        return model.measured(k) or any(j > k and model.measured(j) for j in model.draft)
 
     def _paying_back(self, winners: list[int], scores: list[float], join: Join) -> list[int]:
         """The lengths whose time saved over regular decoding, over the join's horizon, exceeds
@@ -595,11 +645,11 @@ class MeasuredCost:
             if k:
                 s += m
                 n += m + (m < k)
-                by_length.setdefault(k, []).append(m + 1)
+                by_length.setdefault(k, []).append(m)
                 self.pace.add(seq_id, m + 1)
         self.alpha = [s, n]
-        for k, tokens in by_length.items():
-            self.yields.add(k, sum(tokens), len(tokens))
+        for k, accepted_runs in by_length.items():
+            self.yields.add(k, accepted_runs)
         drafted = [seq_id for seq_id, k in zip(seq_ids, proposed) if k]
         if len(drafted) >= 2:
             share, evidence = self.pace.gain_share(drafted)
@@ -649,6 +699,6 @@ def make_policy(config: DraftLengthConfig, regular_steps_in_flight: int = 1) -> 
     if config.policy == "bass":
         return BassRule(config.initial, config.max_length)
     if config.policy == "auto":
-        return MeasuredCost(min(config.initial, 4), min(config.max_length, GRAPH_MAX_DRAFT),
+        return MeasuredCost(min(config.initial, AUTO_INITIAL_LENGTH), min(config.max_length, GRAPH_MAX_DRAFT),
                             margin=config.speculation_margin, regular_steps_in_flight=regular_steps_in_flight)
     return PerSequenceAdaptive(config.cost_ratio, config.max_length)
