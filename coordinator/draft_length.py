@@ -166,7 +166,7 @@ EXTRAPOLATED_MARGIN = 0.15
 # than the last drafted per step), and a short start loses less where speculation does not pay.
 # bench/auto_batch_sim.py over batches 1-64 with the pair's chain: auto / best fixed length
 # 1.02-1.05 greedy and 1.01-1.04 at T = 0.8 from 2, against 1.02-1.14 from 4.
-AUTO_INITIAL_LENGTH = 2
+AUTO_INITIAL_LENGTH = 4
 # Steady steps of one draft length timed at a batch-size bucket before the first choice there.
 MIN_TIMED_STEPS = 3
 # E(k) is the mean sequence's tokens per step, but a batch (and a request of n sequences) waits
