@@ -144,7 +144,7 @@ class DraftLengthConfig:
 
     policy: str = "auto"
     fixed: int = 4
-    initial: int = 7  # "bass": the first length; "auto" starts at min(initial, 2) (draft_length.AUTO_INITIAL_LENGTH)
+    initial: int = 7  # "bass": the first length; "auto" starts at min(initial, 4) (draft_length.AUTO_INITIAL_LENGTH)
     max_length: int = 32
     cost_ratio: float = 0.2
     # "auto": from regular decoding, speculate only where its measured throughput beats regular

@@ -148,24 +148,21 @@ class PerSequenceAdaptive(_NoCosts):
         self._trials.forget(seq_id)
 
 
-# Leaving regular decoding for a draft length longer than any timed, whose cost and yield are
-# extrapolated, needs at least this much more throughput. 15% is the single margin the policy
-# used before 2026-11-25 (not tuned separately). A length shorter than a timed one is held to
-# the measured margin (`MeasuredCost._trusted`): its cost, the timed one's draft scaled down
-# with verification kept, was within 2% of what it measured on an H200 (2026-11-25 night 3:
-# from k = 4, k = 2 and 3 predicted 4.3 / 5.4 ms a step at 2 sequences, T = 0.8, measured 4.29 /
-# 5.40; through the services at 8, 3.66 against 3.65), erring high where verification shrinks
-# with the rows; and its yield is the chain's (`_Yields`), fitted on every drafted step. Held
-# to 15% there, auto on that H200 decoded regularly at T = 0.8 and 2-4 sequences where k = 2 ran
-# 8-13% faster.
+# Leaving regular decoding for a draft length whose cost is a line through other lengths needs
+# at least this much more throughput. 15% is the single margin the policy used before
+# 2026-11-25 (not tuned separately). At up to SMALL_BATCH sequences a length shorter than a
+# timed one is held to the measured margin (`MeasuredCost._trusted`): its cost, the timed
+# draft scaled down with verification kept, was within 2% of what it measured on an H200
+# (2026-11-25 night 3: from k = 4, k = 2 / 3 predicted 4.3 / 5.4 ms a step at 2 sequences,
+# T = 0.8, measured 4.29 / 5.40), and its yield is the chain's (`_Yields`). There auto went
+# from 2.01 to 1.85 ms a token at T = 0.8 and 2 sequences and from 1.87 to 1.81 greedy (k = 2:
+# 1.78 / 1.65). Not at more sequences: at greedy 8 the trusted shorter lengths made each new
+# batch start drafting on its bucket's remembered pace and fall back within a few steps (1.94
+# against 1.88 for regular decoding throughout; k = 2 1.71), and at 4 they changed nothing.
 EXTRAPOLATED_MARGIN = 0.15
-# Where `auto` starts at a batch size it has not timed: the shortest length that still tells
-# the chain's later acceptance (p1, `_Yields`). On the H200, k = 2 was the fastest fixed length
-# at T = 0.8 and 1-8 sequences and at greedy 8 through the services (within 1% of k = 3);
-# longer lengths are reached by the neighbour probes and by lengths' scores (at most 2 longer
-# than the last drafted per step), and a short start loses less where speculation does not pay.
-# bench/auto_batch_sim.py over batches 1-64 with the pair's chain: auto / best fixed length
-# 1.02-1.05 greedy and 1.01-1.04 at T = 0.8 from 2, against 1.02-1.14 from 4.
+# Where `auto` starts at a batch size it has not timed. Starting at k = 2 (the fastest fixed
+# length on the H200 at 1-8 sequences) cost 1.5-3% at one sequence, where longer drafts win
+# and are reached only by probes, and 3-5% at greedy 8 (2026-11-25 night 3).
 AUTO_INITIAL_LENGTH = 4
 # Steady steps of one draft length timed at a batch-size bucket before the first choice there.
 MIN_TIMED_STEPS = 3
@@ -369,7 +366,7 @@ class _Yields:
     pair's first draft is accepted more often than the later ones (on an H200, fixed k = 2 / 3
     / 4 committed 2.70 / 3.41 / 4.02 tokens a step greedy, 2.72 / 3.42 at T = 0.8: p0 ~0.93, p1
     ~0.86), so the one acceptance that reproduces k = 4, carried to k = 2 (as before), underrates
-    it: auto on that H200 at T = 0.8 and 2-4 sequences decoded regularly where k = 2 ran 8-13%
+    it: auto on that H200 at T = 0.8 and 2 sequences decoded regularly where k = 2 ran 12%
     faster."""
 
     def __init__(self, decay: float):
@@ -556,7 +553,7 @@ class MeasuredCost:
         def needed(k: int) -> float:
             if speculating:
                 return 1.0
-            return 1 + (self.margin if self._trusted(model, k) else max(self.margin, EXTRAPOLATED_MARGIN))
+            return 1 + (self.margin if self._trusted(model, k, batch) else max(self.margin, EXTRAPOLATED_MARGIN))
 
         winners = [k for k in range(1, len(scores)) if scores[k] > needed(k) * scores[0]]
         if winners and join is not None:
@@ -565,7 +562,7 @@ class MeasuredCost:
             return 0
         best = max(winners, key=scores.__getitem__)
         timed = [k for k in [0] + winners if model.measured(k)]
-        if not self._trusted(model, best) and timed:
+        if not self._trusted(model, best, batch) and timed:
             # A length whose cost is a line through others must beat the best timed choice
             # (regular decoding included) by the extrapolation margin, also while speculating:
             # else the policy wanders to other lengths on a guess (H100 greedy batch 1: drafts of
@@ -577,10 +574,10 @@ class MeasuredCost:
         return best
 
     @staticmethod
-    def _trusted(model: "_CostModel", k: int) -> bool:
-        """Whether k is held to the measured margin: timed, or shorter than a timed draft length
-        (see EXTRAPOLATED_MARGIN)."""
-        return model.measured(k) or any(j > k and model.measured(j) for j in model.draft)
+    def _trusted(model: "_CostModel", k: int, batch: int) -> bool:
+        """Whether k is held to the measured margin: timed, or, at up to SMALL_BATCH sequences,
+        shorter than a timed draft length (see EXTRAPOLATED_MARGIN)."""
+        return model.measured(k) or (batch <= SMALL_BATCH and any(j > k and model.measured(j) for j in model.draft))
 
     def _paying_back(self, winners: list[int], scores: list[float], join: Join) -> list[int]:
         """The lengths whose time saved over regular decoding, over the join's horizon, exceeds
