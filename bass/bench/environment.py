@@ -10,18 +10,29 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 
-def git_commit() -> str:
-    """The checkout's commit; BASS_COMMIT overrides it (on machines that get a copy without .git)."""
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent
+# Written beside the installed package by bench/gpu/install.sh from the wheel's build
+# (bench/gpu/prepare.sh): the GPU machine gets the wheel without the checkout's .git.
+BUILD_COMMIT_FILE = "BUILD_COMMIT"
+
+
+def git_commit(package_dir: Path = _PACKAGE_DIR) -> str:
+    """The commit the running code is from: BASS_COMMIT if set, else the checkout's (with
+    "-dirty" for uncommitted changes), else the one recorded beside an installed wheel
+    (BUILD_COMMIT_FILE), else "unknown"."""
     if os.environ.get("BASS_COMMIT"):
         return os.environ["BASS_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).resolve().parent, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip()
-        return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else "unknown"
+                             cwd=package_dir, timeout=10)
+        if out.returncode == 0:
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                   text=True, cwd=package_dir, timeout=10).stdout.strip()
+            return out.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        pass
+    recorded = package_dir / BUILD_COMMIT_FILE
+    return recorded.read_text().strip() or "unknown" if recorded.is_file() else "unknown"
 
 
 def describe(device: str) -> dict:

