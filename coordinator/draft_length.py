@@ -158,7 +158,8 @@ class PerSequenceAdaptive(_NoCosts):
 # from 2.01 to 1.85 ms a token at T = 0.8 and 2 sequences and from 1.87 to 1.81 greedy (k = 2:
 # 1.78 / 1.65). Not at more sequences: at greedy 8 the trusted shorter lengths made each new
 # batch start drafting on its bucket's remembered pace and fall back within a few steps (1.94
-# against 1.88 for regular decoding throughout; k = 2 1.71), and at 4 they changed nothing.
+# against 1.88 where auto decoded regularly throughout; k = 2 1.71), and at 4 they changed
+# nothing.
 EXTRAPOLATED_MARGIN = 0.15
 # Where `auto` starts at a batch size it has not timed. Starting at k = 2 (the fastest fixed
 # length on the H200 at 1-8 sequences) cost 1.5-3% at one sequence, where longer drafts win
@@ -376,13 +377,10 @@ class _Yields:
         # decayed (first drafts accepted, first drafts tested, later drafts accepted, later tested)
         self.chain = [0.0, 0.0, 0.0, 0.0]
 
-    def _memory(self, sequence_steps: int) -> float:
-        return max(self.decay, (1 - 1 / YIELD_MEMORY_SEQUENCE_STEPS) ** sequence_steps)
-
     def add(self, k: int, accepted: Sequence[int]) -> None:
         """One step's sequences that drafted k tokens and accepted `accepted` of them."""
         t, n, seen = self.sums.get(k, (0.0, 0.0, 0))
-        decay = self._memory(len(accepted))
+        decay = max(self.decay, (1 - 1 / YIELD_MEMORY_SEQUENCE_STEPS) ** len(accepted))
         t, n, seen = t * decay + sum(accepted) + len(accepted), n * decay + len(accepted), seen + len(accepted)
         self.sums[k] = (t, n, seen)
         if seen >= MIN_MEASURED_SEQUENCE_STEPS:
