@@ -150,7 +150,7 @@ class PerSequenceAdaptive(_NoCosts):
 
 # Leaving regular decoding for a draft length whose cost is a line through other lengths needs
 # at least this much more throughput. 15% is the single margin the policy used before
-# 2026-11-25 (not tuned separately). At up to SMALL_BATCH sequences a length shorter than a
+# 2026-11-25 (not tuned separately). At up to SHORTER_TRUSTED_MAX_BATCH sequences a length shorter than a
 # timed one is held to the measured margin (`MeasuredCost._trusted`): its cost, the timed
 # draft scaled down with verification kept, was within 2% of what it measured on an H200
 # (2026-11-25 night 3: from k = 4, k = 2 / 3 predicted 4.3 / 5.4 ms a step at 2 sequences,
@@ -347,6 +347,8 @@ MIN_EXPLORED_SEQUENCE_STEPS = 16
 # Where speculation does not pay at all (a weak draft: auto_alone_sim.py --p0 0.6 --p1 0.7),
 # 128 cost a lone sequence ~0.4-0.6 ms/token over its first ~300 tokens, once.
 SMALL_BATCH = 2
+# Where a length shorter than a timed one is held to the measured margin (EXTRAPOLATED_MARGIN).
+SHORTER_TRUSTED_MAX_BATCH = SMALL_BATCH
 MIN_EXPLORED_SEQUENCE_STEPS_SMALL_BATCH = 128
 # The measured tokens per step remember at least this many sequence-steps (and 1 / (1 - decay)
 # steps): at one sequence a step is one noisy sample (T = 0.8, k = 4: 1 to 5 tokens), and ten
@@ -573,9 +575,10 @@ class MeasuredCost:
 
     @staticmethod
     def _trusted(model: "_CostModel", k: int, batch: int) -> bool:
-        """Whether k is held to the measured margin: timed, or, at up to SMALL_BATCH sequences,
-        shorter than a timed draft length (see EXTRAPOLATED_MARGIN)."""
-        return model.measured(k) or (batch <= SMALL_BATCH and any(j > k and model.measured(j) for j in model.draft))
+        """Whether k is held to the measured margin: timed, or, at up to SHORTER_TRUSTED_MAX_BATCH
+        sequences, shorter than a timed draft length (see EXTRAPOLATED_MARGIN)."""
+        return model.measured(k) or (batch <= SHORTER_TRUSTED_MAX_BATCH
+                                     and any(j > k and model.measured(j) for j in model.draft))
 
     def _paying_back(self, winners: list[int], scores: list[float], join: Join) -> list[int]:
         """The lengths whose time saved over regular decoding, over the join's horizon, exceeds

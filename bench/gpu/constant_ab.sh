@@ -5,14 +5,21 @@
 # orders (base first, then new first: the first process of a call tends to run slow), and the
 # medians side by side. Saves building and carrying a second wheel for a candidate constant.
 # Usage:
-#   constant_ab.sh MODULE.NAME=VALUE MODE BATCHES POLICIES [bench speed args...]
+#   constant_ab.sh "MODULE.NAME=VALUE [MODULE.NAME=VALUE...]" MODE BATCHES POLICIES [bench speed args...]
 #   e.g. constant_ab.sh draft_length.SEQUENCE_PRIOR_STEPS=8 greedy 2,4,8,16 0,3,auto --services
-# (MODULE is under bass.coordinator; VALUE a Python literal.) OUT: where the JSON goes; TAG names it.
+#        constant_ab.sh "draft_length.SEQUENCE_PRIOR_STEPS=8 draft_length.SHORTER_TRUSTED_MAX_BATCH=64" t0.8-p0.95 2,4,8 0,2,auto
+# (MODULE is under bass.coordinator; VALUE a Python literal; several settings, space-separated,
+# change together.) OUT: where the JSON goes; TAG names it.
 # TARGET, DRAFT, DEVICE, DTYPE and PYTHON override the defaults (a CPU smoke test: tiny models,
 # DEVICE=cpu DTYPE=float32 PYTHON=.venv/bin/python).
 set -uo pipefail
 setting=$1 mode=$2 batches=$3 policies=$4; shift 4
-module=${setting%%.*} rest=${setting#*.} name=${rest%%=*} value=${setting#*=}
+patch_new=""
+for one in $setting; do
+  module=${one%%.*} rest=${one#*.} name=${rest%%=*} value=${one#*=}
+  patch_new+="import bass.coordinator.$module as m; assert hasattr(m, '$name'), '$one'; m.$name = $value; "
+done
+patch_new=${patch_new%; }
 cd /tmp
 export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-/tmp/site}
 T=${TARGET:-/tmp/models/qwen2.5-coder-1.5b-instruct}
@@ -21,7 +28,7 @@ PY=${PYTHON:-python3}
 run() {  # run BUILD ORDER [bench speed args...]: BUILD new patches the constant, base leaves it
   local build=$1 order=$2 patch="pass"
   shift 2
-  [ $build = new ] && patch="import bass.coordinator.$module as m; assert hasattr(m, '$name'); m.$name = $value"
+  [ $build = new ] && patch="$patch_new"
   timeout ${LIMIT_S:-200} $PY -c "$patch; from bass.cli import main; main()" bench speed --target $T --draft $D \
     --device ${DEVICE:-cuda} --dtype ${DTYPE:-bfloat16} --max-seq-len 1024 --max-new-tokens 128 --problems 0:16 --peak-tflops 989 \
     --batches $batches --policies $policies --mode $mode "$@" \
