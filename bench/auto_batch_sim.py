@@ -37,6 +37,12 @@ did through the services at 8 sequences on the H100, bench/results "2026-11-25 (
 
     python bench/auto_batch_sim.py --batches 8 --rounds 5 --rounds-trace 8
 
+--same-prompts runs every round on the same batch again, as `bass bench speed` does (each
+position keeps its P0 and replays its acceptance draws). Known gap (2026-11-25 night 3): at 4-8
+sequences the H200's auto remembered a slowest-sequence share of 0.78-0.84 where this simulation
+believes ~0.92, so it keeps drafting k = 2 where the GPU fell back to regular decoding; the real
+sequences' acceptance is burstier than a stationary chain, which no option here models yet.
+
 --set NAME=VALUE changes one of draft_length's constants for the run and --policy-arg NAME=VALUE
 one of MeasuredCost's arguments, to weigh a candidate before measuring it on the GPU:
 
@@ -66,6 +72,7 @@ PROMPT_TOKENS = 94  # HumanEval 0:16's prompts as `bass bench speed` sends them 
 JOIN_S_PER_TOKEN = 7e-6  # the draft's time per joined token on the H100 (5.6-8.6 us measured)
 STEADY_PENDING = 2  # as Scheduler._join_tokens: tokens a drafted step runs anyway
 POLICY_ARGS: dict = {}  # MeasuredCost's arguments (--policy-arg)
+SAME_PROMPTS = [False]  # --same-prompts
 
 
 def step_cost(mode: str, batch: int, k: int, rng: random.Random) -> tuple[float, float]:
@@ -81,8 +88,12 @@ def one_run(seed: int, batch: int, mode: str, p0: tuple[float, float], p1: float
             trace: list[list[int]] | None = None) -> tuple[float, MeasuredCost | None, float]:
     """(median ms per token per sequence of the measured rounds, the policy, the last batch's
     realized pace: its slowest sequence's tokens per drafted step over the mean's). trace: a
-    list given gets each round's draft lengths, step by step."""
+    list given gets each round's draft lengths, step by step. With SAME_PROMPTS, every round is
+    the same batch again, as `bass bench speed` runs it (the first `batch` prompts each round):
+    each position keeps its P0 and replays its acceptance draws from the same seed."""
     rng = random.Random(seed)
+    prompts = random.Random(seed + 10_000)
+    same_p0 = [prompts.uniform(*p0) for _ in range(batch)]
     policy = MeasuredCost(**POLICY_ARGS) if fixed_k is None else None
     per_round, next_id, realized = [], 0, 1.0
     early_tokens, early_drop = early
@@ -90,7 +101,12 @@ def one_run(seed: int, batch: int, mode: str, p0: tuple[float, float], p1: float
         tokens = WARM_UP_TOKENS if round_ == 0 else TOKENS
         seqs = list(range(next_id, next_id + batch))
         next_id += batch
-        first = {s: rng.uniform(*p0) for s in seqs}
+        if SAME_PROMPTS[0]:
+            first = dict(zip(seqs, same_p0))
+            draws = {s: random.Random(seed * 1000 + i) for i, s in enumerate(seqs)}
+        else:
+            first = {s: rng.uniform(*p0) for s in seqs}
+            draws = dict.fromkeys(seqs, rng)
         done, drafted, seconds = dict.fromkeys(seqs, 0), dict.fromkeys(seqs, [0, 0]), 0.0
         held, skipped, drafted_last = dict.fromkeys(seqs, False), dict.fromkeys(seqs, 0), False
         if trace is not None:
@@ -103,7 +119,7 @@ def one_run(seed: int, batch: int, mode: str, p0: tuple[float, float], p1: float
             k = policy.lengths(live, join=lambda: Join(joining, horizon))[0] if policy else fixed_k
             if trace is not None:
                 trace[-1].append(k)
-            ms = [accepted(k, first[s] - (early_drop if done[s] < early_tokens else 0.0), p1, rng) if k else 0
+            ms = [accepted(k, first[s] - (early_drop if done[s] < early_tokens else 0.0), p1, draws[s]) if k else 0
                   for s in live]
             draft_s, rest_s = step_cost(mode, len(live), k, rng)
             joined = joining if k else 0
@@ -147,7 +163,10 @@ def main() -> None:
                         help="a draft_length constant for this run, e.g. SEQUENCE_PRIOR_STEPS=8 (repeatable)")
     parser.add_argument("--policy-arg", action="append", default=[], metavar="NAME=VALUE",
                         help="a MeasuredCost argument, e.g. initial=3 (repeatable)")
+    parser.add_argument("--same-prompts", action="store_true",
+                        help="every round the same batch again, as `bass bench speed` runs it")
     args = parser.parse_args()
+    SAME_PROMPTS[0] = args.same_prompts
     for setting in args.set:
         name, value = setting.split("=", 1)
         assert hasattr(draft_length, name), name
