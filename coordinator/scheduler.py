@@ -555,7 +555,8 @@ class Scheduler:
         st.verify_s += verify_s
         st.verify_compute_s += verified.compute_s
         if st.trace is not None:
-            st.trace.append((k, len(batch), committed, draft_s, timed, self.clock()))
+            per_sequence = [(seq.seq_id, len(verdict.tokens)) for seq, verdict in zip(batch, verdicts)]
+            st.trace.append((k, len(batch), committed, draft_s, timed, per_sequence, self.clock()))
         self.running = [s for s in self.running if s.finish_reason is None]
         finished = []
         for req in touched.values():

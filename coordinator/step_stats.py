@@ -25,7 +25,8 @@ class StepStats:
     # Per step, when a benchmark asks for it (a list, else None): (draft length, sequences,
     # tokens committed, draft seconds, the Verify call's seconds where the step is timed for the
     # policy, else None (the policy is given the step's whole period less the draft call),
-    # clock at the commit's end).
+    # each sequence's (seq_id, tokens committed): its own pace, which `auto`'s judgement of a
+    # batch's slowest sequence is checked against, clock at the commit's end).
     trace: list[tuple] | None = None
 
     def breakdown(self) -> dict:

@@ -62,7 +62,7 @@ def test_speed_bench_runs_every_policy_on_the_same_seeded_texts(llama_target, ll
 
 def test_a_step_trace_records_every_step_when_asked(llama_target, llama_draft):
     """StepStats.trace (benchmarks opt in): one entry per step with its draft length, sequences,
-    tokens and commit time; none kept otherwise."""
+    tokens (and each sequence's, by id) and commit time; none kept otherwise."""
     from bass.coordinator.requests import GenerationRequest
     from bass.coordinator.step_stats import StepStats
     from conftest import build_scheduler
@@ -72,7 +72,11 @@ def test_a_step_trace_records_every_step_when_asked(llama_target, llama_draft):
     scheduler.step_stats = stats = StepStats(trace=[])
     scheduler.generate([GenerationRequest(prompt_ids=(5, 6, 7), max_new_tokens=12, n=2, ignore_eos=True)])
     assert len(stats.trace) == stats.steps > 1
-    assert sum(tokens for _, _, tokens, _, _, _ in stats.trace) == stats.committed_tokens
+    assert sum(tokens for _, _, tokens, _, _, _, _ in stats.trace) == stats.committed_tokens
+    for _, seqs, tokens, _, _, per_sequence, _ in stats.trace:  # each sequence's own tokens
+        assert len(per_sequence) == seqs and sum(n for _, n in per_sequence) == tokens
+        assert all(n >= 1 for _, n in per_sequence)
+    assert len({seq_id for seq_id, _ in stats.trace[0][5]}) == 2
     assert {k for k, *_ in stats.trace} == {int(k) for k in stats.steps_by_length}
     assert all(seqs == 2 for _, seqs, *_ in stats.trace[:-1])
     times = [at for *_, at in stats.trace]
@@ -98,6 +102,7 @@ def test_speed_bench_keeps_the_reported_rounds_step_trace_when_asked(llama_targe
         trace = stats["trace"]
         assert len(trace) == stats["steps"]
         assert sum(tokens for _, _, tokens, *_ in trace) == stats["committed_tokens"]
+        assert all(sum(n for _, n in entry[5]) == entry[2] for entry in trace)  # [seq_id, tokens] pairs
         assert {str(k) for k, *_ in trace} == set(stats["steps_by_length"])
         at = [entry[-1] for entry in trace]
         assert at == sorted(at) and 0 < at[-1] <= 1000 * row["wall_s"] + 1  # wall_s is rounded to ms

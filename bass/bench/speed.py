@@ -156,11 +156,11 @@ def case_requests(prompts: list[str], batch: int, mode: str, tokens: int, round_
 
 
 def _traced(entry: tuple, t0: float) -> list:
-    """A StepStats.trace entry for the JSON: seconds as milliseconds, the commit's clock from
-    the run's start."""
-    k, sequences, tokens, draft_s, timed_s, at = entry
+    """A StepStats.trace entry for the JSON: seconds as milliseconds, each sequence's tokens as
+    [seq_id, tokens] pairs, the commit's clock from the run's start."""
+    k, sequences, tokens, draft_s, timed_s, per_sequence, at = entry
     return [k, sequences, tokens, round(1000 * draft_s, 3), None if timed_s is None else round(1000 * timed_s, 3),
-            round(1000 * (at - t0), 3)]
+            [list(pair) for pair in per_sequence], round(1000 * (at - t0), 3)]
 
 
 class _GcPauses:

@@ -61,7 +61,7 @@ def main() -> None:
             report.append(f"policy state: {scheduler.policy.describe()}")
         report.append("trace (k, sequences, tokens, draft ms, timed verify ms, ms since the previous commit):")
         last = started
-        for k, seqs, tokens, draft_s, timed, at in traced.trace:
+        for k, seqs, tokens, draft_s, timed, _, at in traced.trace:
             report.append(f"  {k} {seqs} {tokens} {1000 * draft_s:.2f} {'-' if timed is None else f'{1000 * timed:.2f}'}"
                           f" {1000 * (at - last):.2f}")
             last = at
