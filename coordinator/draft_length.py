@@ -300,18 +300,6 @@ class _SequencePace:
         return min(1.0, max(0.0, (slowest - 1) / (mean - 1))), evidence
 
 
-def acceptance_for(tokens: float, k: int) -> float:
-    """The per-token acceptance at which expected_tokens(a, k) == tokens (bisection: E is
-    increasing in a)."""
-    lo, hi = 0.0, 0.999
-    if tokens >= expected_tokens(hi, k):
-        return hi
-    for _ in range(30):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if expected_tokens(mid, k) < tokens else (lo, mid)
-    return (lo + hi) / 2
-
-
 # A join (Join) must pay for itself within the batch's remaining budgets, at most this many of
 # each sequence's tokens: leaving regular decoding, or speculating where the draft does not hold
 # the batch yet, costs the draft's run over the tokens it lacks, which no step cost counts. On
@@ -363,7 +351,7 @@ class _Yields:
     The geometric model with one per-token acceptance misjudges how many tokens a step of k
     drafts yields: acceptance is not the same from draft to draft (on an H100 at batch 1 the
     decayed estimate, 0.842, predicted 3.65 tokens a k = 4 step where fixed k = 4 committed
-    ~4.1). So a measured length is scored by the acceptance that reproduces what it measured.
+    ~4.1). So a measured length is scored by the tokens per step it measured.
     A length not measured follows a chain: the first draft accepted with probability p0, each
     further one, after an acceptance, with p1, both counted over every drafted step. The
     pair's first draft is accepted more often than the later ones (on an H200, fixed k = 2 / 3
@@ -375,7 +363,6 @@ class _Yields:
     def __init__(self, decay: float):
         self.decay = decay
         self.sums: dict[int, tuple[float, float, int]] = {}  # k -> (tokens, sequence-steps) decayed, seen
-        self.fitted: dict[int, float] = {}  # measured k -> the acceptance reproducing it
         # decayed (first drafts accepted, first drafts tested, later drafts accepted, later tested)
         self.chain = [0.0, 0.0, 0.0, 0.0]
 
@@ -385,8 +372,6 @@ class _Yields:
         decay = max(self.decay, (1 - 1 / YIELD_MEMORY_SEQUENCE_STEPS) ** len(accepted))
         t, n, seen = t * decay + sum(accepted) + len(accepted), n * decay + len(accepted), seen + len(accepted)
         self.sums[k] = (t, n, seen)
-        if seen >= MIN_MEASURED_SEQUENCE_STEPS:
-            self.fitted[k] = acceptance_for(t / n, k)
         # Draft j + 1 (j >= 1) is tested where the first j were accepted: min(m, k - 1) of them,
         # m - 1 of those accepted where m >= 1.
         first_ok, first, later_ok, later = (x * decay for x in self.chain)
@@ -398,13 +383,16 @@ class _Yields:
         """Sequence-steps drafted at length k so far."""
         return self.sums.get(k, (0.0, 0.0, 0))[2]
 
-    def acceptance(self, k: int) -> float | None:
-        """The acceptance a measured length k is scored with (None where k is not measured)."""
-        return self.fitted.get(k)
+    def measured(self, k: int) -> float | None:
+        """Tokens per sequence-step measured at length k (None until it drafted
+        MIN_MEASURED_SEQUENCE_STEPS sequence-steps)."""
+        t, n, seen = self.sums.get(k, (0.0, 0.0, 0))
+        return t / n if seen >= MIN_MEASURED_SEQUENCE_STEPS else None
 
     def chained_tokens(self, k: int) -> float | None:
-        """Tokens a step of k drafts yields under the chain model (None before any was measured)."""
-        if not self.fitted:
+        """Tokens a step of k drafts yields under the chain model (None before any length was
+        measured)."""
+        if all(seen < MIN_MEASURED_SEQUENCE_STEPS for _, _, seen in self.sums.values()):
             return None
         first_ok, first, later_ok, later = self.chain
         p0 = first_ok / first
@@ -415,10 +403,10 @@ class _Yields:
 class MeasuredCost:
     """The batch-level draft length that maximizes measured throughput (our default).
 
-    Tokens per step follow E(k) = (1 - a^(k+1)) / (1 - a), with a the per-token acceptance
-    that reproduces the tokens per sequence-step measured at k; a length not measured follows a
-    chain of a first and later acceptances counted over every drafted step (see `_Yields`);
-    before any, a decayed estimate of the per-token acceptance.
+    Tokens per step are those measured at k (per sequence-step, decayed); a length not measured
+    follows a chain of a first and later acceptances counted over every drafted step (see
+    `_Yields`); before any, E(k) = (1 - a^(k+1)) / (1 - a) at a decayed estimate a of the
+    per-token acceptance.
     A step costs a draft call of k tokens plus the rest of the step (verification
     and the coordinator's own work around it, which regular decoding pays once per token), both
     timed as the coordinator sees them (RPC included; steps with prefill or draft catch-up are
@@ -529,9 +517,9 @@ class MeasuredCost:
         measured, else the chain model's (see _Yields), else the decayed acceptance's."""
         if k == 0:
             return 1.0
-        fitted = self.yields.acceptance(k)
-        if fitted is not None:
-            return expected_tokens(fitted, k)
+        measured = self.yields.measured(k)
+        if measured is not None:
+            return measured
         chained = self.yields.chained_tokens(k)
         return expected_tokens(min(self.acceptance(), 0.999), k) if chained is None else chained
 

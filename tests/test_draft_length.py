@@ -528,8 +528,23 @@ def test_a_regular_step_is_timed_only_between_two_regular_steps(llama_target, ll
     assert policy.costs[2] is not None
 
 
+def acceptance_for(tokens: float, k: int) -> float:
+    """The per-token acceptance at which expected_tokens(a, k) == tokens (bisection: E is
+    increasing in a): how auto scored an untimed length before the chain (the acceptance of
+    the nearest timed one), kept to compare with."""
+    from bass.coordinator.draft_length import expected_tokens
+
+    lo, hi = 0.0, 0.999
+    if tokens >= expected_tokens(hi, k):
+        return hi
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if expected_tokens(mid, k) < tokens else (lo, mid)
+    return (lo + hi) / 2
+
+
 def test_acceptance_for_inverts_the_expected_tokens_of_a_step():
-    from bass.coordinator.draft_length import acceptance_for, expected_tokens
+    from bass.coordinator.draft_length import expected_tokens
 
     for a in (0.0, 0.3, 0.842, 0.95):
         for k in (1, 4, 8):
@@ -565,7 +580,7 @@ def test_measured_cost_scores_a_length_by_the_tokens_its_steps_committed():
     assert abs(scores[4] * 0.006 - pol.tokens_per_step(4)) < 1e-9
     assert abs(pol.tokens_per_step(4) - committed) < 0.15
     assert scores[4] > 1.05 * scores[0] and pol.best_length(1) > 0
-    assert pol.yields.acceptance(2) is None  # not measured: the chain's
+    assert pol.yields.measured(2) is None  # not measured: the chain's
     assert pol.tokens_per_step(2) == pytest.approx(1 + 1 + 5 / 6, abs=0.01)
     assert pol.describe()["tokens_per_step"][4][1] == 40
 
@@ -669,7 +684,7 @@ def test_measured_cost_scores_an_untimed_shorter_length_by_the_chain_and_leaves_
     p0, p1 = 0.93, 0.86
     assert pol.tokens_per_step(2) == pytest.approx(1 + p0 * (1 + p1), abs=0.12)
     assert pol.tokens_per_step(1) == pytest.approx(1 + p0, abs=0.08)
-    one_acceptance = expected_tokens(pol.yields.acceptance(4), 1)  # what the old scoring carried over
+    one_acceptance = expected_tokens(acceptance_for(pol.yields.measured(4), 4), 1)  # what the old scoring carried over
     assert one_acceptance < pol.tokens_per_step(1) - 0.04
     scores = pol.scores(2, seqs)
     assert scores[4] < 1.05 * scores[0]  # the timed length: not past the margin
