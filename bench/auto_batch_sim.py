@@ -39,7 +39,8 @@ did through the services at 8 sequences on the H100, bench/results "2026-11-25 (
 
 --same-prompts runs every round on the same batch again, as `bass bench speed` does (each
 position keeps its P0 and replays its acceptance draws). Known gap (2026-11-25 night 3): at 4-8
-sequences the H200's auto remembered a slowest-sequence share of 0.78-0.84 where this simulation
+sequences the H200's auto remembered a slowest-sequence share of 0.78-0.84 (0.78-0.81 at
+greedy 8) where this simulation
 believes ~0.92, so it keeps drafting k = 2 where the GPU fell back to regular decoding. Why is
 open: the H200's tokens per step at 8 sequences vary from step to step as 8 independent chains
 would (no bursts at the batch level); per-sequence traces would tell the spread between

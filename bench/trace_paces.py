@@ -4,8 +4,8 @@ For every row of a `bass bench speed --trace` JSON: each sequence's tokens per d
 the reported round, the slowest sequence's share of the mean's gain beyond one token (what
 `auto`'s batch tail is, MeasuredCost.gain_share), and, for `auto`, the share it remembered per
 batch-size bucket (policy_state's slowest_gain_share). On the H200 (2026-11-25 night 3) auto
-remembered 0.78-0.84 at 4-8 sequences where fixed lengths realized 0.82-0.90 by a cruder count;
-this reads it from the sequences themselves.
+remembered 0.78-0.81 at greedy 8 where fixed k = 2 / 3 realized 0.87-0.90 by a cruder count
+(and 0.79-0.84 against 0.87-0.89 at T = 0.8 and 4); this reads it from the sequences themselves.
 
     python bench/trace_paces.py bench/results/.../speed.json [--batch 8]
 """

@@ -150,11 +150,13 @@ class PerSequenceAdaptive(_NoCosts):
 
 # Leaving regular decoding for a draft length whose cost is a line through other lengths needs
 # at least this much more throughput. 15% is the single margin the policy used before
-# 2026-11-25 (not tuned separately). At up to SHORTER_TRUSTED_MAX_BATCH sequences a length shorter than a
-# timed one is held to the measured margin (`MeasuredCost._trusted`): its cost, the timed
-# draft scaled down with verification kept, was within 2% of what it measured on an H200
-# (2026-11-25 night 3: from k = 4, k = 2 / 3 predicted 4.3 / 5.4 ms a step at 2 sequences,
-# T = 0.8, measured 4.29 / 5.40), and its yield is the chain's (`_Yields`). There auto went
+# 2026-11-25 (not tuned separately). At up to SHORTER_TRUSTED_MAX_BATCH sequences a length
+# shorter than a timed one is held to the measured margin (`MeasuredCost._trusted`): its cost,
+# the timed draft scaled down with verification kept, came within 1% of what fixed lengths
+# measured on an H200 (2026-11-25 night 3, step traces: k = 2 from k = 3 at T = 0.8 and 1-8
+# sequences in-process, 4.22-4.46 ms against 4.24-4.43; k = 3 from k = 4 through the services
+# at 8, 4.58 against 4.57; k = 2 from k = 4 there 3.65 against 3.63 / 3.78), and its yield is
+# the chain's (`_Yields`). There auto went
 # from 2.01 to 1.85 ms a token at T = 0.8 and 2 sequences and from 1.87 to 1.81 greedy (k = 2:
 # 1.78 / 1.65). Not at more sequences: at greedy 8 the trusted shorter lengths made each new
 # batch start drafting on its bucket's remembered pace and fall back within a few steps (1.94
