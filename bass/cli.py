@@ -269,15 +269,12 @@ _register_model_commands()
 @click.option("--peak-tflops", type=float, help="Peak dense bf16 TFLOP/s for GPU utilization (H100 SXM: 989).")
 @click.option("--repeats", default=3, show_default=True, help="Measured runs per configuration; the median is reported.")
 @click.option("--batch-invariant", is_flag=True, help="Run the target in its batch-invariant mode (what it costs).")
-@click.option("--dependent-launch/--no-dependent-launch", default=True, show_default=True,
-              help="Programmatic dependent launch of the Triton kernels (Hopper+; what it saves).")
 @click.option("--trace", is_flag=True, help="Keep the reported round's per-step trace (draft length, sequences, "
                                              "tokens, times) and the coordinator's garbage collections "
                                              "in each row.")
 @click.option("--out", type=click.Path(dir_okay=False))
 def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_new_tokens, services, separate_draft,
-                device, dtype, attention, max_seq_len, peak_tflops, repeats, batch_invariant, dependent_launch, trace,
-                out) -> None:
+                device, dtype, attention, max_seq_len, peak_tflops, repeats, batch_invariant, trace, out) -> None:
     """End-to-end decoding speed: regular vs speculative, in-process or through the services."""
     from bass.bench.environment import describe
     from bass.bench.humaneval import load_problems, select
@@ -287,16 +284,15 @@ def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_ne
     dtype = resolve_dtype(dtype, device)
     attention = attention or ("triton" if device.startswith("cuda") else "pad")
     batch_list = [int(b) for b in batches.split(",")]
-    runner = dict(device=device, dtype=dtype, num_slots=max(batch_list), max_seq_len=max_seq_len, attention=attention,
-                  dependent_launch=dependent_launch)
+    runner = dict(device=device, dtype=dtype, num_slots=max(batch_list), max_seq_len=max_seq_len, attention=attention)
     prompts = [p["prompt"] for p in select(load_problems(), problems)]
     rows = measure(RunnerConfig(model_dir=target_dir, batch_invariant=batch_invariant, **runner),
                    RunnerConfig(model_dir=draft_dir, **runner), prompts, batches=batch_list, policies=[p for p in policies.split(",") if p], mode=mode,
                    max_new_tokens=max_new_tokens, services=services, peak_tflops=peak_tflops, repeats=repeats,
                    progress=lambda m: click.echo(m, err=True), colocate=not separate_draft, trace=trace)
     result = {"benchmark": "speed", "environment": describe(device), "target": str(target_dir), "draft": str(draft_dir),
-              "dtype": dtype, "attention": attention, "batch_invariant": batch_invariant,
-              "dependent_launch": dependent_launch, "problems": problems, "results": rows}
+              "dtype": dtype, "attention": attention, "batch_invariant": batch_invariant, "problems": problems,
+              "results": rows}
     _emit_result(result, out)
 
 
@@ -334,7 +330,7 @@ def bench_hf(model_dir, problems, batches, max_new_tokens, static_compile, devic
 @click.option("--alpha", default=0.94, show_default=True,
               help="Per-token acceptance for the derived speculative figures (0.94: measured on the real pair).")
 @click.option("--configs", default="pad:eager,triton:eager,triton:graphs", show_default=True,
-              help="attention:eager|graphs[:nodl] (nodl: without programmatic dependent launch).")
+              help="attention:eager|graphs pairs.")
 @click.option("--dtype", type=click.Choice(DTYPES), default="bfloat16", show_default=True)
 @click.option("--repeats", default=30, show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False))
@@ -350,10 +346,7 @@ def bench_steps(target, draft, batches, draft_lengths, context, alpha, configs, 
     for name in (target, draft):
         if name not in SHAPES:
             raise click.BadParameter(f"unknown shape {name!r}; known: {sorted(SHAPES)}")
-    parts = [c.split(":") for c in configs.split(",")]
-    if any(len(p) not in (2, 3) or p[1] not in ("eager", "graphs") or p[2:] not in ([], ["nodl"]) for p in parts):
-        raise click.BadParameter(f"expected attention:eager|graphs[:nodl] items, got {configs!r}")
-    pairs = [(p[0], p[1] == "graphs", p[2:] != ["nodl"]) for p in parts]
+    pairs = [(c.split(":")[0], c.split(":")[1] == "graphs") for c in configs.split(",")]
     rows = measure(target, draft, batches=[int(b) for b in batches.split(",")],
                    draft_lengths=[int(k) for k in draft_lengths.split(",")], context=context, alpha=alpha,
                    configs=pairs, dtype=dtype, repeats=repeats, progress=lambda m: click.echo(m, err=True))

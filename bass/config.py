@@ -103,10 +103,6 @@ class RunnerConfig:
     # tokens then do not move with load in bf16 either. For the target, whose tokens are the
     # output; slower (one GEMM tiling for all shapes instead of cuBLAS's choice).
     batch_invariant: bool = False
-    # Launch the Triton kernels with programmatic dependent launch where the GPU has it (Hopper
-    # and later; ignored elsewhere): each is scheduled while the kernel before it finishes, which
-    # hides part of the launch gap between a decode step's ~10 kernels per layer. Same values.
-    dependent_launch: bool = True
 
     @property
     def attention_backend(self) -> str:
@@ -223,7 +219,6 @@ class WorkerServiceConfig:
     draft_top_n: int = 64  # the draft finds its top-k/top-p cut among its N most likely tokens; draft only
     graph_max_draft: int = GRAPH_MAX_DRAFT  # target service: draft lengths whose verification is graph-captured
     batch_invariant: bool = False  # target service: rows computed the same way whatever the batch (slower)
-    dependent_launch: bool = True  # Hopper+: Triton kernels launched while the one before drains (same values)
 
     def __post_init__(self) -> None:
         if self.model_dir is not None:
@@ -243,8 +238,7 @@ class WorkerServiceConfig:
         _require(self.model_dir is not None, "model_dir", "is required")
         return RunnerConfig(model_dir=self.model_dir, device=device, dtype=dtype, num_slots=self.num_slots,
                             max_seq_len=self.max_seq_len, attention=self.attention,
-                            graph_max_draft=self.graph_max_draft, batch_invariant=self.batch_invariant,
-                            dependent_launch=self.dependent_launch)
+                            graph_max_draft=self.graph_max_draft, batch_invariant=self.batch_invariant)
 
 
 @dataclass(frozen=True)

@@ -113,15 +113,11 @@ def rope_inv_freq(config: TransformerConfig) -> torch.Tensor:
 
 class Transformer:
     def __init__(self, config: TransformerConfig, weights: TransformerWeights, *, max_seq_len: int,
-                 attention: str = "pad", batch_invariant: bool = False, dependent_launch: bool = False):
+                 attention: str = "pad", batch_invariant: bool = False):
         """batch_invariant: every row's values are computed the same way whatever the batch
         around it (one GEMM tiling without split-K, attention with one launch plan and no
         split-KV), so a sequence's logits, and so its tokens, do not depend on what it is
-        batched with or on how many tokens each step runs. Costs speed; see RunnerConfig.
-        dependent_launch: with the Triton kernels, launch each of them with programmatic
-        dependent launch where the device supports it (`triton_attention.
-        dependent_launch_available`; ignored elsewhere): the values are the same, only the
-        gaps between kernels shrink."""
+        batched with or on how many tokens each step runs. Costs speed; see RunnerConfig."""
         self.config = config
         self.weights = weights
         self.attend = attention_kernel(attention)
@@ -149,19 +145,12 @@ class Transformer:
         # With the Triton attention kernel (so Triton is there), the elementwise groups run as
         # fused Triton kernels too; the references compute the same values in PyTorch.
         if attention == "triton":
-            from bass.kernels.triton_attention import dependent_launch_available
             from bass.kernels.triton_elementwise import add_rms_norm, rope_into_cache, silu_mul
 
             self.add_norm, self.rope_into_cache, self.silu_mul = add_rms_norm, rope_into_cache, silu_mul
-            dependent_launch = dependent_launch and dependent_launch_available(weights.embed.device)
-            if dependent_launch:
-                self.add_norm, self.rope_into_cache, self.silu_mul, self.attend = (
-                    functools.partial(f, dependent=True) for f in (add_rms_norm, rope_into_cache, silu_mul, self.attend))
         else:
             self.add_norm, self.rope_into_cache, self.silu_mul = (add_rms_norm_reference, rope_into_cache_reference,
                                                                   silu_mul_reference)
-            dependent_launch = False
-        self.dependent_launch = dependent_launch  # as resolved for this device
         self.scale = config.head_dim ** -0.5
         device, dtype = weights.embed.device, weights.embed.dtype
         positions = torch.arange(max_seq_len, dtype=torch.float32, device=device)

@@ -47,8 +47,7 @@ class ModelRunner:
                      config.dtype, config.device)
             weights = load_weights(config.model_dir, self.model_config, dtype=config.dtype, device=config.device)
             model = Transformer(self.model_config, weights, max_seq_len=config.max_seq_len,
-                                attention=config.attention_backend, batch_invariant=config.batch_invariant,
-                                dependent_launch=config.dependent_launch)
+                                attention=config.attention_backend, batch_invariant=config.batch_invariant)
         self.model_config = model.config
         self.model = model
         mc = self.model_config

@@ -57,7 +57,7 @@ except ImportError as _exc:  # pragma: no cover - exercised only without triton
 else:
     _TRITON_IMPORT_ERROR = None
 
-__all__ = ["attend_triton", "triton_available", "dependent_launch_available", "plan_launch", "LaunchPlan"]
+__all__ = ["attend_triton", "triton_available", "plan_launch", "LaunchPlan"]
 
 _LOG2E = 1.4426950408889634
 _INTERPRETED = False  # set below: whether triton.jit made interpreter functions
@@ -66,22 +66,6 @@ _SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 def triton_available() -> bool:
     return triton is not None
-
-
-def dependent_launch_available(device: torch.device | str) -> bool:
-    """Whether Triton kernels on `device` can use programmatic dependent launch: a kernel
-    launched that way is scheduled while the one before it drains, and waits on the device
-    (griddepcontrol.wait, its first instruction) until that kernel's writes are visible. It
-    hides the launch gap between a decode step's microsecond kernels. Hopper (sm_90) and
-    later, compiled (not interpreted) Triton with the gdc intrinsics (3.4+)."""
-    device = torch.device(device)
-    if triton is None or _INTERPRETED or device.type != "cuda":
-        return False
-    try:
-        from triton.language.extra.cuda import gdc_wait  # noqa: F401
-    except ImportError:
-        return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
 
 
 # ----------------------------------------------------------------------------------------------
@@ -110,10 +94,7 @@ if triton is not None:
         DOT_PRECISION: tl.constexpr,
         UPCAST: tl.constexpr,  # fp32 operands for tl.dot (interpreter: its bf16 dot is wrong)
         MASK_EVERY_TILE: tl.constexpr,  # batch-invariant mode: one code path for every tile
-        DEPENDENT: tl.constexpr,  # launched early (programmatic dependent launch): wait first
     ):
-        if DEPENDENT:
-            tl.extra.cuda.gdc_wait()
         pid_m = tl.program_id(0)
         seq = tl.program_id(1)
         pid_hs = tl.program_id(2)
@@ -423,7 +404,7 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   scale: float, *, block_m: int | None = None, block_n: int | None = None,
                   num_warps: int | None = None, num_stages: int | None = None,
                   num_splits: int | None = None, mask_every_tile: bool = False,
-                  arrivals: torch.Tensor | None = None, dependent: bool = False) -> torch.Tensor:
+                  arrivals: torch.Tensor | None = None) -> torch.Tensor:
     """Ragged causal GQA attention in one Triton launch.
 
     q: [T, H, D]; k_cache / v_cache: [slots, max_seq_len, Hkv, D] (any strides); returns a
@@ -436,8 +417,6 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     zeroed (each block's last split resets its counter), so one buffer serves every launch on
     a stream without a memset kernel per call (one per layer, inside every CUDA graph). Without
     it, or when it is too small for the grid, a fresh zeroed buffer is used.
-
-    dependent: launch with programmatic dependent launch (`dependent_launch_available`).
     """
     _check_inputs(q, k_cache, v_cache, batch)
     num_tokens, num_heads, head_dim = q.shape
@@ -461,7 +440,7 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 BLOCK_M=bm, BLOCK_N=bn, SPLIT=splits > 1,
                 DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # only fp32 reads it
                 UPCAST=interpreted and q.dtype == torch.bfloat16, MASK_EVERY_TILE=mask_every_tile,
-                DEPENDENT=dependent, launch_pdl=dependent, num_warps=warps, num_stages=stages)
+                num_warps=warps, num_stages=stages)
     lens = (batch.slots, batch.q_starts, batch.q_lens, batch.ctx_lens)
     strides = (*q.stride(), *k_cache.stride(), *v_cache.stride())
     if splits == 1:

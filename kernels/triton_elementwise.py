@@ -4,11 +4,6 @@ A decode step of a 1.5B model on an H100 spends about a third of its GPU time in
 elementwise kernels (RMSNorm in fp32 steps, rotate-half RoPE, SiLU * up, residual adds, KV
 cache writes); see bench/results/README.md. Each group here is one kernel that rounds where the reference rounds
 (every intermediate to the model dtype), so greedy outputs stay equal to transformers'.
-
-`dependent=True` launches a kernel with programmatic dependent launch (Hopper and later, see
-`triton_attention.dependent_launch_available`): it is scheduled while the kernel before it
-drains and waits on the device, as its first instruction, until that kernel's writes are
-visible; without it each of these microsecond kernels also waits out the launch gap.
 """
 
 from __future__ import annotations
@@ -24,9 +19,7 @@ import triton.language as tl  # noqa: E402
 
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, n_cols, eps,
-                         HAS_RES: tl.constexpr, BLOCK: tl.constexpr, DEPENDENT: tl.constexpr):
-    if DEPENDENT:  # launched early (see `dependent`): the kernel before must have finished writing
-        tl.extra.cuda.gdc_wait()
+                         HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -42,9 +35,7 @@ def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, n_cols, eps,
     tl.store(out_ptr + row * n_cols + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, n_cols, BLOCK: tl.constexpr, DEPENDENT: tl.constexpr):
-    if DEPENDENT:
-        tl.extra.cuda.gdc_wait()
+def _silu_mul_kernel(gu_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -55,13 +46,10 @@ def _silu_mul_kernel(gu_ptr, out_ptr, n_cols, BLOCK: tl.constexpr, DEPENDENT: tl
 
 @triton.jit
 def _rope_into_cache_kernel(qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, slots_ptr, pos_ptr,
-                            qkv_stride, slot_stride, pos_stride, heads, kv_heads, HALF: tl.constexpr,
-                            DEPENDENT: tl.constexpr):
+                            qkv_stride, slot_stride, pos_stride, heads, kv_heads, HALF: tl.constexpr):
     """One program per (token, head): heads [0, heads) are query heads, rotated into q_out;
     heads [heads, heads + kv_heads) are key/value heads, the key rotated and both written to
     the cache at the token's (slot, position). In q|k|v, head h's input starts at h * D."""
-    if DEPENDENT:
-        tl.extra.cuda.gdc_wait()
     token = tl.program_id(0)
     head = tl.program_id(1)
     d = tl.arange(0, HALF)
@@ -92,28 +80,26 @@ def _rope_into_cache_kernel(qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_pt
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                 eps: float, *, dependent: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     rows, cols = x.shape
     out = torch.empty_like(x)
     summed = torch.empty_like(x) if residual is not None else x
     _add_rms_norm_kernel[(rows,)](x, residual if residual is not None else x, weight, out, summed, cols, eps,
-                                  HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(cols),
-                                  DEPENDENT=dependent, launch_pdl=dependent)
+                                  HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(cols))
     return out, summed
 
 
-def silu_mul(gate_up: torch.Tensor, *, dependent: bool = False) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     rows, cols = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty((rows, cols), dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
-    _silu_mul_kernel[(rows, triton.cdiv(cols, block))](gate_up, out, cols, BLOCK=block, DEPENDENT=dependent,
-                                                       launch_pdl=dependent)
+    _silu_mul_kernel[(rows, triton.cdiv(cols, block))](gate_up, out, cols, BLOCK=block)
     return out
 
 
 def rope_into_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, token_slots: torch.Tensor, positions: torch.Tensor, heads: int,
-                    kv_heads: int, *, dependent: bool = False) -> torch.Tensor:
+                    kv_heads: int) -> torch.Tensor:
     """kernels/elementwise.rope_into_cache_reference in one launch (instead of two RoPEs and
     two indexed cache writes): qkv [T, (heads + 2 kv_heads) D] rows, caches of one layer
     [slots, max_seq_len, kv_heads, D], contiguous."""
@@ -121,5 +107,5 @@ def rope_into_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_c
     q = torch.empty((tokens, heads, dim), dtype=qkv.dtype, device=qkv.device)
     _rope_into_cache_kernel[(tokens, heads + kv_heads)](
         qkv, q, k_cache, v_cache, cos, sin, token_slots, positions, qkv.stride(0), k_cache.stride(0),
-        k_cache.stride(1), heads, kv_heads, HALF=dim // 2, DEPENDENT=dependent, launch_pdl=dependent)
+        k_cache.stride(1), heads, kv_heads, HALF=dim // 2)
     return q

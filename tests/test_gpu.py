@@ -156,36 +156,3 @@ def test_batch_invariant_target_gives_the_same_tokens_alone_and_crowded_in_bf16(
     assert [run("4", [r])[0] for r in mine] == alone
     crowded = run("4", others[:5] + mine + others[5:])
     assert crowded[5:7] == alone
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_dependent_launch_changes_no_logit(llama_target, dtype):
-    """Programmatic dependent launch (on by default where the GPU has it) only moves when each
-    kernel starts: prefill, eager steps and graph replays give bit-identical logits with and
-    without it, and on Hopper or later it is really on."""
-    from bass.config import RunnerConfig
-    from bass.engine.runner import ModelRunner
-    from bass.worker_api import AddSequence
-
-    def logits(dependent: bool) -> tuple[list[torch.Tensor], bool]:
-        runner = ModelRunner(RunnerConfig(model_dir=llama_target, device="cuda", dtype=dtype, num_slots=4,
-                                          max_seq_len=256, attention="triton", dependent_launch=dependent))
-        runner.warm_up(graph_shapes=[(1, 1), (4, 4)])
-        runner.add([AddSequence(i, tuple(range(3 + i, 40 + 9 * i))) for i in range(3)])
-        states = [runner.get(i) for i in range(3)]
-        lengths = [runner.cached(s) for s in states]
-        out = [runner.forward([(s, [7, 8, 9]) for s in states], [4] * 3)]  # a verification's shape (graph)
-        for s, n in zip(states, lengths):
-            runner.cache.truncate(s.slot, n)
-        for step in range(4):  # decode steps (graphs), then a ragged one (eager)
-            out.append(runner.forward([(s, []) for s in states], [1] * 3))
-            for s, token in zip(states, out[-1].argmax(-1).tolist()):
-                runner.commit(s, [token])
-        out.append(runner.forward([(s, [5] * n) for n, s in enumerate(states)], [1, 2, 3]))
-        return [t.cpu() for t in out], runner.model.dependent_launch
-
-    plain, was_on = logits(False)
-    dependent, is_on = logits(True)
-    assert not was_on and is_on == (torch.cuda.get_device_capability()[0] >= 9)
-    for a, b in zip(plain, dependent):
-        assert torch.equal(a, b)

@@ -87,20 +87,3 @@ def test_model_on_the_fused_path_matches_transformers(llama_target, qwen_target)
         with torch.no_grad():
             ref = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()(torch.tensor([ids])).logits[0]
         torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
-
-
-def test_dependent_launch_is_off_where_the_device_lacks_it():
-    """Programmatic dependent launch needs compiled Triton on Hopper or later: asked for on the
-    CPU (the interpreter), a model quietly runs without it."""
-    from bass.bench.steps import random_transformer
-    from bass.engine.model import TransformerConfig
-    from bass.kernels.triton_attention import dependent_launch_available
-
-    assert not dependent_launch_available("cpu")
-    config = TransformerConfig(architecture="LlamaForCausalLM", vocab_size=64, hidden_size=32, intermediate_size=64,
-                               num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8, rms_norm_eps=1e-6,
-                               rope_theta=1e4, rope_scaling=None, tie_word_embeddings=False,
-                               max_position_embeddings=64)
-    models = [random_transformer(config, dtype="float32", device="cpu", max_seq_len=64, attention="triton",
-                                 dependent_launch=flag) for flag in (True, False)]
-    assert [m.dependent_launch for m in models] == [False, False]

@@ -42,7 +42,7 @@ def shape_config(name: str) -> TransformerConfig:
 
 
 def random_transformer(config: TransformerConfig, *, dtype: str, device: str, max_seq_len: int,
-                       attention: str, dependent_launch: bool = True) -> Transformer:
+                       attention: str) -> Transformer:
     dt = TORCH_DTYPES[dtype]
     gen = torch.Generator(device=device).manual_seed(0)
 
@@ -59,8 +59,7 @@ def random_transformer(config: TransformerConfig, *, dtype: str, device: str, ma
     embed = w(c.vocab_size, c.hidden_size)
     weights = TransformerWeights(embed=embed, layers=layers, final_norm=torch.ones(c.hidden_size, dtype=dt, device=device),
                                  lm_head=w(c.vocab_size, c.hidden_size))
-    return Transformer(config, weights, max_seq_len=max_seq_len, attention=attention,
-                       dependent_launch=dependent_launch)
+    return Transformer(config, weights, max_seq_len=max_seq_len, attention=attention)
 
 
 def weight_bytes(config: TransformerConfig, dtype: str) -> int:
@@ -120,29 +119,25 @@ def expected_tokens(alpha: float, k: int) -> float:
 
 
 def measure(target: str, draft: str, *, batches: list[int], draft_lengths: list[int], context: int, alpha: float,
-            configs: list[tuple[str, bool, bool]], dtype: str, repeats: int, progress=None) -> list[dict]:
-    """configs: (attention kernel, CUDA graphs, dependent launch) triples."""
+            configs: list[tuple[str, bool]], dtype: str, repeats: int, progress=None) -> list[dict]:
     device = "cuda"
     rows = []
     max_q = max(draft_lengths) + 1
     models = {}
     for name in {target, draft}:
-        models[name] = {(att, dl): random_transformer(shape_config(name), dtype=dtype, device=device,
-                                                      max_seq_len=context + max_q + 8, attention=att,
-                                                      dependent_launch=dl)
-                        for att, dl in {(a, d) for a, _, d in configs}}
-    for attention, graphs, dependent in configs:
+        models[name] = {att: random_transformer(shape_config(name), dtype=dtype, device=device,
+                                                max_seq_len=context + max_q + 8, attention=att)
+                        for att in {a for a, _ in configs}}
+    for attention, graphs in configs:
         for batch in batches:
             t0 = time.perf_counter()
-            tgt = StepTimer(models[target][attention, dependent], batch=batch, context=context, max_q=max_q, attention=attention,
+            tgt = StepTimer(models[target][attention], batch=batch, context=context, max_q=max_q, attention=attention,
                             cuda_graphs=graphs, device=device)
-            drf = StepTimer(models[draft][attention, dependent], batch=batch, context=context, max_q=max_q, attention=attention,
+            drf = StepTimer(models[draft][attention], batch=batch, context=context, max_q=max_q, attention=attention,
                             cuda_graphs=graphs, device=device)
             draft_ms = drf.time_forward(1, repeats).median_ms
             regular = tgt.time_forward(1, repeats)
-            row = {"attention": attention, "cuda_graphs": graphs,
-                   "dependent_launch": models[target][attention, dependent].dependent_launch,
-                   "batch": batch, "context": context,
+            row = {"attention": attention, "cuda_graphs": graphs, "batch": batch, "context": context,
                    "target_forward_q1_ms": round(regular.median_ms, 4),
                    "target_forward_q1_p10_p90_ms": [round(regular.p10_ms, 4), round(regular.p90_ms, 4)],
                    "draft_forward_q1_ms": round(draft_ms, 4),
@@ -162,6 +157,6 @@ def measure(target: str, draft: str, *, batches: list[int], draft_lengths: list[
             del tgt, drf
             torch.cuda.empty_cache()
             if progress:
-                progress(f"{attention} graphs={graphs} dependent={dependent} batch={batch}: regular {regular.median_ms:.3f} ms, "
+                progress(f"{attention} graphs={graphs} batch={batch}: regular {regular.median_ms:.3f} ms, "
                          f"best k={best[0]} {best[1]:.3f} ms/token/seq ({time.perf_counter() - t0:.0f} s)")
     return rows
