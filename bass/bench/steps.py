@@ -94,6 +94,7 @@ class StepTimer:
             self.runner.add([AddSequence(i, tuple(torch.randint(0, vocab, (context,), generator=gen).tolist()))])
         self.states = [self.runner.get(i) for i in range(batch)]
 
+    @torch.inference_mode()
     def time_forward(self, q: int, repeats: int, warmup: int = 3) -> Timing:
         """Each sequence runs its pending token plus q - 1 more; the cache is rolled back after."""
         runner, extra = self.runner, [7] * (q - 1)
