@@ -269,12 +269,15 @@ _register_model_commands()
 @click.option("--peak-tflops", type=float, help="Peak dense bf16 TFLOP/s for GPU utilization (H100 SXM: 989).")
 @click.option("--repeats", default=3, show_default=True, help="Measured runs per configuration; the median is reported.")
 @click.option("--batch-invariant", is_flag=True, help="Run the target in its batch-invariant mode (what it costs).")
+@click.option("--draft-int8/--no-draft-int8", default=False, show_default=True,
+              help="The draft's projections and LM head in weight-only int8 for few-row steps.")
 @click.option("--trace", is_flag=True, help="Keep the reported round's per-step trace (draft length, sequences, "
                                              "tokens, times) and the coordinator's garbage collections "
                                              "in each row.")
 @click.option("--out", type=click.Path(dir_okay=False))
 def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_new_tokens, services, separate_draft,
-                device, dtype, attention, max_seq_len, peak_tflops, repeats, batch_invariant, trace, out) -> None:
+                device, dtype, attention, max_seq_len, peak_tflops, repeats, batch_invariant, draft_int8, trace,
+                out) -> None:
     """End-to-end decoding speed: regular vs speculative, in-process or through the services."""
     from bass.bench.environment import describe
     from bass.bench.humaneval import load_problems, select
@@ -287,12 +290,12 @@ def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_ne
     runner = dict(device=device, dtype=dtype, num_slots=max(batch_list), max_seq_len=max_seq_len, attention=attention)
     prompts = [p["prompt"] for p in select(load_problems(), problems)]
     rows = measure(RunnerConfig(model_dir=target_dir, batch_invariant=batch_invariant, **runner),
-                   RunnerConfig(model_dir=draft_dir, **runner), prompts, batches=batch_list, policies=[p for p in policies.split(",") if p], mode=mode,
+                   RunnerConfig(model_dir=draft_dir, int8_weights=draft_int8, **runner), prompts, batches=batch_list, policies=[p for p in policies.split(",") if p], mode=mode,
                    max_new_tokens=max_new_tokens, services=services, peak_tflops=peak_tflops, repeats=repeats,
                    progress=lambda m: click.echo(m, err=True), colocate=not separate_draft, trace=trace)
     result = {"benchmark": "speed", "environment": describe(device), "target": str(target_dir), "draft": str(draft_dir),
-              "dtype": dtype, "attention": attention, "batch_invariant": batch_invariant, "problems": problems,
-              "results": rows}
+              "dtype": dtype, "attention": attention, "batch_invariant": batch_invariant, "draft_int8": draft_int8,
+              "problems": problems, "results": rows}
     _emit_result(result, out)
 
 

@@ -103,6 +103,11 @@ class RunnerConfig:
     # tokens then do not move with load in bf16 either. For the target, whose tokens are the
     # output; slower (one GEMM tiling for all shapes instead of cuBLAS's choice).
     batch_invariant: bool = False
+    # A draft's option: its projections and LM head also kept as weight-only int8 (one scale per
+    # output column), which steps of up to 16 rows read: half the bytes (kernels/triton_int8.py).
+    # Changes the draft's numbers, so which tokens it proposes, never the output. With the
+    # Triton kernels only (ignored with the PyTorch attention backends).
+    int8_weights: bool = False
 
     @property
     def attention_backend(self) -> str:
@@ -126,6 +131,8 @@ class RunnerConfig:
                  f"must be one of {ATTENTION_BACKENDS}, got {self.attention!r}")
         _require(0 <= self.graph_max_draft <= 32, "graph_max_draft",
                  f"must be in [0, 32], got {self.graph_max_draft}")
+        _require(not (self.int8_weights and self.batch_invariant), "int8_weights",
+                 "is a draft's option and batch_invariant a target's: not both")
 
 
 @dataclass(frozen=True)
@@ -219,6 +226,7 @@ class WorkerServiceConfig:
     draft_top_n: int = 64  # the draft finds its top-k/top-p cut among its N most likely tokens; draft only
     graph_max_draft: int = GRAPH_MAX_DRAFT  # target service: draft lengths whose verification is graph-captured
     batch_invariant: bool = False  # target service: rows computed the same way whatever the batch (slower)
+    int8_weights: bool = False  # draft only: projections and LM head also in int8 for few-row steps (faster)
 
     def __post_init__(self) -> None:
         if self.model_dir is not None:
@@ -238,7 +246,8 @@ class WorkerServiceConfig:
         _require(self.model_dir is not None, "model_dir", "is required")
         return RunnerConfig(model_dir=self.model_dir, device=device, dtype=dtype, num_slots=self.num_slots,
                             max_seq_len=self.max_seq_len, attention=self.attention,
-                            graph_max_draft=self.graph_max_draft, batch_invariant=self.batch_invariant)
+                            graph_max_draft=self.graph_max_draft, batch_invariant=self.batch_invariant,
+                            int8_weights=self.int8_weights)
 
 
 @dataclass(frozen=True)
@@ -342,6 +351,8 @@ class ServeConfig:
     colocate: bool = True
 
     def __post_init__(self) -> None:
+        _require(not self.target.int8_weights, "target.int8_weights",
+                 "the target's numbers are the output: int8 weights are for the draft only")
         if self.colocate and self.draft is not None:
             devices = {self.target.device, self.draft.device} - {"auto"}
             _require(len(devices) <= 1, "colocate", f"puts the draft on the target's device; they are set to "

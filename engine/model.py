@@ -74,14 +74,15 @@ class TransformerConfig:
 
 @dataclass
 class LayerWeights:
+    # The projections are Int8Weight in a model built with int8_weights (a draft).
     input_norm: torch.Tensor
-    qkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, hidden]
+    qkv: Any  # torch.Tensor [(heads + 2 * kv_heads) * head_dim, hidden] or Int8Weight
     qkv_bias: torch.Tensor | None
-    o: torch.Tensor
+    o: Any
     o_bias: torch.Tensor | None
     post_norm: torch.Tensor
-    gate_up: torch.Tensor  # [2 * intermediate, hidden]
-    down: torch.Tensor
+    gate_up: Any  # [2 * intermediate, hidden]
+    down: Any
 
 
 @dataclass
@@ -89,7 +90,7 @@ class TransformerWeights:
     embed: torch.Tensor
     layers: list[LayerWeights]
     final_norm: torch.Tensor
-    lm_head: torch.Tensor
+    lm_head: Any  # torch.Tensor [vocab, hidden] or Int8Weight
 
 
 def rope_inv_freq(config: TransformerConfig) -> torch.Tensor:
@@ -113,11 +114,16 @@ def rope_inv_freq(config: TransformerConfig) -> torch.Tensor:
 
 class Transformer:
     def __init__(self, config: TransformerConfig, weights: TransformerWeights, *, max_seq_len: int,
-                 attention: str = "pad", batch_invariant: bool = False):
+                 attention: str = "pad", batch_invariant: bool = False, int8_weights: bool = False):
         """batch_invariant: every row's values are computed the same way whatever the batch
         around it (one GEMM tiling without split-K, attention with one launch plan and no
         split-KV), so a sequence's logits, and so its tokens, do not depend on what it is
-        batched with or on how many tokens each step runs. Costs speed; see RunnerConfig."""
+        batched with or on how many tokens each step runs. Costs speed; see RunnerConfig.
+        int8_weights (a draft's option, with the Triton kernels; ignored otherwise): the
+        projections and the LM head also kept as weight-only int8, which products of up to
+        kernels/triton_int8.MAX_INT8_ROWS rows read (half the bytes); they change the values."""
+        if batch_invariant and int8_weights:
+            raise ValueError("int8_weights is a draft's option; batch_invariant a target's: not both")
         self.config = config
         self.weights = weights
         self.attend = attention_kernel(attention)
@@ -151,6 +157,15 @@ class Transformer:
         else:
             self.add_norm, self.rope_into_cache, self.silu_mul = (add_rms_norm_reference, rope_into_cache_reference,
                                                                   silu_mul_reference)
+        self.int8_weights = int8_weights and attention == "triton"
+        if self.int8_weights:
+            from bass.kernels.triton_int8 import Int8Linear, Int8Weight
+
+            for layer in weights.layers:
+                for name in ("qkv", "o", "gate_up", "down"):
+                    setattr(layer, name, Int8Weight.quantize(getattr(layer, name)))
+            weights.lm_head = Int8Weight.quantize(weights.lm_head)
+            self.linear = Int8Linear(weights.embed.device)
         self.scale = config.head_dim ** -0.5
         device, dtype = weights.embed.device, weights.embed.dtype
         positions = torch.arange(max_seq_len, dtype=torch.float32, device=device)
@@ -176,6 +191,8 @@ class Transformer:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits of final hidden rows (the LM head, kept out of CUDA graphs so that their
         static outputs are [R, hidden] rather than [R, vocab])."""
+        if self.int8_weights:  # fp32 straight from the kernel
+            return self.linear(hidden, self.weights.lm_head, None, torch.float32)
         return self.linear(hidden, self.weights.lm_head).float()
 
     @torch.inference_mode()

@@ -47,7 +47,8 @@ class ModelRunner:
                      config.dtype, config.device)
             weights = load_weights(config.model_dir, self.model_config, dtype=config.dtype, device=config.device)
             model = Transformer(self.model_config, weights, max_seq_len=config.max_seq_len,
-                                attention=config.attention_backend, batch_invariant=config.batch_invariant)
+                                attention=config.attention_backend, batch_invariant=config.batch_invariant,
+                                int8_weights=config.int8_weights)
         self.model_config = model.config
         self.model = model
         mc = self.model_config

@@ -93,6 +93,24 @@ def test_the_prefill_budget_is_validated_and_read_from_a_config_file(tmp_path):
         load_config_file(path)
 
 
+def test_int8_weights_are_a_drafts_option_read_from_a_config_file(llama_target, tmp_path):
+    """int8 weights change a model's numbers: for the draft (whose proposals verification
+    checks), refused for the target (whose numbers are the output) and beside batch_invariant."""
+    from bass.config import RunnerConfig, load_config_file
+    from bass.errors import InvalidRequestError
+
+    path = tmp_path / "bass.toml"
+    path.write_text(f'[target]\nmodel_dir = "{llama_target}"\n[draft]\nmodel_dir = "{llama_target}"\n'
+                    "int8_weights = true\n")
+    cfg = load_config_file(path)
+    assert cfg.draft.runner_config().int8_weights and not cfg.target.runner_config().int8_weights
+    path.write_text(f'[target]\nmodel_dir = "{llama_target}"\nint8_weights = true\n')
+    with pytest.raises(InvalidRequestError, match="target.int8_weights.*draft only"):
+        load_config_file(path)
+    with pytest.raises(InvalidRequestError, match="int8_weights"):
+        RunnerConfig(model_dir=llama_target, int8_weights=True, batch_invariant=True)
+
+
 @pytest.mark.parametrize("command", ["acceptance", "acceptance-rules", "invariance"])
 def test_bench_commands_name_an_unknown_sampling_mode(command, llama_target):
     result = CliRunner().invoke(main, ["bench", command, "--target", str(llama_target), "--draft", str(llama_target),

@@ -42,7 +42,7 @@ def shape_config(name: str) -> TransformerConfig:
 
 
 def random_transformer(config: TransformerConfig, *, dtype: str, device: str, max_seq_len: int,
-                       attention: str) -> Transformer:
+                       attention: str, int8_weights: bool = False) -> Transformer:
     dt = TORCH_DTYPES[dtype]
     gen = torch.Generator(device=device).manual_seed(0)
 
@@ -59,7 +59,7 @@ def random_transformer(config: TransformerConfig, *, dtype: str, device: str, ma
     embed = w(c.vocab_size, c.hidden_size)
     weights = TransformerWeights(embed=embed, layers=layers, final_norm=torch.ones(c.hidden_size, dtype=dt, device=device),
                                  lm_head=w(c.vocab_size, c.hidden_size))
-    return Transformer(config, weights, max_seq_len=max_seq_len, attention=attention)
+    return Transformer(config, weights, max_seq_len=max_seq_len, attention=attention, int8_weights=int8_weights)
 
 
 def weight_bytes(config: TransformerConfig, dtype: str) -> int:
