@@ -269,8 +269,9 @@ _register_model_commands()
 @click.option("--peak-tflops", type=float, help="Peak dense bf16 TFLOP/s for GPU utilization (H100 SXM: 989).")
 @click.option("--repeats", default=3, show_default=True, help="Measured runs per configuration; the median is reported.")
 @click.option("--batch-invariant", is_flag=True, help="Run the target in its batch-invariant mode (what it costs).")
-@click.option("--draft-int8/--no-draft-int8", default=False, show_default=True,
-              help="The draft's projections and LM head in weight-only int8 for few-row steps.")
+@click.option("--draft-int8/--no-draft-int8", default=None,
+              help="The draft's projections and LM head in weight-only int8 for few-row steps [on with the "
+                   "Triton kernels].")
 @click.option("--trace", is_flag=True, help="Keep the reported round's per-step trace (draft length, sequences, "
                                              "tokens, times) and the coordinator's garbage collections "
                                              "in each row.")

@@ -17,7 +17,7 @@ def build_local_workers(target: RunnerConfig, draft: RunnerConfig | None = None,
     """Both workers in this process, warmed up as the services warm theirs (CUDA graphs for
     every step shape are captured here, and only those replay)."""
     target_worker = TargetWorker(ModelRunner(target))
-    draft_worker = DraftWorker(ModelRunner(draft), top_n=draft_top_n) if draft is not None else None
+    draft_worker = DraftWorker(ModelRunner(draft.as_draft()), top_n=draft_top_n) if draft is not None else None
     for worker in (target_worker, draft_worker):
         if worker is not None:
             worker.warm_up()

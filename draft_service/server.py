@@ -10,7 +10,7 @@ from bass.grpc_server import RunningServer, start_server
 
 
 def serve(config: WorkerServiceConfig) -> RunningServer:
-    worker = DraftWorker(ModelRunner(config.runner_config()), top_n=config.draft_top_n)
+    worker = DraftWorker(ModelRunner(config.runner_config().as_draft()), top_n=config.draft_top_n)
     worker.warm_up()
     servicer = DraftServicer(worker)
     return start_server([servicer.register], [SERVICE_NAME], host=config.host, port=config.port,

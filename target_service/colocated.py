@@ -116,7 +116,7 @@ def serve(target_config: WorkerServiceConfig, draft_config: WorkerServiceConfig)
         raise InvalidRequestError("draft.device", f"a co-located draft runs on the target's device "
                                                   f"({target_runner.device}), got {draft_runner.device}")
     target = TargetWorker(ModelRunner(target_runner))
-    draft = DraftWorker(ModelRunner(draft_runner), top_n=draft_config.draft_top_n)
+    draft = DraftWorker(ModelRunner(draft_runner.as_draft()), top_n=draft_config.draft_top_n)
     target.warm_up()
     draft.warm_up()
     return serve_workers(target, draft, host=target_config.host, port=target_config.port)
