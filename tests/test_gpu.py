@@ -50,10 +50,10 @@ def test_speculative_greedy_equals_regular_on_gpu(llama_target, llama_draft, dty
     from bass.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
     from bass.local import build_local_scheduler
 
-    def run(policy, draft):
+    def run(policy, draft, **draft_options):
         cfg = dict(device="cuda", dtype=dtype, num_slots=16, max_seq_len=256, attention=attention)
         s = build_local_scheduler(RunnerConfig(model_dir=llama_target, **cfg),
-                                  RunnerConfig(model_dir=draft, **cfg) if draft else None,
+                                  RunnerConfig(model_dir=draft, **cfg, **draft_options) if draft else None,
                                   scheduler=SchedulerConfig(draft_length=DraftLengthConfig.parse(policy)))
         return s.generate([GenerationRequest(prompt_ids=p, n=2, max_new_tokens=24, ignore_eos=True)
                            for p in [(5, 17, 33), (42,), tuple(range(3, 30))]])
@@ -62,8 +62,9 @@ def test_speculative_greedy_equals_regular_on_gpu(llama_target, llama_draft, dty
     if dtype == "float32":
         for policy in ("bass", "3"):
             assert [[s.token_ids for s in r.sequences] for r in run(policy, llama_draft)] == regular
-    # A draft identical to the target is accepted everywhere (up to bf16 ties).
-    same = run("4", llama_target)
+    # A draft identical to the target (its weights not made int8, as a draft's are by default with
+    # the Triton kernels) is accepted everywhere (up to bf16 ties).
+    same = run("4", llama_target, int8_weights=False)
     rate = sum(r.stats.accepted_tokens for r in same) / sum(r.stats.draft_tokens for r in same)
     assert rate > (0.999 if dtype == "float32" else 0.9)
 
