@@ -159,10 +159,14 @@ class PerSequenceAdaptive(_NoCosts):
 # the chain's (`_Yields`). There auto went
 # from 2.01 to 1.85 ms a token at T = 0.8 and 2 sequences and from 1.87 to 1.81 greedy (k = 2:
 # 1.78 / 1.65). With the bf16 draft that did not hold at more sequences (greedy 8: 1.94 against
-# 1.88); with the int8 draft (cheaper shorter drafts) and SEQUENCE_PRIOR_STEPS = 8 it does, at
-# every batch size measured (H200, 2026-11-26, both build orders, auto new / base): greedy 0.99 /
-# 0.97 / 0.94 / 0.90 / 0.98 / 1.01 / 0.99 and T = 0.8 0.95 / 0.99 / 1.01 / 0.99 / 0.99 / 0.99 /
-# 0.99 at 1 / 2 / 4 / 8 / 16 / 32 / 64 sequences (greedy 8: 1.92 -> 1.73, k = 2 1.65).
+# 1.88); with the int8 draft (cheaper shorter drafts), trusted at every batch size together with
+# SEQUENCE_PRIOR_STEPS = 8, it did on an H200 (2026-11-26, both build orders, auto new / base):
+# greedy 0.99 / 0.97 / 0.94 / 0.90 / 0.98 / 1.01 / 0.99 and T = 0.8 0.95 / 0.99 / 1.01 / 0.99 /
+# 0.99 / 0.99 / 0.99 at 1 / 2 / 4 / 8 / 16 / 32 / 64 sequences (greedy 8: 1.92 -> 1.73, k = 2
+# 1.65). On an H100 that pair sent auto at T = 0.8 and 8 sequences into k = 5 in 2 of 5
+# processes (2.56-2.59 against regular decoding's 2.33), which SEQUENCE_PRIOR_STEPS = 4 never
+# did (0 of 4, either value here); greedy at 2-8 moved 0.98-1.01 with either. So this is kept at
+# every batch size and the pace prior at 4; that pair is measured on the H100 only.
 EXTRAPOLATED_MARGIN = 0.15
 # Where `auto` starts at a batch size it has not timed. Starting at k = 2 (the fastest fixed
 # length on the H200 at 1-8 sequences) cost 1.5-3% at one sequence, where longer drafts win
@@ -180,17 +184,17 @@ MIN_TIMED_STEPS = 3
 # through the geometric model: acceptance runs are correlated, and the minimum of noisy
 # per-token estimates put a batch of 8 (greedy, H100) at 0.77 of the mean's pace where fixed
 # k = 4 realized 0.86, which hid a 5-8% gain of k = 3 over regular decoding
-# (bench/auto_batch_sim.py reproduces it: 0.80 believed, 0.89 realized). 8 rather than 4 since
-# 2026-11-26: alone no gain (H200, 2026-11-25 night 3), with shorter lengths trusted at every
-# batch size the pair that gained (see EXTRAPOLATED_MARGIN).
-SEQUENCE_PRIOR_STEPS = 8.0
+# (bench/auto_batch_sim.py reproduces it: 0.80 believed, 0.89 realized). 8 was tried twice: alone
+# no gain (H200, 2026-11-25 night 3); with shorter lengths trusted at every batch size a gain on
+# an H200 and, on an H100, auto's worst T = 0.8 runs at 8 sequences (see EXTRAPOLATED_MARGIN).
+SEQUENCE_PRIOR_STEPS = 4.0
 # Sequences that have barely speculated (a new batch) take the pace their batch-size bucket
 # showed before, in proportion to what they lack of SEQUENCE_PRIOR_STEPS drafted steps each;
 # starting each batch from the mean sent auto into a few speculative steps per new batch where
 # regular decoding was faster (H100, 24f414f: T = 0.8 batch 64 3.72 against regular 3.35 with 2
 # such steps in 127). A bucket remembers its pace from this much evidence on (its sequences'
-# fourth drafted step, with SEQUENCE_PRIOR_STEPS = 8): a bucket that soon chose regular decoding
-# otherwise kept none, and its next batches started at the mean's pace.
+# second drafted step): a bucket that soon chose regular decoding otherwise kept none, and its
+# next batches started at the mean's pace.
 PACE_EVIDENCE = 0.5
 
 

@@ -693,7 +693,7 @@ def test_measured_cost_scores_an_untimed_shorter_length_by_the_chain_and_leaves_
     best = pol.best_length(2, seqs)
     assert best in (1, 2, 3) and 1.05 * scores[0] < scores[best] < 1.15 * scores[0]
 
-    # So too at 8 sequences (with the int8 draft, H200: greedy 8 1.92 -> 1.73 ms a token); past
+    # So too at 8 sequences (since the int8 draft: bench/results, 2026-11-26); past
     # SHORTER_TRUSTED_MAX_BATCH (64, the most measured) only timed lengths are.
     for batch in (8, 128):
         pol.costs[batch] = pol.costs[2]  # the same step costs at a bucket of 8 and of 128
