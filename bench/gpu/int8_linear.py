@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from bass.kernels.triton_int8 import Int8Linear, Int8Weight
-from weight_only_gemm import PROJECTIONS, graph_us
+from graph_timing import graph_us
+from weight_only_gemm import PROJECTIONS
 
 ROWS = (1, 8, 16, 24, 32, 48, 64)
 

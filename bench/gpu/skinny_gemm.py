@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import statistics
 import sys
 import time
 
@@ -22,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import skinny_kernel
+from graph_timing import graph_us
 from bass.kernels.triton_elementwise import add_rms_norm, silu_mul
 from skinny_kernel import Tiling, block_m, norm_linear
 
@@ -32,30 +32,6 @@ KINDS = {  # name: (cols, inner, norm + residual, bias, silu)
     "gate_up": (I, H, True, False, True),
     "down": (H, I, False, False, False),
 }
-
-
-def graph_us(fn, replays: int = 20) -> float:
-    """µs per replay of fn captured in a CUDA graph (median of 5 timings of `replays` replays)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(replays):
-            g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / replays)
-    return statistics.median(times)
 
 
 def layer_weights(kind: str):

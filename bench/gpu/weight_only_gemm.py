@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import statistics
 import sys
 import time
 
@@ -27,6 +26,8 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+
+from graph_timing import graph_us
 
 H, Q, KV, I, VOCAB = 896, 896, 128, 4864, 151936
 PROJECTIONS = {"qkv": (Q + 2 * KV, H, 24), "o": (H, Q, 24), "gate_up": (2 * I, H, 24), "down": (H, I, 24),
@@ -77,29 +78,6 @@ def weight_only(x, wq, scale, out, tiling):
     grid = (triton.cdiv(cols, block_n), triton.cdiv(inner, k_per))
     _weight_only_kernel[grid](x, wq, scale, out, rows, cols, inner, k_per, ATOMIC=split > 1, BLOCK_M=16,
                               BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages)
-
-
-def graph_us(fn, calls: int, replays: int = 20) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(replays):
-            g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / replays / calls)
-    return statistics.median(times)
 
 
 def main() -> None:
