@@ -163,9 +163,9 @@ class PerSequenceAdaptive(_NoCosts):
 # SEQUENCE_PRIOR_STEPS = 8, it did on an H200 (2026-11-26, both build orders, auto new / base):
 # greedy 0.99 / 0.97 / 0.94 / 0.90 / 0.98 / 1.01 / 0.99 and T = 0.8 0.95 / 0.99 / 1.01 / 0.99 /
 # 0.99 / 0.99 / 0.99 at 1 / 2 / 4 / 8 / 16 / 32 / 64 sequences (greedy 8: 1.92 -> 1.73, k = 2
-# 1.65). On an H100 that pair sent auto at T = 0.8 and 8 sequences into k = 5 in 2 of 5
-# processes (2.56-2.59 against regular decoding's 2.33), which SEQUENCE_PRIOR_STEPS = 4 never
-# did (0 of 4, either value here); greedy at 2-8 moved 0.98-1.01 with either. So this is kept at
+# 1.65). On an H100 that pair sent auto at T = 0.8 and 8 sequences into k = 5 in 3 of 6
+# processes (2.52-2.59 against regular decoding's 2.25-2.33), which SEQUENCE_PRIOR_STEPS = 4 never
+# did (0 of 5, either value here); greedy at 2-8 moved 0.98-1.01 with either. So this is kept at
 # every batch size and the pace prior at 4; that pair is measured on the H100 only.
 EXTRAPOLATED_MARGIN = 0.15
 # Where `auto` starts at a batch size it has not timed. Starting at k = 2 (the fastest fixed
