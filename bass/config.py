@@ -112,8 +112,9 @@ class RunnerConfig:
     int8_weights: bool | None = None
 
     def as_draft(self) -> "RunnerConfig":
-        """This runner as a draft's: int8_weights "auto" (None) turned on."""
-        return self if self.int8_weights is not None else replace(self, int8_weights=True)
+        """This runner as a draft's: int8_weights "auto" (None) turned on, unless the runner is
+        batch-invariant (whose fixed GEMM tiling int8 would replace)."""
+        return self if self.int8_weights is not None else replace(self, int8_weights=not self.batch_invariant)
 
     @property
     def attention_backend(self) -> str:

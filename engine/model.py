@@ -121,9 +121,8 @@ class Transformer:
         batched with or on how many tokens each step runs. Costs speed; see RunnerConfig.
         int8_weights (a draft's option, with the Triton kernels; ignored otherwise): the
         projections and the LM head also kept as weight-only int8, which products of up to
-        kernels/triton_int8.MAX_INT8_ROWS rows read (half the bytes); they change the values."""
-        if batch_invariant and int8_weights:
-            raise ValueError("int8_weights is a draft's option; batch_invariant a target's: not both")
+        kernels/triton_int8.MAX_INT8_ROWS rows read (half the bytes); they change the values.
+        RunnerConfig refuses the two together."""
         self.config = config
         self.weights = weights
         self.attend = attention_kernel(attention)

@@ -107,6 +107,7 @@ def test_int8_weights_are_a_drafts_option_read_from_a_config_file(llama_target, 
     target = cfg.target.runner_config()
     assert target.int8_weights is None and target.as_draft().int8_weights is True  # "auto": a draft's only
     assert RunnerConfig(model_dir=llama_target, int8_weights=False).as_draft().int8_weights is False
+    assert RunnerConfig(model_dir=llama_target, batch_invariant=True).as_draft().int8_weights is False
     path.write_text(f'[target]\nmodel_dir = "{llama_target}"\nint8_weights = true\n')
     with pytest.raises(InvalidRequestError, match="target.int8_weights.*draft only"):
         load_config_file(path)
