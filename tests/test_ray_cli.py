@@ -2,7 +2,6 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -11,12 +10,7 @@ import pytest
 pytest.importorskip("ray")
 
 from bass.client import BassClient  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ports import fixed_port  # noqa: E402
 
 
 def test_up_then_down_with_a_local_ray(llama_target, llama_draft, tmp_path):
@@ -31,7 +25,7 @@ device = "cpu"
 num_slots = 4
 max_seq_len = 256
 [coordinator]
-port = {free_port()}
+port = {fixed_port()}
 [ray]
 namespace = "bass-cli-test"
 target_gpus = 0.5
@@ -39,8 +33,8 @@ draft_gpus = 0.5
 target_cpus = 0.5
 draft_cpus = 0.5
 coordinator_cpus = 0.5
-target_port = {free_port()}
-draft_port = {free_port()}
+target_port = {fixed_port()}
+draft_port = {fixed_port()}
 """)
     env = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
     bass = [sys.executable, "-m", "bass.cli"]

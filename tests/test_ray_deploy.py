@@ -1,6 +1,5 @@
 """`bass up` on a real local Ray cluster (CPU, with logical GPUs so placement can be checked)."""
 
-import socket
 import time
 
 import pytest
@@ -12,15 +11,10 @@ from bass.config import (CoordinatorConfig, DraftLengthConfig, RayConfig, Schedu
                          WorkerServiceConfig)
 from bass.coordinator.requests import GenerationRequest  # noqa: E402
 from conftest import build_scheduler  # noqa: E402
+from ports import fixed_port  # noqa: E402
 
 NAMESPACE = "bass-test"
 PROMPT = [5, 17, 33, 200]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +35,11 @@ def config(target, draft, *, target_gpus, draft_gpus, strategy="PACK", colocate=
     workers = dict(device="cpu", num_slots=8, max_seq_len=256, host="127.0.0.1")
     return ServeConfig(
         target=WorkerServiceConfig(model_dir=target, **workers), draft=WorkerServiceConfig(model_dir=draft, **workers),
-        coordinator=CoordinatorConfig(host="127.0.0.1", port=free_port(), reconnect_interval_s=0.2,
+        coordinator=CoordinatorConfig(host="127.0.0.1", port=fixed_port(), reconnect_interval_s=0.2,
                                       scheduler=SchedulerConfig(max_batch_size=8,
                                                                 draft_length=DraftLengthConfig(policy="fixed", fixed=3))),
         ray=RayConfig(namespace=NAMESPACE, strategy=strategy, target_gpus=target_gpus, draft_gpus=draft_gpus,
-                      target_cpus=1, draft_cpus=1, coordinator_cpus=1, target_port=free_port(), draft_port=free_port(),
+                      target_cpus=1, draft_cpus=1, coordinator_cpus=1, target_port=fixed_port(), draft_port=fixed_port(),
                       ready_timeout_s=180),
         colocate=colocate)
 
