@@ -212,12 +212,14 @@ def bench_acceptance_rules(target_dir, draft_dir, problems, n, max_new_tokens, m
 @click.option("--modes", default="greedy,t0.8-p0.95", show_default=True)
 @click.option("--policies", default="0,4,auto", show_default=True, help="Draft-length policies compared.")
 @click.option("--batch-invariant", is_flag=True, help="Run the target in its batch-invariant mode.")
+@click.option("--target-kquant", is_flag=True,
+              help="The target's few-row products from its GGUF's k-quant blocks (kquant_weights).")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--dtype", type=click.Choice(DTYPES + ("auto",)), default="auto", show_default=True)
 @click.option("--max-seq-len", default=1024, show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False))
-def bench_invariance(target_dir, draft_dir, problems, max_new_tokens, modes, policies, batch_invariant, device,
-                     dtype, max_seq_len, out) -> None:
+def bench_invariance(target_dir, draft_dir, problems, max_new_tokens, modes, policies, batch_invariant, target_kquant,
+                     device, dtype, max_seq_len, out) -> None:
     """Seeded requests alone vs in one batch, regular vs speculative: which sequences' tokens
     differ, and where they first do (numerics of batch-dependent kernels)."""
     from bass.bench.environment import describe
@@ -229,13 +231,15 @@ def bench_invariance(target_dir, draft_dir, problems, max_new_tokens, modes, pol
     chosen = select(load_problems(), problems)
     sampling_modes = _sampling_modes(modes)
     runner = dict(device=device, dtype=dtype, num_slots=len(chosen), max_seq_len=max_seq_len)
-    rows = measure(RunnerConfig(model_dir=target_dir, batch_invariant=batch_invariant, **runner),
+    rows = measure(RunnerConfig(model_dir=target_dir, batch_invariant=batch_invariant, kquant_weights=target_kquant,
+                                **runner),
                    RunnerConfig(model_dir=draft_dir, **runner) if draft_dir else None,
                    [p["prompt"] for p in chosen], modes=sampling_modes,
                    policies=[p for p in policies.split(",") if p], max_new_tokens=max_new_tokens,
                    progress=lambda msg: click.echo(msg, err=True))
     result = {"benchmark": "invariance", "environment": describe(device), "target": str(target_dir),
-              "draft": str(draft_dir), "dtype": dtype, "batch_invariant": batch_invariant, "problems": f"HumanEval {problems} ({len(chosen)})",
+              "draft": str(draft_dir), "dtype": dtype, "batch_invariant": batch_invariant, "target_kquant": target_kquant,
+              "problems": f"HumanEval {problems} ({len(chosen)})",
               "results": rows}
     _emit_result(result, out)
 
@@ -272,13 +276,16 @@ _register_model_commands()
 @click.option("--draft-int8/--no-draft-int8", default=None,
               help="The draft's projections and LM head in weight-only int8 for few-row steps [on with the "
                    "Triton kernels].")
+@click.option("--target-kquant", is_flag=True,
+              help="The target's few-row products read its GGUF's Q4_K / Q6_K blocks (kquant_weights): the same "
+                   "bf16 weights from a third of the bytes. Needs a model converted with gguf_blocks/.")
 @click.option("--trace", is_flag=True, help="Keep the reported round's per-step trace (draft length, sequences, "
                                              "tokens, times) and the coordinator's garbage collections "
                                              "in each row.")
 @click.option("--out", type=click.Path(dir_okay=False))
 def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_new_tokens, services, separate_draft,
-                device, dtype, attention, max_seq_len, peak_tflops, repeats, batch_invariant, draft_int8, trace,
-                out) -> None:
+                device, dtype, attention, max_seq_len, peak_tflops, repeats, batch_invariant, draft_int8, target_kquant,
+                trace, out) -> None:
     """End-to-end decoding speed: regular vs speculative, in-process or through the services."""
     from bass.bench.environment import describe
     from bass.bench.humaneval import load_problems, select
@@ -290,13 +297,14 @@ def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_ne
     batch_list = [int(b) for b in batches.split(",")]
     runner = dict(device=device, dtype=dtype, num_slots=max(batch_list), max_seq_len=max_seq_len, attention=attention)
     prompts = [p["prompt"] for p in select(load_problems(), problems)]
-    rows = measure(RunnerConfig(model_dir=target_dir, batch_invariant=batch_invariant, **runner),
+    rows = measure(RunnerConfig(model_dir=target_dir, batch_invariant=batch_invariant, kquant_weights=target_kquant,
+                                **runner),
                    RunnerConfig(model_dir=draft_dir, int8_weights=draft_int8, **runner), prompts, batches=batch_list, policies=[p for p in policies.split(",") if p], mode=mode,
                    max_new_tokens=max_new_tokens, services=services, peak_tflops=peak_tflops, repeats=repeats,
                    progress=lambda m: click.echo(m, err=True), colocate=not separate_draft, trace=trace)
     result = {"benchmark": "speed", "environment": describe(device), "target": str(target_dir), "draft": str(draft_dir),
               "dtype": dtype, "attention": attention, "batch_invariant": batch_invariant, "draft_int8": draft_int8,
-              "problems": problems, "results": rows}
+              "target_kquant": target_kquant, "problems": problems, "results": rows}
     _emit_result(result, out)
 
 

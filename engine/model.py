@@ -74,7 +74,8 @@ class TransformerConfig:
 
 @dataclass
 class LayerWeights:
-    # The projections are Int8Weight in a model built with int8_weights (a draft).
+    # The projections are Int8Weight in a model built with int8_weights (a draft), and
+    # KQuantWeight / KQuantStack where a model with kquant_weights has k-quant blocks for them.
     input_norm: torch.Tensor
     qkv: Any  # torch.Tensor [(heads + 2 * kv_heads) * head_dim, hidden] or Int8Weight
     qkv_bias: torch.Tensor | None
@@ -90,7 +91,7 @@ class TransformerWeights:
     embed: torch.Tensor
     layers: list[LayerWeights]
     final_norm: torch.Tensor
-    lm_head: Any  # torch.Tensor [vocab, hidden] or Int8Weight
+    lm_head: Any  # torch.Tensor [vocab, hidden], Int8Weight or KQuantWeight
 
 
 def rope_inv_freq(config: TransformerConfig) -> torch.Tensor:
@@ -114,7 +115,8 @@ def rope_inv_freq(config: TransformerConfig) -> torch.Tensor:
 
 class Transformer:
     def __init__(self, config: TransformerConfig, weights: TransformerWeights, *, max_seq_len: int,
-                 attention: str = "pad", batch_invariant: bool = False, int8_weights: bool = False):
+                 attention: str = "pad", batch_invariant: bool = False, int8_weights: bool = False,
+                 kquant_weights: bool = False):
         """batch_invariant: every row's values are computed the same way whatever the batch
         around it (one GEMM tiling without split-K, attention with one launch plan and no
         split-KV), so a sequence's logits, and so its tokens, do not depend on what it is
@@ -122,7 +124,10 @@ class Transformer:
         int8_weights (a draft's option, with the Triton kernels; ignored otherwise): the
         projections and the LM head also kept as weight-only int8, which products of up to
         kernels/triton_int8.MAX_INT8_ROWS rows read (half the bytes); they change the values.
-        RunnerConfig refuses the two together."""
+        RunnerConfig refuses the two together.
+        kquant_weights (with the Triton kernels): the weights came from load_weights(kquant=True),
+        and products of up to kernels/triton_kquant.MAX_KQUANT_ROWS rows read their k-quant
+        blocks (the same bf16 values)."""
         self.config = config
         self.weights = weights
         self.attend = attention_kernel(attention)
@@ -165,6 +170,11 @@ class Transformer:
                     setattr(layer, name, Int8Weight.quantize(getattr(layer, name)))
             weights.lm_head = Int8Weight.quantize(weights.lm_head)
             self.linear = Int8Linear(weights.embed.device)
+        self.kquant_weights = kquant_weights and attention == "triton"
+        if self.kquant_weights:
+            from bass.kernels.triton_kquant import KQuantLinear
+
+            self.linear = KQuantLinear(weights.embed.device)
         self.scale = config.head_dim ** -0.5
         device, dtype = weights.embed.device, weights.embed.dtype
         positions = torch.arange(max_seq_len, dtype=torch.float32, device=device)
@@ -190,7 +200,7 @@ class Transformer:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits of final hidden rows (the LM head, kept out of CUDA graphs so that their
         static outputs are [R, hidden] rather than [R, vocab])."""
-        if self.int8_weights:  # fp32 straight from the kernel
+        if self.int8_weights or self.kquant_weights:  # fp32 straight from the kernel
             return self.linear(hidden, self.weights.lm_head, None, torch.float32)
         return self.linear(hidden, self.weights.lm_head).float()
 

@@ -130,24 +130,47 @@ class KQuantWeight:
         return tuple(self.full.shape)
 
     @classmethod
-    def from_gguf_blocks(cls, fmt: str, raw: torch.Tensor, inner: int,
-                         dtype: torch.dtype = torch.bfloat16) -> "KQuantWeight":
+    def from_gguf_blocks(cls, fmt: str, raw: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> "KQuantWeight":
         """From a GGUF tensor's raw rows (uint8 [N, bytes a row]), on raw's device."""
-        if inner % QK_K:
-            raise ValueError(f"a k-quant weight's inner size must be a multiple of {QK_K}, got {inner}")
-        unpack = {"Q4_K": unpack_q4_k, "Q6_K": unpack_q6_k}.get(fmt)
-        if unpack is None:
+        sizes = {"Q4_K": (Q4_K_BLOCK_BYTES, unpack_q4_k), "Q6_K": (Q6_K_BLOCK_BYTES, unpack_q6_k)}
+        if fmt not in sizes:
             raise ValueError(f"unknown k-quant format {fmt!r}; known: {', '.join(FORMATS)}")
-        planes = unpack(raw, inner)
+        block_bytes, unpack = sizes[fmt]
+        if raw.dtype != torch.uint8 or raw.dim() != 2 or raw.shape[1] % block_bytes:
+            raise ValueError(f"{fmt} rows must be uint8 [N, a multiple of {block_bytes} bytes], got {raw.dtype} "
+                             f"{tuple(raw.shape)}")
+        planes = unpack(raw, raw.shape[1] // block_bytes * QK_K)
         return cls(fmt, dequantize_planes(fmt, planes).to(dtype), planes)
 
 
-@triton.jit
-def _store(acc, bias_ptr, out_ptr, rm, rn, rows, cols, out_stride, HAS_BIAS: tl.constexpr):
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + rn, mask=rn < cols, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + rm[:, None] * out_stride + rn[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=(rm[:, None] < rows) & (rn[None, :] < cols))
+@dataclass(frozen=True)
+class KQuantStack:
+    """Projections fused along the outputs (q|k|v) whose formats differ (v is Q6_K in half the
+    1.5B target's layers): one launch per run of equal formats, each into its own columns."""
+
+    parts: tuple[KQuantWeight, ...]
+    full: torch.Tensor
+
+
+def fuse(parts: list["KQuantWeight | torch.Tensor"]) -> "KQuantWeight | KQuantStack | torch.Tensor":
+    """Projections that share an input, stacked along the outputs. All k-quant: neighbours of one
+    format merge into one weight (the planes are row-major per output), so q|k|v in Q4_K and
+    gate|up are one launch. Any plain tensor among them (a format the kernels do not read):
+    the plain bf16 stack, for cuBLAS."""
+    full = torch.cat([p if isinstance(p, torch.Tensor) else p.full for p in parts])
+    if any(isinstance(p, torch.Tensor) for p in parts):
+        return full
+    runs: list[list[KQuantWeight]] = []
+    for part in parts:
+        if runs and runs[-1][0].fmt == part.fmt and runs[-1][0].full.shape[1] == part.full.shape[1]:
+            runs[-1].append(part)
+        else:
+            runs.append([part])
+    merged = tuple(run[0] if len(run) == 1 else
+                   KQuantWeight(run[0].fmt, torch.cat([p.full for p in run]),
+                                {k: torch.cat([p.planes[k] for p in run]) for k in run[0].planes})
+                   for run in runs)
+    return merged[0] if len(merged) == 1 else KQuantStack(merged, full)
 
 
 @triton.jit
@@ -160,6 +183,16 @@ def _to_bf16(w, EMULATE: tl.constexpr):
         return bits.to(tl.float32, bitcast=True)
     else:
         return w.to(tl.bfloat16)
+
+
+@triton.jit
+def _store(acc, bias_ptr, out_ptr, rm, rn, rows, cols, out_stride, HAS_BIAS: tl.constexpr, EMULATE: tl.constexpr):
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=rn < cols, other=0.0).to(tl.float32)[None, :]
+    if EMULATE and out_ptr.dtype.element_ty == tl.bfloat16:
+        acc = _to_bf16(acc, EMULATE)  # rounded here, the interpreter's truncating cast below is exact
+    tl.store(out_ptr + rm[:, None] * out_stride + rn[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=(rm[:, None] < rows) & (rn[None, :] < cols))
 
 
 @triton.jit
@@ -240,9 +273,9 @@ def _kquant_linear_kernel(x_ptr, codes_ptr, sc_ptr, m_ptr, d_ptr, dmin_ptr, bias
                 total += tl.load(part_ptr + s * split_stride + tile, mask=row_ok & col_ok, other=0.0,
                                  cache_modifier=".cg")
             tl.store(counter, 0)
-            _store(total, bias_ptr, out_ptr, rm, rn, rows, cols, out_stride, HAS_BIAS)
+            _store(total, bias_ptr, out_ptr, rm, rn, rows, cols, out_stride, HAS_BIAS, UPCAST)
     else:
-        _store(acc, bias_ptr, out_ptr, rm, rn, rows, cols, out_stride, HAS_BIAS)
+        _store(acc, bias_ptr, out_ptr, rm, rn, rows, cols, out_stride, HAS_BIAS, UPCAST)
 
 
 class KQuantLinear:
@@ -255,19 +288,31 @@ class KQuantLinear:
         if triton_attention._INTERPRETED:  # tensor loop bounds under NumPy >= 2.4 (see there)
             triton_attention._patch_interpreter_index()
 
-    def __call__(self, x: torch.Tensor, weight: KQuantWeight, bias: torch.Tensor | None = None,
-                 out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, weight: "KQuantWeight | KQuantStack | torch.Tensor",
+                 bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
         """x [rows, K] -> [rows, N] in out_dtype (default x's); into `out` (a column slice of a
-        wider row-major tensor is fine) when given."""
+        wider row-major tensor is fine) when given. A plain tensor weight (a projection the file
+        does not store as k-quants) takes cuBLAS."""
         rows, inner = x.shape
-        cols = weight.full.shape[0]
+        full = weight if isinstance(weight, torch.Tensor) else weight.full
         out_dtype = out.dtype if out is not None else (out_dtype or x.dtype)
-        if rows > self.max_rows or rows == 0:
-            result = F.linear(x, weight.full, bias).to(out_dtype)
+        if isinstance(weight, torch.Tensor) or rows > self.max_rows or rows == 0:
+            result = F.linear(x, full, bias).to(out_dtype)
             if out is None:
                 return result
             out.copy_(result)
             return out
+        if isinstance(weight, KQuantStack):
+            if out is None:
+                out = torch.empty((rows, full.shape[0]), dtype=out_dtype, device=x.device)
+            start = 0
+            for part in weight.parts:
+                end = start + part.full.shape[0]
+                self(x, part, None if bias is None else bias[start:end], out=out[:, start:end])
+                start = end
+            return out
+        cols = full.shape[0]
         x = x if x.is_contiguous() else x.contiguous()
         if out is None:
             out = torch.empty((rows, cols), dtype=out_dtype, device=x.device)

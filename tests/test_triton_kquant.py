@@ -38,25 +38,25 @@ def random_blocks(fmt: str, rows: int, inner: int, seed: int = 0) -> np.ndarray:
 
 def weight(fmt: str, rows: int, inner: int, seed: int = 0) -> kq.KQuantWeight:
     raw = torch.from_numpy(random_blocks(fmt, rows, inner, seed)).to(DEVICE)
-    return kq.KQuantWeight.from_gguf_blocks(fmt, raw, inner)
+    return kq.KQuantWeight.from_gguf_blocks(fmt, raw)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_planes_decode_to_ggufs_own_dequantization_bit_for_bit(fmt):
     raw = random_blocks(fmt, 24, 768, seed=3)
     want = gguf.dequantize(raw, getattr(gguf.GGMLQuantizationType, fmt)).reshape(24, 768)
-    w = kq.KQuantWeight.from_gguf_blocks(fmt, torch.from_numpy(raw), 768)
+    w = kq.KQuantWeight.from_gguf_blocks(fmt, torch.from_numpy(raw))
     got = kq.dequantize_planes(fmt, w.planes)
     assert got.dtype == torch.float32 and np.array_equal(got.numpy(), want)
     assert torch.equal(w.full, torch.from_numpy(want).bfloat16())  # the converter's rounding
 
 
-def test_unknown_formats_and_ragged_inner_sizes_are_refused():
+def test_unknown_formats_and_partial_blocks_are_refused():
     raw = torch.zeros(4, kq.Q4_K_BLOCK_BYTES, dtype=torch.uint8)
     with pytest.raises(ValueError, match="Q5_K"):
-        kq.KQuantWeight.from_gguf_blocks("Q5_K", raw, 256)
-    with pytest.raises(ValueError, match="multiple of 256"):
-        kq.KQuantWeight.from_gguf_blocks("Q4_K", raw, 200)
+        kq.KQuantWeight.from_gguf_blocks("Q5_K", raw)
+    with pytest.raises(ValueError, match="a multiple of 144 bytes"):
+        kq.KQuantWeight.from_gguf_blocks("Q4_K", raw[:, :100])
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -29,7 +29,8 @@ from .fsutil import ensure_free_space, write_text_atomic
 MODELS_DIR_ENV = "BASS_MODELS_DIR"
 MARKER_NAME = "bass-source.json"
 # Bump when the converter's output changes in a way that should invalidate earlier conversions.
-CONVERTER_FORMAT = 1
+# 2: the k-quant projections' raw blocks in gguf_blocks/ (kquant_weights).
+CONVERTER_FORMAT = 2
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 

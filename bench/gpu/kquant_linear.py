@@ -77,7 +77,7 @@ def main(out_path: str, with_grid: bool) -> None:
 def build(name: str) -> list[kq.KQuantWeight]:
     fmt, cols, inner, copies = PROJECTIONS[name]
     gen = torch.Generator(device="cuda").manual_seed(0)
-    return [kq.KQuantWeight.from_gguf_blocks(fmt, random_raw(fmt, cols, inner, gen), inner) for _ in range(copies)]
+    return [kq.KQuantWeight.from_gguf_blocks(fmt, random_raw(fmt, cols, inner, gen)) for _ in range(copies)]
 
 
 def compare(name: str, linear: kq.KQuantLinear, emit) -> None:
