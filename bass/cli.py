@@ -345,8 +345,11 @@ def bench_hf(model_dir, problems, batches, max_new_tokens, static_compile, devic
               help="attention:eager|graphs pairs.")
 @click.option("--dtype", type=click.Choice(DTYPES), default="bfloat16", show_default=True)
 @click.option("--repeats", default=30, show_default=True)
+@click.option("--target-kquant", is_flag=True,
+              help="The target's products from random k-quant blocks laid out as in a Q4_K_M file (triton configs).")
 @click.option("--out", type=click.Path(dir_okay=False))
-def bench_steps(target, draft, batches, draft_lengths, context, alpha, configs, dtype, repeats, out) -> None:
+def bench_steps(target, draft, batches, draft_lengths, context, alpha, configs, dtype, repeats, target_kquant,
+                out) -> None:
     """Measured step costs (random weights, real shapes) and derived speculative latency (GPU)."""
     import torch
 
@@ -361,10 +364,12 @@ def bench_steps(target, draft, batches, draft_lengths, context, alpha, configs, 
     pairs = [(c.split(":")[0], c.split(":")[1] == "graphs") for c in configs.split(",")]
     rows = measure(target, draft, batches=[int(b) for b in batches.split(",")],
                    draft_lengths=[int(k) for k in draft_lengths.split(",")], context=context, alpha=alpha,
-                   configs=pairs, dtype=dtype, repeats=repeats, progress=lambda m: click.echo(m, err=True))
+                   configs=pairs, dtype=dtype, repeats=repeats, target_kquant=target_kquant,
+                   progress=lambda m: click.echo(m, err=True))
     props = torch.cuda.get_device_properties(0)
     floor_ms = {name: weight_bytes(shape_config(name), dtype) / 4.28e12 * 1e3 for name in (target, draft)}
     result = {"benchmark": "steps", "environment": describe("cuda"), "target": target, "draft": draft, "dtype": dtype,
+              "target_kquant": target_kquant,
               "weights_floor_ms_at_4.28TBps": {k: round(v, 4) for k, v in floor_ms.items()},
               "gpu_memory_gb": round(props.total_memory / 2**30, 1), "alpha_for_derived": alpha,
               "note": "random weights at real shapes; speculative figures are derived from measured step costs "

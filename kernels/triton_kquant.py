@@ -61,6 +61,19 @@ def tiling(cols: int, inner: int) -> tuple[int, int, int, int, int]:
     return _TILINGS["many_columns"] if cols >= 4096 else _TILINGS["few_columns"]
 
 
+def random_gguf_blocks(fmt: str, rows: int, inner: int, generator: torch.Generator,
+                       device: str | torch.device = "cpu") -> torch.Tensor:
+    """GGUF rows (uint8 [rows, bytes a row]) of random codes and scales, for benchmarks and tests:
+    every bit pattern is a valid code, and the fp16 super-block scales are set small and
+    positive: weights under 0.1, as in real models (random fp16 bits would include NaN and inf)."""
+    size = {"Q4_K": Q4_K_BLOCK_BYTES, "Q6_K": Q6_K_BLOCK_BYTES}[fmt]
+    raw = torch.randint(0, 256, (rows, inner // QK_K, size), dtype=torch.uint8, device=device, generator=generator)
+    for start in ((0, 2) if fmt == "Q4_K" else (208,)):
+        scale = torch.rand((rows, inner // QK_K, 1), device=device, generator=generator) * 1e-4 + 1e-6
+        raw[..., start:start + 2] = scale.half().view(torch.uint8)
+    return raw.reshape(rows, -1)
+
+
 def _f16_field(blocks: torch.Tensor, start: int) -> torch.Tensor:
     """The little-endian fp16 at byte `start` of every block, as fp32: [N, S, bytes] -> [N, S]."""
     return blocks[..., start:start + 2].contiguous().view(torch.float16).squeeze(-1).float()

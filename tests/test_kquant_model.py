@@ -90,3 +90,46 @@ def test_kquant_weights_are_refused_with_int8_or_batch_invariance_and_ignored_of
     assert runner_config(tiny_dir, kquant_weights=True).as_draft().int8_weights is False
     cpu = RunnerConfig(model_dir=tiny_dir, device="cpu", dtype="float32", kquant_weights=True)
     assert not cpu.reads_kquant_blocks  # the PyTorch backend in fp32: the plain weights
+
+
+def test_random_k_quant_models_for_benchmarks_compute_like_their_bf16_weights():
+    """`bass bench steps --target-kquant`'s model: Q4_K_M's layout (q|k in Q4_K with v in Q6_K as
+    one stack of two launches in even layers, one Q4_K weight in odd ones; the LM head Q6_K), and
+    the same logits as a model holding the same bf16 weights as plain tensors."""
+    from dataclasses import replace
+
+    from bass.bench.steps import random_transformer
+    from bass.engine.kv_cache import KVCache
+    from bass.engine.model import Transformer, TransformerConfig, TransformerWeights
+    from bass.kernels.triton_kquant import KQuantStack
+
+    config = TransformerConfig(architecture="Qwen2ForCausalLM", vocab_size=300, hidden_size=256, intermediate_size=512,
+                               num_layers=2, num_heads=2, num_kv_heads=1, head_dim=128, rms_norm_eps=1e-6,
+                               rope_theta=1e6, rope_scaling=None, tie_word_embeddings=False,
+                               max_position_embeddings=64)
+    model = random_transformer(config, dtype="bfloat16", device=DEVICE, max_seq_len=64, attention="triton",
+                               kquant_weights=True)
+    even, odd = model.weights.layers
+    assert isinstance(even.qkv, KQuantStack) and [p.fmt for p in even.qkv.parts] == ["Q4_K", "Q6_K"]
+    assert [p.full.shape[0] for p in even.qkv.parts] == [256 + 128, 128]
+    assert isinstance(odd.qkv, KQuantWeight) and odd.qkv.fmt == "Q4_K" and odd.qkv.full.shape == (512, 256)
+    assert (even.down.fmt, odd.down.fmt, model.weights.lm_head.fmt) == ("Q6_K", "Q4_K", "Q6_K")
+
+    def plain(w):
+        return w if isinstance(w, torch.Tensor) else w.full
+
+    weights = TransformerWeights(
+        embed=model.weights.embed, final_norm=model.weights.final_norm, lm_head=plain(model.weights.lm_head),
+        layers=[replace(layer, qkv=plain(layer.qkv), o=plain(layer.o), gate_up=plain(layer.gate_up),
+                        down=plain(layer.down)) for layer in model.weights.layers])
+    reference = Transformer(config, weights, max_seq_len=64, attention="triton")
+
+    def logits(m):
+        cache = KVCache(num_layers=2, num_slots=1, max_seq_len=64, num_kv_heads=1, head_dim=128,
+                        dtype=torch.bfloat16, device=DEVICE)
+        chunk = SequenceChunk(slot=cache.allocate(), start=0, tokens=[3, 14, 15, 92, 65], logit_rows=5)
+        return m.forward(RaggedBatch.build([chunk], DEVICE), cache)
+
+    got, want = logits(model), logits(reference)
+    assert (got - want).abs().max() <= 0.02 * want.abs().max()
+    assert torch.equal(got.argmax(-1), want.argmax(-1))

@@ -21,19 +21,7 @@ FORMATS = ("Q4_K", "Q6_K")
 
 
 def random_blocks(fmt: str, rows: int, inner: int, seed: int = 0) -> np.ndarray:
-    """GGUF rows of random codes and scales (every bit pattern is a valid block) with small positive
-    fp16 super-block scales (random fp16 bits would include NaN and inf)."""
-    rng = np.random.default_rng(seed)
-    size = kq.Q4_K_BLOCK_BYTES if fmt == "Q4_K" else kq.Q6_K_BLOCK_BYTES
-    raw = rng.integers(0, 256, size=(rows, inner // kq.QK_K, size), dtype=np.uint8)
-
-    def f16_bytes():
-        values = (rng.random((rows, inner // kq.QK_K, 1)) * 2e-3 + 1e-5).astype(np.float16)
-        return values.view(np.uint8)
-
-    for start in ((0, 2) if fmt == "Q4_K" else (208,)):
-        raw[..., start:start + 2] = f16_bytes()
-    return raw.reshape(rows, -1)
+    return kq.random_gguf_blocks(fmt, rows, inner, torch.Generator().manual_seed(seed)).numpy()
 
 
 def weight(fmt: str, rows: int, inner: int, seed: int = 0) -> kq.KQuantWeight:

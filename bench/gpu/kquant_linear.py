@@ -34,15 +34,6 @@ ROWS = (1, 8, 16, 40, 64)
 GRID_ROWS = 8
 
 
-def random_raw(fmt: str, cols: int, inner: int, gen: torch.Generator) -> torch.Tensor:
-    size = kq.Q4_K_BLOCK_BYTES if fmt == "Q4_K" else kq.Q6_K_BLOCK_BYTES
-    raw = torch.randint(0, 256, (cols, inner // kq.QK_K, size), dtype=torch.uint8, device="cuda", generator=gen)
-    scale = (torch.rand((cols, inner // kq.QK_K, 1), device="cuda", generator=gen) * 2e-3 + 1e-5).half()
-    for start in ((0, 2) if fmt == "Q4_K" else (208,)):
-        raw[..., start:start + 2] = scale.view(torch.uint8)
-    return raw.reshape(cols, -1)
-
-
 def grid(cols: int, inner: int):
     """Column blocks x chunks a loop step at the product's split, then the splits at its blocks."""
     block_n0, chunks0, warps, stages, split0 = kq.tiling(cols, inner)
@@ -77,7 +68,7 @@ def main(out_path: str, with_grid: bool) -> None:
 def build(name: str) -> list[kq.KQuantWeight]:
     fmt, cols, inner, copies = PROJECTIONS[name]
     gen = torch.Generator(device="cuda").manual_seed(0)
-    return [kq.KQuantWeight.from_gguf_blocks(fmt, random_raw(fmt, cols, inner, gen)) for _ in range(copies)]
+    return [kq.KQuantWeight.from_gguf_blocks(fmt, kq.random_gguf_blocks(fmt, cols, inner, gen, "cuda")) for _ in range(copies)]
 
 
 def compare(name: str, linear: kq.KQuantLinear, emit) -> None:
