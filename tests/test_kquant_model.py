@@ -133,3 +133,92 @@ def test_random_k_quant_models_for_benchmarks_compute_like_their_bf16_weights():
     got, want = logits(model), logits(reference)
     assert (got - want).abs().max() <= 0.02 * want.abs().max()
     assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def write_k_quant_gguf(path, arch: str):
+    """A tiny GGUF whose every projection is Q4_K or Q6_K (the real pair's are too small for
+    tests, the other tiny files' too narrow: k-quant rows are 256 inputs long), the llama one with
+    llama.cpp's q/k row interleave and an untied Q6_K LM head."""
+    import numpy as np
+    from gguf import GGMLQuantizationType as Q
+    from gguf import GGUFWriter
+    from test_gguf_convert import TinyGGUF, _add, _add_gpt2_tokenizer, _add_spm_tokenizer
+
+    hidden, heads, kv_heads, head_dim, ffn, layers = 256, 2, 1, 128, 512, 2
+    rng = np.random.default_rng(7)
+    writer = GGUFWriter(str(path), arch)
+    writer.add_block_count(layers)
+    writer.add_context_length(64)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_freq_base(1e6)
+    writer.add_layer_norm_rms_eps(1e-6)
+    if arch == "llama":
+        writer.add_rope_dimension_count(head_dim)
+    vocab = _add_spm_tokenizer(writer) if arch == "llama" else _add_gpt2_tokenizer(writer)
+    tiny = TinyGGUF(path, arch, vocab, tied=arch == "qwen2")
+
+    def add(gguf_name, hf_name, shape, qtype, permute_heads=0):
+        value = (rng.standard_normal(shape) * 0.05).astype(np.float32)
+        if qtype == Q.F32:
+            value += 1
+        _add(writer, tiny, rng, gguf_name, hf_name, value, qtype, permute_heads)
+
+    permute = arch == "llama"
+    add("token_embd.weight", "model.embed_tokens.weight", (vocab, hidden), Q.Q8_0)
+    if not tiny.tied:
+        add("output.weight", "lm_head.weight", (vocab, hidden), Q.Q6_K)
+    add("output_norm.weight", "model.norm.weight", (hidden,), Q.F32)
+    for i in range(layers):
+        hf, more_bits = f"model.layers.{i}", Q.Q6_K if i == 0 else Q.Q4_K
+        add(f"blk.{i}.attn_norm.weight", f"{hf}.input_layernorm.weight", (hidden,), Q.F32)
+        add(f"blk.{i}.ffn_norm.weight", f"{hf}.post_attention_layernorm.weight", (hidden,), Q.F32)
+        add(f"blk.{i}.attn_q.weight", f"{hf}.self_attn.q_proj.weight", (heads * head_dim, hidden), Q.Q4_K,
+            heads if permute else 0)
+        add(f"blk.{i}.attn_k.weight", f"{hf}.self_attn.k_proj.weight", (kv_heads * head_dim, hidden), Q.Q4_K,
+            kv_heads if permute else 0)
+        add(f"blk.{i}.attn_v.weight", f"{hf}.self_attn.v_proj.weight", (kv_heads * head_dim, hidden), more_bits)
+        add(f"blk.{i}.attn_output.weight", f"{hf}.self_attn.o_proj.weight", (hidden, heads * head_dim), Q.Q4_K)
+        add(f"blk.{i}.ffn_gate.weight", f"{hf}.mlp.gate_proj.weight", (ffn, hidden), Q.Q4_K)
+        add(f"blk.{i}.ffn_up.weight", f"{hf}.mlp.up_proj.weight", (ffn, hidden), Q.Q4_K)
+        add(f"blk.{i}.ffn_down.weight", f"{hf}.mlp.down_proj.weight", (hidden, ffn), more_bits)
+        if arch == "qwen2":
+            for name, rows in (("q", heads * head_dim), ("k", kv_heads * head_dim), ("v", kv_heads * head_dim)):
+                add(f"blk.{i}.attn_{name}.bias", f"{hf}.self_attn.{name}_proj.bias", (rows,), Q.F32)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return tiny
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_a_model_read_wholly_from_k_quant_blocks(tmp_path, arch):
+    """Every projection from its blocks: each decodes to the checkpoint's bf16 tensor bit for bit
+    (llama's q/k rows un-interleaved on the raw rows as on the dequantized ones), q|k|v of layer 0
+    (v in Q6_K) runs as a stack, and the model's logits are the bf16 model's."""
+    from safetensors import safe_open
+
+    from bass.engine.weights import GGUF_BLOCKS_FILE
+    from bass.kernels.triton_kquant import KQuantStack
+
+    tiny = write_k_quant_gguf(tmp_path / "tiny.gguf", arch)
+    out = convert_gguf(tiny.path, tmp_path / "hf", dtype="bfloat16", progress=False)
+    with safe_open(str(out / GGUF_BLOCKS_FILE), "pt") as blocks, safe_open(str(out / "model.safetensors"), "pt") as m:
+        formats = blocks.metadata()
+        names = set(blocks.keys())
+        assert len(names) == 2 * 7 + (arch == "llama")
+        for name in names:
+            decoded = KQuantWeight.from_gguf_blocks(formats[name], blocks.get_tensor(name)).full
+            assert torch.equal(decoded, m.get_tensor(name)), name
+    plain = ModelRunner(runner_config(out))
+    kquant = ModelRunner(runner_config(out, kquant_weights=True))
+    first = kquant.model.weights.layers[0]
+    assert isinstance(first.qkv, KQuantStack) and [p.fmt for p in first.qkv.parts] == ["Q4_K", "Q6_K"]
+    assert isinstance(kquant.model.weights.lm_head, KQuantWeight if arch == "llama" else torch.Tensor)
+    ids = [5, 17, 33, 60, 2, 9, 11]
+    got, want = prefill_logits(kquant, ids), prefill_logits(plain, ids)
+    assert (got - want).abs().max() <= 0.02 * want.abs().max()
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
