@@ -66,9 +66,10 @@ class _KQuantBlocks:
         path = Path(model_dir) / GGUF_BLOCKS_FILE
         if not path.is_file():
             raise FileNotFoundError(
-                f"kquant_weights is on but {model_dir} has no {GGUF_BLOCKS_FILE}: it was not converted from a GGUF "
-                f"with Q4_K / Q6_K weights, or by a bass older than the k-quant kernels (convert it again: `make models` "
-                f"redoes the bundled pair's, `bass convert-gguf --overwrite` any other), or set kquant_weights = false")
+                f"kquant_weights is on but {model_dir} has no {GGUF_BLOCKS_FILE}: it was not converted from a "
+                f"GGUF with Q4_K / Q6_K weights, or by a bass older than the k-quant kernels (convert it again: "
+                f"`make models` redoes the bundled pair's, `bass convert-gguf --overwrite` any other), or set "
+                f"kquant_weights = false")
         self._handle = safe_open(str(path), framework="pt")
         self.formats = {k: v for k, v in (self._handle.metadata() or {}).items() if k in set(self._handle.keys())}
 

@@ -73,13 +73,15 @@ def random_transformer(config: TransformerConfig, *, dtype: str, device: str, ma
         more_bits = "Q6_K" if i % 2 == 0 else "Q4_K"  # Q4_K_M's v and down in half the layers
         layers.append(LayerWeights(
             input_norm=torch.ones(c.hidden_size, dtype=dt, device=device),
-            qkv=stacked(product(q, c.hidden_size), product(kv, c.hidden_size), product(kv, c.hidden_size, more_bits)),
+            qkv=stacked(product(q, c.hidden_size), product(kv, c.hidden_size),
+                        product(kv, c.hidden_size, more_bits)),
             qkv_bias=w(q + 2 * kv), o=product(c.hidden_size, q), o_bias=None,
             post_norm=torch.ones(c.hidden_size, dtype=dt, device=device),
             gate_up=stacked(product(c.intermediate_size, c.hidden_size), product(c.intermediate_size, c.hidden_size)),
             down=product(c.hidden_size, c.intermediate_size, more_bits)))
     embed = w(c.vocab_size, c.hidden_size)
-    weights = TransformerWeights(embed=embed, layers=layers, final_norm=torch.ones(c.hidden_size, dtype=dt, device=device),
+    weights = TransformerWeights(embed=embed, layers=layers,
+                                 final_norm=torch.ones(c.hidden_size, dtype=dt, device=device),
                                  lm_head=product(c.vocab_size, c.hidden_size, "Q6_K"))
     return Transformer(config, weights, max_seq_len=max_seq_len, attention=attention, int8_weights=int8_weights,
                        kquant_weights=kquant_weights)

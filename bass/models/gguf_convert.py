@@ -1,9 +1,10 @@
 """Convert a llama/qwen2 GGUF into a local Hugging Face model directory.
 
 The output (config.json, generation_config.json, model.safetensors, tokenizer.json,
-tokenizer_config.json, and gguf_blocks/blocks.safetensors) loads with `AutoModelForCausalLM.from_pretrained(out_dir)` and
-`AutoTokenizer.from_pretrained(out_dir)`. Weights are dequantized, so the directory holds the
-GGUF's quantized values at `dtype` precision; quality matches the GGUF, not the original model.
+tokenizer_config.json, gguf_blocks/blocks.safetensors) loads with
+`AutoModelForCausalLM.from_pretrained(out_dir)` and `AutoTokenizer.from_pretrained(out_dir)`.
+Weights are dequantized, so the directory holds the GGUF's quantized values at `dtype`
+precision; quality matches the GGUF, not the original model.
 The projections stored as Q4_K / Q6_K are also kept as they are, in gguf_blocks/ (a third of the
 bf16 bytes), for the engine's kernels that read them (`kquant_weights`); transformers ignores
 the folder.
@@ -21,9 +22,9 @@ from pathlib import Path
 
 import torch
 from gguf import GGUFReader
+from tqdm import tqdm
 
 from bass.engine.weights import GGUF_BLOCKS_FILE
-from tqdm import tqdm
 
 from .errors import GGUFConversionError
 from .fsutil import atomic_directory, ensure_free_space

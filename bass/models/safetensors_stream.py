@@ -30,8 +30,9 @@ class TensorEntry:
 class SafetensorsStreamWriter:
     """Header up front, then `write(rows)` calls that must arrive in `entries` order.
 
-    All tensors share one dtype (the conversion's output dtype, or uint8 for raw GGUF blocks). `close()` checks every byte
-    the header promised was written, so a bug cannot produce a silently short file.
+    All tensors share one dtype (the conversion's output dtype, or uint8 for raw GGUF blocks).
+    `close()` checks every byte the header promised was written, so a bug cannot produce a
+    silently short file.
     """
 
     def __init__(self, path: Path, entries: list[TensorEntry], dtype: torch.dtype, metadata: dict[str, str]):

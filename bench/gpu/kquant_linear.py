@@ -68,7 +68,8 @@ def main(out_path: str, with_grid: bool) -> None:
 def build(name: str) -> list[kq.KQuantWeight]:
     fmt, cols, inner, copies = PROJECTIONS[name]
     gen = torch.Generator(device="cuda").manual_seed(0)
-    return [kq.KQuantWeight.from_gguf_blocks(fmt, kq.random_gguf_blocks(fmt, cols, inner, gen, "cuda")) for _ in range(copies)]
+    return [kq.KQuantWeight.from_gguf_blocks(fmt, kq.random_gguf_blocks(fmt, cols, inner, gen, "cuda"))
+            for _ in range(copies)]
 
 
 def compare(name: str, linear: kq.KQuantLinear, emit) -> None:
