@@ -243,9 +243,11 @@ def _kquant_linear_kernel(x_ptr, codes_ptr, sc_ptr, m_ptr, d_ptr, dmin_ptr, bias
                           FMT_Q4: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
                           UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           CHUNKS: tl.constexpr):
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)
+    # Row blocks vary fastest in launch order: the programs that read one column block's weights
+    # run side by side, so 17-64 rows read them from HBM once and from L2 after.
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     j = tl.arange(0, 32)
@@ -274,12 +276,12 @@ def _kquant_linear_kernel(x_ptr, codes_ptr, sc_ptr, m_ptr, d_ptr, dmin_ptr, bias
                 acc += tl.dot(a_lo.to(tl.bfloat16), w_lo)
                 acc += tl.dot(a_hi.to(tl.bfloat16), w_hi)
     if SPLIT:
-        splits = tl.num_programs(1)
+        splits = tl.num_programs(2)
         tile = rm[:, None] * cols + rn[None, :]
-        split_stride = tl.num_programs(2) * BLOCK_M * cols  # part: [splits, row blocks * BLOCK_M, cols]
+        split_stride = tl.num_programs(0) * BLOCK_M * cols  # part: [splits, row blocks * BLOCK_M, cols]
         tl.store(part_ptr + pid_k * split_stride + tile, acc, mask=row_ok & col_ok)
         tl.debug_barrier()  # every thread's partial stored before the counter's release
-        counter = arrivals_ptr + pid_m * tl.num_programs(0) + pid_n
+        counter = arrivals_ptr + pid_n * tl.num_programs(0) + pid_m
         if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == splits - 1:
             total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for s in range(0, splits):
@@ -338,11 +340,11 @@ class KQuantLinear:
         step = 64 * chunks
         k_per = triton.cdiv(triton.cdiv(inner, splits), step) * step
         splits = triton.cdiv(inner, k_per)
-        grid = (triton.cdiv(cols, block_n), splits, triton.cdiv(rows, _BLOCK_M))
-        if splits > 1 and grid[0] * grid[2] > self.arrivals.numel():
-            raise ValueError(f"a {rows}x{cols} split product needs {grid[0] * grid[2]} arrival counters, "
+        grid = (triton.cdiv(rows, _BLOCK_M), triton.cdiv(cols, block_n), splits)
+        if splits > 1 and grid[0] * grid[1] > self.arrivals.numel():
+            raise ValueError(f"a {rows}x{cols} split product needs {grid[0] * grid[1]} arrival counters, "
                              f"more than {self.arrivals.numel()}")
-        part = (torch.empty((splits, grid[2] * _BLOCK_M, cols), dtype=torch.float32, device=x.device)
+        part = (torch.empty((splits, grid[0] * _BLOCK_M, cols), dtype=torch.float32, device=x.device)
                 if splits > 1 else out)
         p = weight.planes
         q4 = weight.fmt == "Q4_K"

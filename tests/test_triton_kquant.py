@@ -60,10 +60,10 @@ def test_the_kernel_multiplies_by_the_converted_bf16_weight_exactly(fmt):
 
 
 # (rows, output columns, inner size): the few- and many-column tilings with a ragged last column
-# block, two row blocks, the split K (inner >= 4096) with a ragged last split, and rows past
-# max_rows (cuBLAS on the bf16 weight).
+# block, two row blocks, the split K (inner >= 4096) with a ragged last split, alone and over
+# three row blocks, and rows past max_rows (cuBLAS on the bf16 weight).
 @pytest.mark.parametrize("rows,cols,inner", [(1, 40, 256), (5, 4100, 256), (17, 48, 512), (3, 40, 4352),
-                                             (kq.MAX_KQUANT_ROWS + 1, 24, 256)])
+                                             (33, 24, 4352), (kq.MAX_KQUANT_ROWS + 1, 24, 256)])
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_kquant_linear_is_the_product_with_the_bf16_weight(fmt, rows, cols, inner, with_bias):
