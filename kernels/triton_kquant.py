@@ -43,7 +43,7 @@ Q6_K_BLOCK_BYTES = 210  # 128 bytes of low nibbles, 64 of high bit pairs, 16 int
 FORMATS = ("Q4_K", "Q6_K")
 
 MAX_KQUANT_ROWS = 64
-_BLOCK_M = 16
+_BLOCK_M = 16  # rows per program by default: the smallest tensor-core block
 _ARRIVAL_COUNTERS = 4096
 # (BLOCK_N, chunks of 64 inputs per loop step, warps, stages, K splits): a first guess from the
 # int8 kernel's tilings on the same shapes; bench/gpu/kquant_linear.py measures the grid.
@@ -297,8 +297,13 @@ class KQuantLinear:
     """x @ w.T (+ bias) for KQuantWeight w: the k-quant kernel up to max_rows rows, cuBLAS on the
     bf16 weight beyond. Holds the split-K arrival counters of the model it serves."""
 
-    def __init__(self, device: torch.device, max_rows: int = MAX_KQUANT_ROWS):
+    def __init__(self, device: torch.device, max_rows: int = MAX_KQUANT_ROWS, fit_row_block: bool = False):
+        """fit_row_block: one program covers up to 64 rows (16, 32 or 64 by the row count), so
+        17-64 rows dequantize each weight once instead of once per 16 rows; but a row's sums then
+        depend on how many rows came with it. Off (16 rows a program, results independent of the
+        batch) until bench/gpu/kquant_linear.py says what it is worth."""
         self.max_rows = max_rows
+        self.fit_row_block = fit_row_block
         self.arrivals = torch.zeros(_ARRIVAL_COUNTERS, dtype=torch.int32, device=device)
         if triton_attention._INTERPRETED:  # tensor loop bounds under NumPy >= 2.4 (see there)
             triton_attention._patch_interpreter_index()
@@ -340,11 +345,12 @@ class KQuantLinear:
         step = 64 * chunks
         k_per = triton.cdiv(triton.cdiv(inner, splits), step) * step
         splits = triton.cdiv(inner, k_per)
-        grid = (triton.cdiv(rows, _BLOCK_M), triton.cdiv(cols, block_n), splits)
+        block_m = min(64, max(_BLOCK_M, triton.next_power_of_2(rows))) if self.fit_row_block else _BLOCK_M
+        grid = (triton.cdiv(rows, block_m), triton.cdiv(cols, block_n), splits)
         if splits > 1 and grid[0] * grid[1] > self.arrivals.numel():
             raise ValueError(f"a {rows}x{cols} split product needs {grid[0] * grid[1]} arrival counters, "
                              f"more than {self.arrivals.numel()}")
-        part = (torch.empty((splits, grid[0] * _BLOCK_M, cols), dtype=torch.float32, device=x.device)
+        part = (torch.empty((splits, grid[0] * block_m, cols), dtype=torch.float32, device=x.device)
                 if splits > 1 else out)
         p = weight.planes
         q4 = weight.fmt == "Q4_K"
@@ -352,5 +358,5 @@ class KQuantLinear:
             x, p["codes"], p["sc"], p["m"] if q4 else p["sc"], p["d"], p["dmin"] if q4 else p["d"],
             bias if bias is not None else p["d"], out, part, self.arrivals, rows, cols, inner, k_per, out.stride(0),
             FMT_Q4=q4, HAS_BIAS=bias is not None, SPLIT=splits > 1, UPCAST=triton_attention._INTERPRETED,
-            BLOCK_M=_BLOCK_M, BLOCK_N=block_n, CHUNKS=chunks, num_warps=warps, num_stages=stages)
+            BLOCK_M=block_m, BLOCK_N=block_n, CHUNKS=chunks, num_warps=warps, num_stages=stages)
         return out

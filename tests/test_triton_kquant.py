@@ -65,13 +65,13 @@ def test_the_kernel_multiplies_by_the_converted_bf16_weight_exactly(fmt):
 @pytest.mark.parametrize("rows,cols,inner", [(1, 40, 256), (5, 4100, 256), (17, 48, 512), (3, 40, 4352),
                                              (33, 24, 4352), (kq.MAX_KQUANT_ROWS + 1, 24, 256)])
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("with_bias", [False, True])
-def test_kquant_linear_is_the_product_with_the_bf16_weight(fmt, rows, cols, inner, with_bias):
+@pytest.mark.parametrize("with_bias,fit_row_block", [(False, False), (True, False), (False, True)])
+def test_kquant_linear_is_the_product_with_the_bf16_weight(fmt, rows, cols, inner, with_bias, fit_row_block):
     torch.manual_seed(1)
     w = weight(fmt, cols, inner, seed=rows)
     x = torch.randn(rows, inner, device=DEVICE).bfloat16()
     bias = torch.randn(cols, device=DEVICE).bfloat16() if with_bias else None  # the model's dtype
-    linear = kq.KQuantLinear(torch.device(DEVICE))
+    linear = kq.KQuantLinear(torch.device(DEVICE), fit_row_block=fit_row_block)
     got = linear(x, w, bias, out_dtype=torch.float32)
     want = F.linear(x.double(), w.full.double(), None if bias is None else bias.double()).float()
     assert got.dtype == torch.float32 and got.shape == (rows, cols)

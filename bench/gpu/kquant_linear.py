@@ -50,6 +50,7 @@ def grid(cols: int, inner: int):
 
 def main(out_path: str, with_grid: bool) -> None:
     linear = kq.KQuantLinear(torch.device("cuda"), max_rows=max(ROWS))
+    fitted = kq.KQuantLinear(torch.device("cuda"), max_rows=max(ROWS), fit_row_block=True)
     out = open(out_path, "w")  # noqa: SIM115 (open for the whole run)
 
     def emit(row: dict) -> None:
@@ -59,7 +60,7 @@ def main(out_path: str, with_grid: bool) -> None:
 
     emit({"device": torch.cuda.get_device_name(), "torch": torch.__version__})
     for name in PROJECTIONS:  # every projection with the product's tiling first, then the grid
-        compare(name, linear, emit)
+        compare(name, linear, fitted, emit)
     if with_grid:
         for name in ("gate|up", "down", "lm_head", "down_q6", "q|k|v", "o"):
             walk_grid(name, linear, emit)
@@ -72,7 +73,8 @@ def build(name: str) -> list[kq.KQuantWeight]:
             for _ in range(copies)]
 
 
-def compare(name: str, linear: kq.KQuantLinear, emit) -> None:
+def compare(name: str, linear: kq.KQuantLinear, fitted: kq.KQuantLinear, emit) -> None:
+    """cuBLAS bf16 against the kernel, 16 rows a program and (past 16 rows) fitted row blocks."""
     fmt, cols, inner, copies = PROJECTIONS[name]
     weights = build(name)
     out_dtype = torch.float32 if name == "lm_head" else None
@@ -81,12 +83,16 @@ def compare(name: str, linear: kq.KQuantLinear, emit) -> None:
     one_hot = torch.zeros(16, inner, dtype=torch.bfloat16, device="cuda")
     one_hot[torch.arange(16, device="cuda"), picks] = 1
     exact = torch.equal(linear(one_hot, weights[0], out_dtype=torch.float32), weights[0].full.float()[:, picks].T)
+    def us(product, x) -> float:
+        return round(graph_us(lambda: [product(x, w) for w in weights], copies), 3)
+
     for rows in ROWS:
         x = torch.randn(rows, inner, device="cuda").bfloat16()
         emit({"projection": name, "format": fmt, "rows": rows, "weights_exact": exact,
               "tiling": list(kq.tiling(cols, inner)),
-              "cublas_bf16_us": round(graph_us(lambda: [F.linear(x, w.full) for w in weights], copies), 3),
-              "kquant_us": round(graph_us(lambda: [linear(x, w, None, out_dtype) for w in weights], copies), 3)})
+              "cublas_bf16_us": us(lambda x, w: F.linear(x, w.full), x),
+              "kquant_us": us(lambda x, w: linear(x, w, None, out_dtype), x),
+              "kquant_fitted_rows_us": us(lambda x, w: fitted(x, w, None, out_dtype), x) if rows > 16 else None})
     del weights
     torch.cuda.empty_cache()
 
