@@ -20,8 +20,13 @@ The blocks are unpacked into planes once, at load time (`KQuantWeight.from_gguf_
   Q6_K: codes int8 [N, K] (q - 32, input order); sc int8 [N, K/16]; d fp32 [N, K/256].
 Rows beyond `max_rows` (prefill, large batches) take cuBLAS on the bf16 weight, kept for them.
 
-A long inner size (down: 8,960) splits K over the grid's second axis with the deterministic,
-self-resetting arrival counters of kernels/triton_int8.py.
+A long inner size (down: 8,960) splits K over the grid's third axis with the deterministic,
+self-resetting arrival counters of kernels/triton_int8.py. Programs cover 16 rows each and the
+launch shape depends on the weight only, so a row's result does not depend on the rest of the
+batch; row blocks vary fastest in launch order so that 17-64 rows read the weights from HBM once.
+
+Not yet run on a GPU (2026-11-26): `bench/gpu/kquant.sh` measures it; `kquant_weights` is off
+until then.
 """
 
 from __future__ import annotations
