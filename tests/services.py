@@ -43,12 +43,14 @@ class Services:
 
 def start_services(target_dir: Path, draft_dir: Path, *, policy: str = "bass", num_slots: int = 16,
                    max_batch_size: int = 16, max_waiting: int = 64, max_seq_len: int = 1024,
-                   metrics_port: int | None = None, colocate: bool = False, **coordinator) -> Services:
-    """`coordinator`: more CoordinatorConfig fields (e.g. reconnect_interval_s, max_request_bytes).
+                   metrics_port: int | None = None, colocate: bool = False, target_options: dict | None = None,
+                   draft_options: dict | None = None, **coordinator) -> Services:
+    """`coordinator`: more CoordinatorConfig fields (e.g. reconnect_interval_s, max_request_bytes);
+    target_options / draft_options: more WorkerServiceConfig fields of each model's service.
     colocate: one server for both models (`bass serve`'s default), else one each."""
     common = dict(num_slots=num_slots, max_seq_len=max_seq_len)
-    target_cfg = WorkerServiceConfig(model_dir=target_dir, **common)
-    draft_cfg = WorkerServiceConfig(model_dir=draft_dir, **common)
+    target_cfg = WorkerServiceConfig(model_dir=target_dir, **common, **(target_options or {}))
+    draft_cfg = WorkerServiceConfig(model_dir=draft_dir, **common, **(draft_options or {}))
     if colocate:
         target = draft = colocated.serve(target_cfg, draft_cfg)
     else:

@@ -75,7 +75,7 @@ def test_speculation_over_a_k_quant_target_gives_its_regular_output(tiny_dir):
     assert s.step_stats.accepted_tokens > 0
 
 
-def test_a_directory_without_blocks_is_refused_with_what_to_do(tmp_path, llama_target):
+def test_a_directory_without_blocks_is_refused_with_what_to_do(llama_target):
     with pytest.raises(FileNotFoundError, match="gguf_blocks.*convert it again"):
         ModelRunner(runner_config(llama_target, kquant_weights=True))
 
@@ -222,3 +222,33 @@ def test_a_model_read_wholly_from_k_quant_blocks(tmp_path, arch):
     got, want = prefill_logits(kquant, ids), prefill_logits(plain, ids)
     assert (got - want).abs().max() <= 0.02 * want.abs().max()
     assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_bass_serve_with_kquant_weights_in_its_config_file(tiny_dir, tmp_path):
+    """As a user turns it on: `[target] kquant_weights = true` in the TOML (a bad value named by its
+    key), then greedy text through the real gRPC services (the draft in the target's process)
+    equals the k-quant target's own regular decoding in-process."""
+    from bass.client import BassClient
+    from bass.config import ServeConfig, load_config_file
+    from bass.errors import InvalidRequestError
+    from services import start_services
+
+    config = tmp_path / "bass.toml"
+    config.write_text(f'[target]\nmodel_dir = "{tiny_dir}"\nkquant_weights = true\n')
+    assert load_config_file(config, ServeConfig).target.runner_config().kquant_weights
+    config.write_text(f'[target]\nmodel_dir = "{tiny_dir}"\nkquant_weights = "sometimes"\n')
+    with pytest.raises(InvalidRequestError, match="target.kquant_weights"):
+        load_config_file(config, ServeConfig)
+
+    s = build_local_scheduler(runner_config(tiny_dir, kquant_weights=True), None,
+                              scheduler=SchedulerConfig(draft_length=DraftLengthConfig.parse("0")))
+    (want,) = s.generate([GenerationRequest(prompt_ids=PROMPTS[2], max_new_tokens=10, ignore_eos=True)])
+    worker = dict(device=DEVICE, dtype="bfloat16", attention="triton")
+    services = start_services(tiny_dir, tiny_dir, policy="3", colocate=True, num_slots=4, max_seq_len=64,
+                              target_options=dict(kquant_weights=True, **worker), draft_options=worker)
+    try:
+        with BassClient(services.address, timeout_s=120) as client:
+            got = client.generate(list(PROMPTS[2]), max_new_tokens=10, ignore_eos=True)
+    finally:
+        services.stop()
+    assert list(got.sequences[0].token_ids) == list(want.sequences[0].token_ids)
