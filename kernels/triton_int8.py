@@ -12,10 +12,8 @@ the target's own (lossless for any draft). Rounding per output column costs ~1% 
 on random weights.
 
 A long inner size (down: 4,864) would leave few programs, so the K range is split over the
-grid's second axis: each split writes its fp32 partial to scratch, bumps a per-tile arrival
-counter, and the last to arrive sums the partials in split order (deterministic) and writes the
-result, then zeroes its counter, so one buffer of counters serves every launch without a memset
-(as in kernels/triton_attention.py).
+grid's second axis, the last split to arrive summing the partials in order
+(kernels/triton_splitk.py).
 
 Rows beyond MAX_INT8_ROWS go to cuBLAS on the full-precision weight, which the model keeps for
 them (prefill, catch-up and large batches).
@@ -33,6 +31,8 @@ from bass.kernels import triton_attention
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+
+from bass.kernels.triton_splitk import reduce_split_k  # noqa: E402
 
 MAX_INT8_ROWS = 16  # more rows take cuBLAS on the full weight
 _BLOCK_M = 16  # rows per program: the smallest tensor-core block
@@ -108,18 +108,11 @@ def _int8_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, ar
         else:
             acc += tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
     if SPLIT:
-        splits = tl.num_programs(1)
-        tile = rm[:, None] * cols + rn[None, :]
-        split_stride = tl.num_programs(2) * BLOCK_M * cols  # part: [splits, row blocks * BLOCK_M, cols]
-        tl.store(part_ptr + pid_k * split_stride + tile, acc, mask=row_ok & col_ok)
-        tl.debug_barrier()  # every thread's partial stored before the counter's release
-        counter = arrivals_ptr + pid_m * tl.num_programs(0) + pid_n
-        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == splits - 1:
-            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for s in range(0, splits):
-                total += tl.load(part_ptr + s * split_stride + tile, mask=row_ok & col_ok, other=0.0,
-                                 cache_modifier=".cg")
-            tl.store(counter, 0)
+        # part: [splits, row blocks * BLOCK_M, cols]; one counter per (row block, column block)
+        last, total = reduce_split_k(acc, part_ptr, arrivals_ptr, rm[:, None] * cols + rn[None, :], row_ok & col_ok,
+                                     pid_k, tl.num_programs(1), tl.num_programs(2) * BLOCK_M * cols,
+                                     pid_m * tl.num_programs(0) + pid_n, BLOCK_M, BLOCK_N)
+        if last:
             _finish(total, scale_ptr, bias_ptr, out_ptr, rm, rn, rows, cols, HAS_BIAS)
     else:
         _finish(acc, scale_ptr, bias_ptr, out_ptr, rm, rn, rows, cols, HAS_BIAS)

@@ -20,8 +20,8 @@ The blocks are unpacked into planes once, at load time (`KQuantWeight.from_gguf_
   Q6_K: codes int8 [N, K] (q - 32, input order); sc int8 [N, K/16]; d fp32 [N, K/256].
 Rows beyond `max_rows` (prefill, large batches) take cuBLAS on the bf16 weight, kept for them.
 
-A long inner size (down: 8,960) splits K over the grid's third axis with the deterministic,
-self-resetting arrival counters of kernels/triton_int8.py. Programs cover 16 rows each and the
+A long inner size (down: 8,960) splits K over the grid's third axis, the last split to arrive
+summing the partials in order (kernels/triton_splitk.py). Programs cover 16 rows each and the
 launch shape depends on the weight only, so a row's result does not depend on the rest of the
 batch; row blocks vary fastest in launch order so that 17-64 rows read the weights from HBM once.
 
@@ -41,6 +41,8 @@ from bass.kernels import triton_attention
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+
+from bass.kernels.triton_splitk import reduce_split_k  # noqa: E402
 
 QK_K = 256  # inputs per k-quant super-block
 Q4_K_BLOCK_BYTES = 144  # d, dmin (fp16), 12 bytes of packed 6-bit scales and mins, 128 bytes of codes
@@ -281,18 +283,11 @@ def _kquant_linear_kernel(x_ptr, codes_ptr, sc_ptr, m_ptr, d_ptr, dmin_ptr, bias
                 acc += tl.dot(a_lo.to(tl.bfloat16), w_lo)
                 acc += tl.dot(a_hi.to(tl.bfloat16), w_hi)
     if SPLIT:
-        splits = tl.num_programs(2)
-        tile = rm[:, None] * cols + rn[None, :]
-        split_stride = tl.num_programs(0) * BLOCK_M * cols  # part: [splits, row blocks * BLOCK_M, cols]
-        tl.store(part_ptr + pid_k * split_stride + tile, acc, mask=row_ok & col_ok)
-        tl.debug_barrier()  # every thread's partial stored before the counter's release
-        counter = arrivals_ptr + pid_n * tl.num_programs(0) + pid_m
-        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == splits - 1:
-            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for s in range(0, splits):
-                total += tl.load(part_ptr + s * split_stride + tile, mask=row_ok & col_ok, other=0.0,
-                                 cache_modifier=".cg")
-            tl.store(counter, 0)
+        # part: [splits, row blocks * BLOCK_M, cols]; one counter per (row block, column block)
+        last, total = reduce_split_k(acc, part_ptr, arrivals_ptr, rm[:, None] * cols + rn[None, :], row_ok & col_ok,
+                                     pid_k, tl.num_programs(2), tl.num_programs(0) * BLOCK_M * cols,
+                                     pid_n * tl.num_programs(0) + pid_m, BLOCK_M, BLOCK_N)
+        if last:
             _store(total, bias_ptr, out_ptr, rm, rn, rows, cols, out_stride, HAS_BIAS, UPCAST)
     else:
         _store(acc, bias_ptr, out_ptr, rm, rn, rows, cols, out_stride, HAS_BIAS, UPCAST)
