@@ -1,0 +1,67 @@
+"""Compile the few-row product kernels for an H100 (sm_90) without a GPU: run as a script with
+TRITON_INTERPRET=0 (tests/test_kernel_builds.py does), one JSON line a variant.
+
+Tests on the CPU run these kernels in Triton's interpreter, which never builds them; a kernel the
+real compiler rejects would pass CI and fail on the first GPU call. Triton bundles ptxas, so the
+whole path (Triton IR, PTX, cubin) runs here. Covers every tiling the product launches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+os.environ["TRITON_INTERPRET"] = "0"  # before Triton is imported
+
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+from triton.compiler import compile as compile_kernel  # noqa: E402
+
+from bass.kernels import triton_int8, triton_kquant  # noqa: E402
+
+H100 = GPUTarget("cuda", 90, 32)
+
+
+def build(fn, types: dict[str, str], constexprs: dict, warps: int, stages: int) -> None:
+    signature = {name: "constexpr" if name in constexprs else types[name] for name in fn.arg_names}
+    source = ASTSource(fn=fn, signature=signature,
+                       constexprs={(fn.arg_names.index(name),): value for name, value in constexprs.items()})
+    compile_kernel(source, target=H100, options={"num_warps": warps, "num_stages": stages})
+
+
+def variants():
+    int8_types = dict(x_ptr="*bf16", w_ptr="*i8", scale_ptr="*fp32", bias_ptr="*bf16", part_ptr="*fp32",
+                      arrivals_ptr="*i32", rows="i32", cols="i32", inner="i32", k_per_split="i32")
+    for cols, inner in ((1024, 896), (9728, 896), (896, 4864), (151936, 896)):
+        block_n, block_k, warps, stages, splits = triton_int8._tiling(cols, inner)
+        for out in ("*bf16", "*fp32"):
+            yield (f"int8 {cols}x{inner} out {out}", triton_int8._int8_linear_kernel, {**int8_types, "out_ptr": out},
+                   dict(HAS_BIAS=cols == 1024, SPLIT=splits > 1, UPCAST=False, BLOCK_M=triton_int8._BLOCK_M,
+                        BLOCK_N=block_n, BLOCK_K=block_k), warps, stages)
+    for fmt in triton_kquant.FORMATS:
+        code = "*u8" if fmt == "Q4_K" else "*i8"
+        types = dict(x_ptr="*bf16", codes_ptr=code, sc_ptr=code, m_ptr=code, d_ptr="*fp32", dmin_ptr="*fp32",
+                     bias_ptr="*bf16", part_ptr="*fp32", arrivals_ptr="*i32", rows="i32", cols="i32", inner="i32",
+                     k_per_split="i32", out_stride="i32")
+        for cols, inner in ((2048, 1536), (17920, 1536), (1536, 8960), (151936, 1536)):
+            block_n, chunks, warps, stages, splits = triton_kquant.tiling(cols, inner)
+            for block_m in (16, 64):  # 64: fit_row_block at 33-64 rows
+                for out in ("*bf16", "*fp32"):
+                    yield (f"{fmt} {cols}x{inner} rows {block_m} out {out}", triton_kquant._kquant_linear_kernel,
+                           {**types, "out_ptr": out},
+                           dict(FMT_Q4=fmt == "Q4_K", HAS_BIAS=cols == 2048, SPLIT=splits > 1, UPCAST=False,
+                                BLOCK_M=block_m, BLOCK_N=block_n, CHUNKS=chunks), warps, stages)
+
+
+def main() -> None:
+    for name, fn, types, constexprs, warps, stages in variants():
+        try:
+            build(fn, types, constexprs, warps, stages)
+            print(json.dumps({"variant": name, "ok": True}), flush=True)
+        except Exception as exc:  # reported, not raised: every variant gets its line
+            print(json.dumps({"variant": name, "ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}),
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
