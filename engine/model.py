@@ -115,8 +115,7 @@ def rope_inv_freq(config: TransformerConfig) -> torch.Tensor:
 
 class Transformer:
     def __init__(self, config: TransformerConfig, weights: TransformerWeights, *, max_seq_len: int,
-                 attention: str = "pad", batch_invariant: bool = False, int8_weights: bool = False,
-                 kquant_weights: bool = False):
+                 attention: str = "pad", batch_invariant: bool = False, int8_weights: bool = False):
         """batch_invariant: every row's values are computed the same way whatever the batch
         around it (one GEMM tiling without split-K, attention with one launch plan and no
         split-KV), so a sequence's logits, and so its tokens, do not depend on what it is
@@ -125,9 +124,9 @@ class Transformer:
         projections and the LM head also kept as weight-only int8, which products of up to
         kernels/triton_int8.MAX_INT8_ROWS rows read (half the bytes); they change the values.
         RunnerConfig refuses the two together.
-        kquant_weights (with the Triton kernels): the weights came from load_weights(kquant=True),
-        and products of up to kernels/triton_kquant.MAX_KQUANT_ROWS rows read their k-quant
-        blocks (the same bf16 values)."""
+        Weights loaded as k-quant blocks (load_weights(kquant=True): KQuantWeight / KQuantStack,
+        the Triton kernels only) are read by products of up to
+        kernels/triton_kquant.MAX_KQUANT_ROWS rows (the same bf16 values)."""
         self.config = config
         self.weights = weights
         self.attend = attention_kernel(attention)
@@ -170,8 +169,15 @@ class Transformer:
                     setattr(layer, name, Int8Weight.quantize(getattr(layer, name)))
             weights.lm_head = Int8Weight.quantize(weights.lm_head)
             self.linear = Int8Linear(weights.embed.device)
-        self.kquant_weights = kquant_weights and attention == "triton"
+        # k-quant blocks are what load_weights built, not an option: any product weight that is
+        # not a plain tensor (before int8, which RunnerConfig keeps apart) is one.
+        self.kquant_weights = not self.int8_weights and any(
+            not isinstance(w, torch.Tensor) for w in [weights.lm_head] + [
+                getattr(layer, name) for layer in weights.layers for name in ("qkv", "o", "gate_up", "down")])
         if self.kquant_weights:
+            if attention != "triton":
+                raise ValueError("weights loaded as k-quant blocks run on the Triton kernels; attention is "
+                                 f"{attention!r}")
             from bass.kernels.triton_kquant import KQuantLinear
 
             self.linear = KQuantLinear(weights.embed.device)

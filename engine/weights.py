@@ -71,7 +71,8 @@ class _KQuantBlocks:
                 f"`make models` redoes the bundled pair's, `bass convert-gguf --overwrite` any other), or set "
                 f"kquant_weights = false")
         self._handle = safe_open(str(path), framework="pt")
-        self.formats = {k: v for k, v in (self._handle.metadata() or {}).items() if k in set(self._handle.keys())}
+        names = set(self._handle.keys())
+        self.formats = {k: v for k, v in (self._handle.metadata() or {}).items() if k in names}
 
     def weight(self, name: str, *, dtype: torch.dtype, device: str):
         from bass.kernels.triton_kquant import KQuantWeight

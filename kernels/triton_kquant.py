@@ -145,10 +145,6 @@ class KQuantWeight:
     full: torch.Tensor
     planes: dict[str, torch.Tensor]
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return tuple(self.full.shape)
-
     @classmethod
     def from_gguf_blocks(cls, fmt: str, raw: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> "KQuantWeight":
         """From a GGUF tensor's raw rows (uint8 [N, bytes a row]), on raw's device."""

@@ -83,8 +83,7 @@ def random_transformer(config: TransformerConfig, *, dtype: str, device: str, ma
     weights = TransformerWeights(embed=embed, layers=layers,
                                  final_norm=torch.ones(c.hidden_size, dtype=dt, device=device),
                                  lm_head=product(c.vocab_size, c.hidden_size, "Q6_K"))
-    return Transformer(config, weights, max_seq_len=max_seq_len, attention=attention, int8_weights=int8_weights,
-                       kquant_weights=kquant_weights)
+    return Transformer(config, weights, max_seq_len=max_seq_len, attention=attention, int8_weights=int8_weights)
 
 
 def weight_bytes(config: TransformerConfig, dtype: str) -> int:
