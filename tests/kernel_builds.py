@@ -3,16 +3,23 @@ TRITON_INTERPRET=0 (tests/test_kernel_builds.py does), one JSON line a variant.
 
 Tests on the CPU run these kernels in Triton's interpreter, which never builds them; a kernel the
 real compiler rejects would pass CI and fail on the first GPU call. Triton bundles ptxas, so the
-whole path (Triton IR, PTX, cubin) runs here. Covers every tiling the product launches.
+whole path (Triton IR, PTX, cubin) runs here. Covers every tiling the product launches. With --registers each line also gives what the
+bundled `ptxas -v` reports for the variant (registers, spill stores), as bench/results quotes.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "0"  # before Triton is imported
 
+import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 from triton.compiler import compile as compile_kernel  # noqa: E402
@@ -22,7 +29,7 @@ from bass.kernels import triton_int8, triton_kquant  # noqa: E402
 H100 = GPUTarget("cuda", 90, 32)
 
 
-def build(fn, types: dict[str, str], constexprs: dict, warps: int, stages: int) -> None:
+def build(fn, types: dict[str, str], constexprs: dict, warps: int, stages: int):
     """Compile fn as its launcher would: tensors are 16-byte aligned and the sizes of our shapes
     multiples of 16, which Triton specializes on (`rows` is left unspecialized)."""
     signature = {name: "constexpr" if name in constexprs else types[name] for name in fn.arg_names}
@@ -30,7 +37,17 @@ def build(fn, types: dict[str, str], constexprs: dict, warps: int, stages: int) 
                if name not in constexprs and name != "rows"}
     source = ASTSource(fn=fn, signature=signature, attrs=aligned,
                        constexprs={(fn.arg_names.index(name),): value for name, value in constexprs.items()})
-    compile_kernel(source, target=H100, options={"num_warps": warps, "num_stages": stages})
+    return compile_kernel(source, target=H100, options={"num_warps": warps, "num_stages": stages})
+
+
+def ptxas_report(ptx: str) -> str:
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(ptx)
+        f.flush()
+        done = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", f.name, "-o", os.devnull], capture_output=True,
+                              text=True)
+    return ", ".join(re.findall(r"Used \d+ registers|\d+ bytes spill stores", done.stdout + done.stderr))
 
 
 def variants():
@@ -57,15 +74,18 @@ def variants():
                                 BLOCK_M=block_m, BLOCK_N=block_n, CHUNKS=chunks), warps, stages)
 
 
-def main() -> None:
+def main(registers: bool) -> None:
     for name, fn, types, constexprs, warps, stages in variants():
         try:
-            build(fn, types, constexprs, warps, stages)
-            print(json.dumps({"variant": name, "ok": True}), flush=True)
+            kernel = build(fn, types, constexprs, warps, stages)
+            line = {"variant": name, "ok": True, "tiling": {**constexprs, "warps": warps, "stages": stages}}
+            if registers:
+                line["ptxas"] = ptxas_report(kernel.asm["ptx"])
+            print(json.dumps(line), flush=True)
         except Exception as exc:  # reported, not raised: every variant gets its line
             print(json.dumps({"variant": name, "ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}),
                   flush=True)
 
 
 if __name__ == "__main__":
-    main()
+    main("--registers" in sys.argv[1:])
