@@ -3,8 +3,10 @@ TRITON_INTERPRET=0 (tests/test_kernel_builds.py does), one JSON line a variant.
 
 Tests on the CPU run these kernels in Triton's interpreter, which never builds them; a kernel the
 real compiler rejects would pass CI and fail on the first GPU call. Triton bundles ptxas, so the
-whole path (Triton IR, PTX, cubin) runs here. Covers every tiling the product launches. With --registers each line also gives what the
-bundled `ptxas -v` reports for the variant (registers, spill stores), as bench/results quotes.
+whole path (Triton IR, PTX, cubin) runs here. Covers every tiling the product launches. With
+--registers each line also gives what the bundled `ptxas -v` reports for the variant
+(registers, spill stores), the sizes of its async copies and its tensor-core instructions, as
+bench/results quotes.
 """
 
 from __future__ import annotations
@@ -80,7 +82,11 @@ def main(registers: bool) -> None:
             kernel = build(fn, types, constexprs, warps, stages)
             line = {"variant": name, "ok": True, "tiling": {**constexprs, "warps": warps, "stages": stages}}
             if registers:
-                line["ptxas"] = ptxas_report(kernel.asm["ptx"])
+                ptx = kernel.asm["ptx"]
+                line["ptxas"] = ptxas_report(ptx)
+                copies = re.findall(r"cp\.async\.c[ag]\.shared\.global[^;]*, (0x\w+|\d+)", ptx)
+                line["cp_async_bytes"] = sorted({int(size, 0) for size in copies})
+                line["mma"] = sorted(set(re.findall(r"\b(?:wgmma|mma)\.[\w.]+", ptx)))
             print(json.dumps(line), flush=True)
         except Exception as exc:  # reported, not raised: every variant gets its line
             print(json.dumps({"variant": name, "ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}),
