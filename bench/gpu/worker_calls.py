@@ -131,14 +131,11 @@ def main() -> None:
                     help="Give the draft an LM head over the first N token ids only (FR-Spec style; 0 = all).")
     ap.add_argument("--draft-int8", action="store_true",
                     help="The draft's projections and LM head in weight-only int8 (builds that have it).")
-    ap.add_argument("--target-kquant", action="store_true",
-                    help="The target's products from random k-quant blocks (Q4_K_M's layout; builds that have it).")
     ap.add_argument("--profile", help="Also write a torch profile of 5 calls of each kind (batch 8) to this file.")
     args = ap.parse_args()
     k, rows = args.k, []
     for batch in [int(b) for b in args.batches.split(",")]:
-        target, draft = TargetWorker(runner_for("qwen2.5-coder-1.5b", batch, args.context, 8,
-                                                **({"kquant_weights": True} if args.target_kquant else {}))), \
+        target, draft = TargetWorker(runner_for("qwen2.5-coder-1.5b", batch, args.context, 8)), \
             DraftWorker(runner_for("qwen2.5-coder-0.5b", batch, args.context, 8,
                                    **({"int8_weights": True} if args.draft_int8 else {})))
         if args.draft_vocab:
@@ -183,7 +180,7 @@ def main() -> None:
             regular_ms = timed(call_regular, args.repeats) if q is None else None
             if args.profile and batch == 8:
                 profile(args.profile, f"{args.label} batch {batch} {mode}", call_propose, call_verify)
-            row = {"build": args.label, "draft_int8": args.draft_int8, "target_kquant": args.target_kquant, "draft_vocab": args.draft_vocab, "batch": batch, "k": k, "mode": mode, "context": args.context,
+            row = {"build": args.label, "draft_int8": args.draft_int8, "draft_vocab": args.draft_vocab, "batch": batch, "k": k, "mode": mode, "context": args.context,
                    "propose_ms": round(propose_ms, 4), "propose_ms_per_draft_token": round(propose_ms / k, 4),
                    "verify_ms": round(verify_ms, 4),
                    "regular_step_ms": None if regular_ms is None else round(regular_ms, 4)}
