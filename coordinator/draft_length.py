@@ -452,7 +452,7 @@ class MeasuredCost:
                  margin: float = 0.05, regular_steps_in_flight: int = 1):
         self.initial, self.max_length, self.decay = initial, max_length, decay
         # A regular step is timed only when sent behind another and committed behind the next
-        # (Scheduler._commit_in_flight): with n steps kept in flight, the first of a run and the
+        # (Scheduler._commit_regular): with n steps kept in flight, the first of a run and the
         # n committed as speculation resumes are not, so a k = 0 probe is n + 2 regular steps.
         self.regular_probe_steps = regular_steps_in_flight + 2
         self.probe_every, self.max_probe_every, self.window = probe_every, max_probe_every, window
@@ -594,7 +594,7 @@ class MeasuredCost:
             # Measure regular decoding at this batch size before choosing: a line through
             # k >= 1 misjudges it (below), and the draft skips only a few tokens. Only a
             # regular step sent behind another and committed behind the next is timed
-            # (Scheduler._commit_in_flight), so this takes MIN_TIMED_STEPS + regular_probe_steps - 1.
+            # (Scheduler._commit_regular), so this takes MIN_TIMED_STEPS + regular_probe_steps - 1.
             return [0] * len(seq_ids)
         best = self.best_length(len(seq_ids), seq_ids, join)
         floor = MIN_EXPLORED_SEQUENCE_STEPS_SMALL_BATCH if len(seq_ids) <= SMALL_BATCH else MIN_EXPLORED_SEQUENCE_STEPS
@@ -688,7 +688,7 @@ class MeasuredCost:
 
 def make_policy(config: DraftLengthConfig, regular_steps_in_flight: int = 1) -> DraftLengthPolicy:
     """regular_steps_in_flight: how many regular steps the scheduler keeps in flight after a
-    commit (Scheduler._pipelined_step), which decides how long a k = 0 probe must run for one of
+    commit (coordinator/regular_pipeline.py), which decides how long a k = 0 probe must run for one of
     its steps to be timed."""
     if config.policy == "fixed":
         return FixedLength(config.fixed)

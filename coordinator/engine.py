@@ -20,7 +20,8 @@ from typing import Union
 from bass.config import CoordinatorConfig
 from bass.coordinator.metrics import CoordinatorMetrics
 from bass.coordinator.requests import FinishReason, GenerationRequest, GenerationResult, check_request_size
-from bass.coordinator.scheduler import RequestRun, Scheduler
+from bass.coordinator.scheduler import Scheduler
+from bass.coordinator.sequences import RequestRun
 from bass.coordinator.tokenizer import Codec
 from bass.errors import BassError, CapacityError, RequestCancelled, WorkerUnavailableError
 from bass.worker_api import DraftWorkerAPI, TargetWorkerAPI

@@ -75,7 +75,7 @@ class _RemoteWorker:
     def steps_in_flight(self) -> int:
         """Regular steps the scheduler keeps in flight after each commit: two over the session,
         since an answer's way back, the commit and the next frame's way out take longer than a
-        step at 64 sequences (Scheduler._pipelined_step); the worker still runs one step ahead
+        step at 64 sequences (coordinator/regular_pipeline.py); the worker still runs one step ahead
         of another, and the next frame waits on its stream."""
         return 2 if self.transport == "session" else 1
 

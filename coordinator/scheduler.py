@@ -22,128 +22,34 @@ import statistics
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from bass.config import SchedulerConfig
 from bass.coordinator.draft_length import Join, make_policy
 from bass.coordinator.incremental_text import IncrementalText
-from bass.coordinator.requests import (FinishReason, GenerationRequest, GenerationResult, RequestStats,
-                                       SequenceOutput)
+from bass.coordinator.regular_pipeline import Answered, RegularPipeline
+from bass.coordinator.requests import FinishReason, GenerationRequest, GenerationResult, SequenceOutput
+from bass.coordinator.sequences import PrefillBudget, RequestRun, SequenceRun, sequence_seed_key
+from bass.coordinator.speculative_step import SpeculativeStep, StepOutcome, StepPlan
 from bass.coordinator.step_stats import StepStats
 from bass.coordinator.stopping import StopCriteria, check_stop
 from bass.coordinator.tokenizer import Codec
 from bass.errors import InvalidRequestError, WorkerUnavailableError
-from bass.worker_api import (AddSequence, ChainedProposal, DraftWorkerAPI, PendingVerify, ProposeItem, ProposeRequest,
-                             ProposeResponse, SequenceSampling, TargetWorkerAPI, VerifyItem, VerifyRequest,
-                             VerifyResponse)
+from bass.worker_api import (AddSequence, DraftWorkerAPI, ProposeItem, ProposeRequest, SequenceSampling,
+                             TargetWorkerAPI, VerifyResponse)
 
 log = logging.getLogger(__name__)
 
-_MASK64 = (1 << 64) - 1
 # Tokens a drafting sequence's first forward runs anyway (the last step's one or two: the draft
 # worker's FIRST_STEP_TOKENS); more are a catch-up the policy counts as a join.
 _STEADY_PENDING = 2
-
-
-def splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
-def sequence_seed_key(seed: int, index: int) -> int:
-    """The randomness key of sample `index` of a request: depends on nothing else."""
-    return splitmix64(seed ^ splitmix64(index))
-
-
-@dataclass
-class SequenceRun:
-    seq_id: int
-    index: int
-    request: "RequestRun"
-    sampling: SequenceSampling
-    text: IncrementalText  # the output's text (a stop token id contributes none)
-    output: list[int] = field(default_factory=list)
-    unsent_to_draft: list[int] = field(default_factory=list)
-    finish_reason: FinishReason | None = None
-    text_end: int | None = None
-    drafted: bool = False  # whether the draft worker holds this sequence
-    steps_in_flight: int = 0  # regular steps sent for it and not yet committed
-    finish_order: int = 0  # 1 = finished first within its request
-
-
-@dataclass
-class RequestRun:
-    request: GenerationRequest
-    prompt_ids: list[int]
-    criteria: StopCriteria
-    sequences: list[SequenceRun] = field(default_factory=list)
-    stats: RequestStats = field(default_factory=RequestStats)
-    submitted: float = field(default_factory=time.perf_counter)
-    started: float | None = None
-    result: GenerationResult | None = None
-    # (sequence index, tokens committed this step, finish reason or None), drained by the caller
-    deltas: list[tuple[int, list[int], FinishReason | None]] = field(default_factory=list)
-
-    @property
-    def done(self) -> bool:
-        return all(s.finish_reason is not None for s in self.sequences)
-
-    @property
-    def deadline(self) -> float | None:
-        budget = self.request.time_budget_ms
-        return self.submitted + budget / 1000 if budget else None
-
-
-@dataclass
-class InFlight:
-    """A regular step's Verify, sent and not yet committed (see Scheduler._pipelined_step)."""
-
-    pending: PendingVerify
-    batch: list[SequenceRun]
-    clean: bool  # no prefill in it: its time is a steady-state cost for the policy
-    send_s: float
-    # Sent while the previous regular step was in flight: a pipeline's first step starts on
-    # an idle GPU and waits out its whole latency, which no later step does.
-    follows: bool = False
-
-
-@dataclass(frozen=True)
-class _Answered:
-    """A proposal from a draft that answers at once (over gRPC): nothing on the device."""
-
-    response: ProposeResponse
-    on_device = None
-    draft_s = None
-
-    def result(self) -> ProposeResponse:
-        return self.response
-
-
-@dataclass
-class PrefillBudget:
-    """Prompt tokens the workers may prefill in one step, both workers together. A worker
-    prefills its new sequences before the step's forward, so every running sequence waits
-    for all of it: bounding it bounds the stall an arrival (or a burst) causes. Whatever comes
-    first in a step is taken even over the limit, alone, so a long prompt is never starved."""
-
-    limit: int
-    used: int = 0
-
-    def take(self, tokens: int) -> bool:
-        if self.used and self.used + tokens > self.limit:
-            return False
-        self.used += tokens
-        return True
 
 
 class Scheduler:
     def __init__(self, target: TargetWorkerAPI, draft: DraftWorkerAPI | None, codec: Codec,
                  config: SchedulerConfig = SchedulerConfig(), *, reconnect_interval_s: float = 2.0,
                  clock: Callable[[], float] = time.perf_counter):
-        self.target, self.draft, self.codec, self.config = target, draft, codec, config
+        self._target, self._draft, self.codec, self.config = target, draft, codec, config
         self.clock = clock
         self.reconnect_interval_s = reconnect_interval_s
         self.target_info = target.info()
@@ -154,6 +60,9 @@ class Scheduler:
         self._overlaps = bool(getattr(target, "overlaps_calls", False))
         self._depth = max(1, int(getattr(target, "steps_in_flight", 1))) if self._overlaps else 1
         self.policy = self._new_policy()
+        # The executors: regular steps kept in flight, and speculative steps.
+        self.regular = RegularPipeline(target, self._depth, clock)
+        self.speculative = SpeculativeStep(target, draft, clock, self._draft_failed)
         self.wants_draft = draft is not None and config.draft_length.speculates
         self.draft_up = False
         self._next_probe = 0.0
@@ -168,16 +77,29 @@ class Scheduler:
         self._target_release: list[int] = []
         self._draft_release: list[int] = []
         self._drafted_last_step = False  # else the draft catches up on skipped tokens first
-        self._in_flight: deque[InFlight] = deque()  # sent, not yet committed, oldest first
-        # An in-process target can verify an in-process draft's tokens on the device, and the
-        # draft can then chain each step's proposal behind the last verification (_chain_next).
-        self._fed_verify = bool(getattr(target, "verifies_device_drafts", False))
-        self._chains = self._fed_verify
         self._chain = None  # the proposal chained behind the last step's verification, for this step
         self._decided: dict[int, int] | None = None  # the policy's lengths for this step, asked early
         self._uncounted_step_s = 0.0  # a pipelined step that committed nothing: counted with the next
         self._last_step_end: float | None = None  # clock() when the last step() returned
         self.step_stats = StepStats()
+
+    # The workers, shared with the executors: a caller may wrap one after construction (tests and
+    # benchmarks count or delay its calls), and the executors then call the wrapper too.
+    @property
+    def target(self) -> TargetWorkerAPI:
+        return self._target
+
+    @target.setter
+    def target(self, worker: TargetWorkerAPI) -> None:
+        self._target = self.regular.target = self.speculative.target = worker
+
+    @property
+    def draft(self) -> DraftWorkerAPI | None:
+        return self._draft
+
+    @draft.setter
+    def draft(self, worker: DraftWorkerAPI | None) -> None:
+        self._draft = self.speculative.draft = worker
 
     def _new_policy(self):
         """A draft-length policy that knows nothing yet, timed for this scheduler's regular steps
@@ -229,7 +151,7 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self._in_flight)
+        return bool(self.waiting or self.running or self.regular.in_flight)
 
     def generate(self, requests: Iterable[GenerationRequest]) -> list[GenerationResult]:
         """Run requests to completion in-process (all batched together); results in order."""
@@ -257,9 +179,7 @@ class Scheduler:
         self.waiting.clear()
         self.running = []
         self._slots_held = 0
-        for flight in self._in_flight:  # their answers, if they come, answer nobody
-            flight.pending.discard()
-        self._in_flight.clear()
+        self.regular.discard()
         self._chain, self._decided = None, None  # the workers are reset before new work
         self._target_add, self._draft_add, self._target_release, self._draft_release = [], [], [], []
         self.policy = self._new_policy()
@@ -269,7 +189,7 @@ class Scheduler:
     def step(self) -> list[RequestRun]:
         """One speculative step for the whole batch; returns the requests that finished
         (each exactly once). Raises WorkerUnavailableError if the target fails."""
-        if not self.running and not self._in_flight:
+        if not self.running and not self.regular.in_flight:
             self._last_step_end = None  # idle before this step: no period to time
         finished = self._step()
         self._last_step_end = self.clock()
@@ -281,6 +201,7 @@ class Scheduler:
         return None if self._last_step_end is None else self.clock() - self._last_step_end
 
     def _step(self) -> list[RequestRun]:
+        """Plan the step, run it on the workers (one of the executors), commit its verdicts."""
         finished = self._expire_budgets()
         # The budget protects running sequences from an arrival's prefill. With none running,
         # nobody waits on admission, so the first wave of a burst is admitted whole; the draft's
@@ -288,7 +209,7 @@ class Scheduler:
         limit = self.config.max_prefill_tokens_per_step
         prefill = PrefillBudget(limit if self.running else sys.maxsize)
         # A proposal chained behind the last verification already runs this step's drafts for
-        # the last step's sequences; arrivals join the step after (_chain_next saw none waiting).
+        # the last step's sequences; arrivals join the step after (_plan_chain saw none waiting).
         chain, self._chain = self._chain, None
         if chain is not None and not (self.draft_up and self.running):
             chain = None  # every sequence left (cancelled, out of time), or the draft went down
@@ -296,7 +217,7 @@ class Scheduler:
             self._admit(prefill)
         if prefill.limit != limit:
             prefill = PrefillBudget(limit, used=prefill.used)
-        if self._in_flight and not self.running:
+        if self.regular.in_flight and not self.running:
             finished += self._drain_in_flight()
         if not self.running:
             return finished
@@ -305,8 +226,8 @@ class Scheduler:
         if self._overlaps and not any(wanted.values()) and not self._draft_add:
             # Regular decoding (the policy's choice, or no draft). Releases for the draft wait
             # for its next call, or for the loop to go idle (flush_releases).
-            return finished + self._pipelined_step()
-        if self._in_flight:
+            return finished + self._regular_step()
+        if self.regular.in_flight:
             # Speculation resumes: the regular steps in flight are committed first, so that the
             # sequences joining the draft bring all their tokens and none that finished joins.
             finished += self._drain_in_flight()
@@ -314,108 +235,40 @@ class Scheduler:
             if not batch:
                 return finished
         self._attach_where_wanted(batch, wanted, prefill)
-        step_started = self.clock()
-        lengths = self._capped_lengths(batch, wanted)
-        # Step times feed the draft-length policy only when they are steady-state costs: no
-        # prefill of new sequences, and no draft catching up on tokens it skipped (k = 0 steps).
-        clean_verify, clean_draft = not self._target_add, not self._draft_add and self._drafted_last_step
-        drafts: list[tuple[int, ...]] = [()] * len(batch)
-        draft_forwards, draft_s, draft_wait_s, joined = 0, 0.0, 0.0, 0
-        proposal = None
-        started = self.clock()
-        if chain is not None:
-            drafting, draft_forwards = list(range(len(batch))), chain.k
-            proposal = chain.select([s.seq_id for s in batch])
-        elif self.draft_up and (any(lengths) or self._draft_add or self._draft_release):
-            drafting = [i for i, k in enumerate(lengths) if k > 0]
-            draft_forwards = max(lengths, default=0)
-            if not clean_draft:  # what the draft runs before its proposal, for the policy's join cost
-                joined = (sum(len(a.prompt_ids) for a in self._draft_add)
-                          + sum(self._join_tokens(batch[i]) for i in drafting))
-            try:
-                proposal = self._start_propose(ProposeRequest(
-                    items=[ProposeItem(batch[i].seq_id, lengths[i], tuple(batch[i].unsent_to_draft),
-                                       batch[i].sampling) for i in drafting],
-                    add=self._draft_add, release=self._draft_release))
-            except Exception as exc:  # noqa: BLE001 - speculation is optional; never fail a request for it
-                self._draft_failed(exc)
-                lengths, draft_forwards = [0] * len(batch), 0
-        pending = next_chain = None
-        on_device = proposal.on_device if proposal is not None and len(drafting) == len(batch) else None
-        if on_device is not None:
-            # In-process, on one device: verification is queued behind the draft's forwards and
-            # reads its tokens there, and the host reads them back while the target runs.
-            pending = self.target.start_verify(VerifyRequest(
-                items=[VerifyItem(s.seq_id, (), s.sampling) for s in batch],
-                add=self._target_add, release=self._target_release), drafts=on_device)
-            next_chain = self._chain_next(batch, max(lengths), pending)
-        if proposal is not None:
-            try:
-                response = proposal.result()
-            except Exception as exc:  # noqa: BLE001
-                self._draft_failed(exc)
-                next_chain = None
-                if pending is None:
-                    lengths, draft_forwards = [0] * len(batch), 0
-                else:  # verified from the device: its verdicts stand; the drafts' lengths are known
-                    drafts = [(0,) * k for k in lengths]
-            else:
-                # The policy's draft cost. A chained proposal ran on the GPU while the host
-                # committed the last step: its cost is its GPU time, not the host's wait for it.
-                # A co-located remote draft answers with the verification (one call): its own
-                # time is what the worker measured (`draft_s`), not the wait for the call.
-                draft_wait_s = self.clock() - started
-                draft_s = (chain.gpu_s if chain is not None
-                           else proposal.draft_s if proposal.draft_s is not None else draft_wait_s)
-                self.step_stats.draft_compute_s += response.compute_s
-                if chain is None:  # they went with the proposal (a chained one took none)
-                    self._draft_add, self._draft_release = [], []
-                for n, i in enumerate(drafting):
-                    batch[i].unsent_to_draft.clear()
-                    drafts[i] = tuple(response.tokens[n])
-        started = self.clock()
-        if pending is not None:
-            verified = pending.result()
-        else:
-            verified = self.target.verify(VerifyRequest(
-                items=[VerifyItem(s.seq_id, drafts[i], s.sampling) for i, s in enumerate(batch)],
-                add=self._target_add, release=self._target_release))
-        verify_s = self.clock() - started
-        self._target_add, self._target_release = [], []
-        if next_chain is not None:
-            # What the chained proposal ran, now that the host has the verdicts it ran from.
-            next_chain.reconcile([v.tokens for v in verified.verdicts], pending.revised)
-        self._drafted_last_step = draft_forwards > 0
-        size, k = len(batch), max(lengths, default=0)
-        finished += self._commit(batch, drafts, verified, draft_forwards, draft_s, verify_s,
-                                 timed=verify_s if clean_verify else None, draft_wait_s=draft_wait_s)
-        if next_chain is not None and next_chain.queued:  # a remote pair's worker may decline
-            for seq in batch:  # the draft has them from the verdicts (reconcile)
-                seq.unsent_to_draft.clear()
-            self._chain = next_chain
-        # The policy is given the whole step: draft, verification and what the loop does
-        # around them (the commit, the next step's set-up), since regular decoding pays the
-        # latter once per token and speculation once per step (at batch 1 on an H100, a
-        # regular step's Verify read 1.84 ms of a 2.10 ms step). The rest counts as verification.
-        period = self._period()
-        self.policy.observe_costs(size, draft_forwards if clean_draft else 0, draft_s, k,
-                                  period - draft_s if clean_verify and period is not None else None,
-                                  joined=joined)
-        self.step_stats.step_s += self.clock() - step_started
-        return finished
+        plan = self._plan_speculative(batch, wanted, chain)
+        outcome = self.speculative.execute(plan, self._plan_chain)
+        return finished + self._commit_speculative(plan, outcome)
 
-    def _chain_next(self, batch: list[SequenceRun], k: int, pending: PendingVerify) -> ChainedProposal | None:
-        """Queue the next step's proposal behind this verification (DraftWorker.start_chained),
-        so that the GPU drafts step t + 1 while the host commits step t; None where the next
-        step runs otherwise. The policy chooses the next step's draft length now, one step's
-        evidence earlier than it otherwise would (where it chooses regular decoding or lengths
-        that differ, the next step takes that choice: `_decided`). Arrivals that fit break the
-        chain (they join at the next step's start, which a chained step skips)."""
-        start = getattr(self.draft, "start_chained", None) if self._chains else None
-        verdicts = getattr(pending, "verdicts_on_device", None)
+    def _plan_speculative(self, batch: list[SequenceRun], wanted: dict[int, int], chain) -> StepPlan:
+        """The step's lengths, the proposal to start (unless one is chained) and what each
+        worker adds and releases with it (taken from the scheduler's lists)."""
+        lengths = self._capped_lengths(batch, wanted)
+        plan = StepPlan(batch=batch, lengths=lengths, step_started=self.clock(), chain=chain,
+                        target_add=self._target_add, target_release=self._target_release,
+                        clean_verify=not self._target_add,
+                        clean_draft=not self._draft_add and self._drafted_last_step)
+        self._target_add, self._target_release = [], []
+        if chain is None and self.draft_up and (any(lengths) or self._draft_add or self._draft_release):
+            plan.drafting = [i for i, k in enumerate(lengths) if k > 0]
+            if not plan.clean_draft:  # what the draft runs before its proposal, for the policy's join cost
+                plan.joined = (sum(len(a.prompt_ids) for a in self._draft_add)
+                               + sum(self._join_tokens(batch[i]) for i in plan.drafting))
+            plan.propose = ProposeRequest(
+                items=[ProposeItem(batch[i].seq_id, lengths[i], tuple(batch[i].unsent_to_draft), batch[i].sampling)
+                       for i in plan.drafting],
+                add=self._draft_add, release=self._draft_release)
+            self._draft_add, self._draft_release = [], []  # they go with the proposal
+        return plan
+
+    def _plan_chain(self, batch: list[SequenceRun], k: int) -> ProposeRequest | None:
+        """The next step's proposal, chained behind this step's verification of k drafts a
+        sequence (SpeculativeStep._chain_next): the policy chooses the next step's draft length
+        now, one step's evidence earlier than it otherwise would (where it chooses regular
+        decoding or lengths that differ, the next step takes that choice: `_decided`). Arrivals
+        that fit break the chain (they join at the next step's start, which a chained step
+        skips)."""
         sampled = not all(s.sampling.params.greedy for s in batch)
-        if (start is None or verdicts is None or not self.draft_up or self._fits_waiting()
-                or not self.draft.chains(len(batch), 1, k, sampled)):
+        if not self.draft_up or self._fits_waiting() or not self.draft.chains(len(batch), 1, k, sampled):
             return None
         seq_ids = [s.seq_id for s in batch]
         wanted = self.policy.lengths(seq_ids)
@@ -425,14 +278,31 @@ class Scheduler:
         if not nxt or any(w != nxt for w in wanted) or not room or not self.draft.chains(len(batch), nxt, k, sampled):
             self._decided = dict(zip(seq_ids, wanted))
             return None
-        try:
-            chained = start(ProposeRequest(items=[ProposeItem(s.seq_id, nxt, (), s.sampling) for s in batch],
-                                           release=self._draft_release), verdicts, k)
-        except Exception as exc:  # noqa: BLE001 - speculation is optional; never fail a request for it
-            self._draft_failed(exc)
-            return None
-        self._draft_release = []
-        return chained
+        release, self._draft_release = self._draft_release, []
+        return ProposeRequest(items=[ProposeItem(s.seq_id, nxt, (), s.sampling) for s in batch], release=release)
+
+    def _commit_speculative(self, plan: StepPlan, outcome: StepOutcome) -> list[RequestRun]:
+        batch = plan.batch
+        self.step_stats.draft_compute_s += outcome.draft_compute_s
+        self._drafted_last_step = outcome.draft_forwards > 0
+        size, k = len(batch), max(outcome.lengths, default=0)
+        finished = self._commit(batch, outcome.drafts, outcome.verified, outcome.draft_forwards, outcome.draft_s,
+                                outcome.verify_s, timed=outcome.verify_s if plan.clean_verify else None,
+                                draft_wait_s=outcome.draft_wait_s)
+        if outcome.next_chain is not None and outcome.next_chain.queued:  # a remote pair's worker may decline
+            for seq in batch:  # the draft has them from the verdicts (reconcile)
+                seq.unsent_to_draft.clear()
+            self._chain = outcome.next_chain
+        # The policy is given the whole step: draft, verification and what the loop does
+        # around them (the commit, the next step's set-up), since regular decoding pays the
+        # latter once per token and speculation once per step (at batch 1 on an H100, a
+        # regular step's Verify read 1.84 ms of a 2.10 ms step). The rest counts as verification.
+        period = self._period()
+        self.policy.observe_costs(size, outcome.draft_forwards if plan.clean_draft else 0, outcome.draft_s, k,
+                                  period - outcome.draft_s if plan.clean_verify and period is not None else None,
+                                  joined=plan.joined)
+        self.step_stats.step_s += self.clock() - plan.step_started
+        return finished
 
     def _fits_waiting(self) -> bool:
         """Whether the first waiting request would be admitted now, slots and batch allowing."""
@@ -442,73 +312,39 @@ class Scheduler:
         return (len(self.running) + n <= self.config.max_batch_size
                 and self._slots_held + n <= self.slot_capacity)
 
-    def _start_propose(self, request: ProposeRequest):
-        """The draft's proposal, started (in-process: still on the device) or already answered."""
-        start = getattr(self.draft, "start_propose", None) if self._fed_verify else None
-        return start(request) if start is not None else _Answered(self.draft.propose(request))
-
-    def _pipelined_step(self) -> list[RequestRun]:
-        """Regular decoding over a target that overlaps calls: send this step's Verify, then
-        commit the oldest answer while the worker runs the steps in flight. The worker finds
-        each Verify waiting when it finishes the last, instead of idling through a round trip and
-        the commit. Each step's input is the target's own last token, which the worker already
-        holds, so nothing in a step waits on the answers before it.
-
-        How many steps stay in flight after a commit is the target's (`steps_in_flight`): one
-        in-process, where the next call's launch follows the commit at once; two over the
-        services, where an answer's way back, the commit and the next frame's way out cross two
-        processes and, at 64 sequences on an H100, took longer than the GPU's step (~2.9 ms
-        against 2.3), which with one in flight the GPU idled through. A sequence that finished
-        in a step still in flight runs in the steps sent before its commit: their extra tokens
-        are computed and dropped, and its slot released with the next call. A sequence whose
-        length the steps in flight complete is left out of the next one (every regular step
-        commits one token a sequence), so no sequence runs past its max_new_tokens on the
-        worker, whose cache may have room for exactly that many."""
+    def _regular_step(self) -> list[RequestRun]:
+        """Regular decoding over a target that overlaps calls (coordinator/regular_pipeline.py):
+        send this step's Verify, then commit the oldest answer while the worker runs the steps
+        in flight."""
         step_started = self.clock()
         batch = [s for s in self.running if len(s.output) + s.steps_in_flight < s.request.criteria.max_new_tokens]
         if batch:
-            pending = self.target.start_verify(VerifyRequest(
-                items=[VerifyItem(s.seq_id, (), s.sampling) for s in batch],
-                add=self._target_add, release=self._target_release))
-            for seq in batch:
-                seq.steps_in_flight += 1
-            self._in_flight.append(InFlight(pending, batch, clean=not self._target_add,
-                                            send_s=self.clock() - step_started, follows=bool(self._in_flight)))
+            full = self.regular.send(batch, self._target_add, self._target_release, step_started)
             self._target_add, self._target_release = [], []
-            if len(self._in_flight) <= self._depth:  # filling the pipeline: counted with the first commit
+            if not full:  # filling the pipeline: counted with the first commit
                 self._uncounted_step_s += self.clock() - step_started
                 return []
-        if not self._in_flight:
+        if not self.regular.in_flight:
             return []
-        return self._commit_in_flight(step_started, self._in_flight.popleft(), overlapped=bool(batch))
+        return self._commit_regular(step_started, self.regular.answer_oldest(overlapped=bool(batch)))
 
     def _drain_in_flight(self) -> list[RequestRun]:
         """Commit every regular step in flight, oldest first (before a speculative step, or
         when no sequence is left to run)."""
         finished = []
-        while self._in_flight:
-            finished += self._commit_in_flight(self.clock(), self._in_flight.popleft())
+        while self.regular.in_flight:
+            finished += self._commit_regular(self.clock(), self.regular.answer_oldest(overlapped=False))
         return finished
 
-    def _commit_in_flight(self, step_started: float, flight: InFlight, overlapped: bool = False) -> list[RequestRun]:
-        """Wait for a pipelined Verify and commit it. overlapped: the next regular step was sent
-        first, so this wait is the steady state's; a call committed alone (the last of a run,
-        a lone k = 0 probe) waits out its whole step, which no run of regular steps does, and
-        its time would make regular decoding look dearer than it is. So would the first of a
-        run (see InFlight.follows): only a step sent behind another and committed behind the
-        next is timed."""
-        for seq in flight.batch:
-            seq.steps_in_flight -= 1
-        started = self.clock()
-        verified = flight.pending.result()
-        verify_s = flight.send_s + self.clock() - started  # the loop's time spent on this call
-        steady = flight.clean and overlapped and flight.follows
+    def _commit_regular(self, step_started: float, answered: Answered) -> list[RequestRun]:
+        """Commit a regular step's answer; only a steady step's time is given to the policy
+        (RegularPipeline's Answered.steady)."""
         self._drafted_last_step = False
-        counted = any(seq.finish_reason is None for seq in flight.batch)  # else not a step (see _commit)
-        finished = self._commit(flight.batch, [()] * len(flight.batch), verified, 0, 0.0, verify_s,
-                                timed=verify_s if steady else None)
-        period = self._period() if steady else None  # the whole step, as for speculative steps
-        self.policy.observe_costs(len(flight.batch), 0, 0.0, 0, period)
+        counted = any(seq.finish_reason is None for seq in answered.batch)  # else not a step (see _commit)
+        finished = self._commit(answered.batch, [()] * len(answered.batch), answered.verified, 0, 0.0,
+                                answered.verify_s, timed=answered.verify_s if answered.steady else None)
+        period = self._period() if answered.steady else None  # the whole step, as for speculative steps
+        self.policy.observe_costs(len(answered.batch), 0, 0.0, 0, period)
         if counted:
             self.step_stats.step_s += self.clock() - step_started + self._uncounted_step_s
             self._uncounted_step_s = 0.0
@@ -593,9 +429,10 @@ class Scheduler:
         self.draft_up = True
         # Whether draft and target share a device is known once both answered Info: a remote
         # pair that restarted together is one again only once the draft has reconnected.
-        self._fed_verify = self._chains = bool(getattr(self.target, "verifies_device_drafts", False))
+        shares = bool(getattr(self.target, "verifies_device_drafts", False))
+        self.speculative.fed_verify = self.speculative.chains = shares
         log.info("draft ready: %s%s", info.model_name,
-                 " (shares the target's device: a speculative step is one call)" if self._fed_verify else "")
+                 " (shares the target's device: a speculative step is one call)" if shares else "")
 
     def _draft_failed(self, exc: Exception) -> None:
         log.warning("draft failed (%s); continuing with regular decoding", exc)
@@ -679,7 +516,7 @@ class Scheduler:
 
     def _wanted_lengths(self, batch: list[SequenceRun]) -> dict[int, int]:
         """The policy's draft length per sequence (by seq_id); none while the draft is down.
-        Where the last step already asked the policy (_chain_next), its answer stands; a
+        Where the last step already asked the policy (_plan_chain), its answer stands; a
         sequence admitted since takes the length the others were given."""
         decided, self._decided = self._decided, None
         if not self.draft_up:

@@ -5,7 +5,7 @@ matching prefix); the cache keeps exactly the committed prefix afterwards.
 A call has two halves (`start_verify`, then the pending call's `result`): the launch queues all
 of its GPU work and an asynchronous copy of the verdicts to the host; the finish waits for that
 copy and commits. Between the two the host is free, and that is where regular decoding gains:
-the coordinator sends step t + 1 before it reads step t (Scheduler._pipelined_step), and a
+the coordinator sends step t + 1 before it reads step t (coordinator/regular_pipeline.py), and a
 regular step launched while the previous regular step is unfinished runs *ahead* of it. Its
 input, the token step t decides, is taken from the device (`forward_fed`), so the GPU runs
 step t + 1 while the host reads back and commits step t, instead of idling through it. The

@@ -77,7 +77,7 @@ def texts(results):
 
 def pair(target, draft, policy, **kw):
     unchained = with_eager_loop(build_scheduler(target, draft, policy, **kw))
-    unchained._chains = False
+    unchained.speculative.chains = False
     chained = with_eager_loop(build_scheduler(target, draft, policy, **kw))
     chained.draft = CheckedDraft(chained.draft)
     return unchained, chained
@@ -211,7 +211,7 @@ def test_chained_proposals_through_cuda_graphs_give_the_unchained_text(llama_tar
     replay the draft's captured graphs behind the target's captured verification and sampled
     tail; the text, and with a fixed length every proposal, is the unchained path's."""
     unchained = build_gpu_scheduler(llama_target, llama_draft, policy)
-    unchained._chains = False
+    unchained.speculative.chains = False
     want = unchained.generate(REQUESTS)
     chained = build_gpu_scheduler(llama_target, llama_draft, policy)
     chained.draft = CheckedDraft(chained.draft)

@@ -220,9 +220,9 @@ def test_a_draft_that_answers_late_is_paired_once_it_does(llama_target, llama_dr
         monkeypatch.setattr(RemoteDraftWorker, "info", info)
         draft.instance_id = ""
         late = Scheduler(target, draft, load_codec(llama_target), scheduler.config, reconnect_interval_s=0.0)
-        assert not late.draft_up and not late._fed_verify
+        assert not late.draft_up and not late.speculative.fed_verify
         late.check_draft()
-        assert late.draft_up and late._fed_verify and late._chains
+        assert late.draft_up and late.speculative.fed_verify and late.speculative.chains
     finally:
         server.stop(0)
 

@@ -76,7 +76,7 @@ REQUESTS = [
 def test_verifying_on_the_device_gives_the_host_paths_text(llama_target, llama_draft, policy):
     host = build_scheduler(llama_target, llama_draft, policy)
     host.target = HostDraftsTarget(host.target)
-    host._fed_verify = False
+    host.speculative.fed_verify = False
     want = [[s.token_ids for s in r.sequences] for r in host.generate(REQUESTS)]
 
     fed = build_scheduler(llama_target, llama_draft, policy)
@@ -124,7 +124,8 @@ def test_device_drafts_through_cuda_graphs_give_the_host_paths_text(llama_target
     """fp32 on the GPU with CUDA graphs: the draft's self-feeding graphs hand their tokens to
     the target's captured forward and sampled tail; the text is the host path's."""
     host = build_gpu_scheduler(llama_target, llama_draft, policy)
-    host.target, host._fed_verify = HostDraftsTarget(host.target), False
+    host.target = HostDraftsTarget(host.target)
+    host.speculative.fed_verify = False
     want = [[s.token_ids for s in r.sequences] for r in host.generate(REQUESTS)]
     fed = build_gpu_scheduler(llama_target, llama_draft, policy)
     fed.target = CountingTarget(fed.target)

@@ -495,7 +495,7 @@ def test_measured_cost_returns_from_a_regular_probe_to_the_length_it_left():
 
 
 def test_a_regular_step_is_timed_only_between_two_regular_steps(llama_target, llama_draft):
-    """Scheduler._commit_in_flight: the cost of a regular step committed alone (the last of a run
+    """Scheduler._commit_regular: the cost of a regular step committed alone (the last of a run
     before speculation resumes) is not reported to the policy, nor is the first of a run (sent
     to an idle GPU, it waits out its whole latency); one sent while the step before it was in
     flight and committed after the next was sent is."""

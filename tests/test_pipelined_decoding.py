@@ -1,4 +1,4 @@
-"""Regular decoding with Verify calls in flight (Scheduler._pipelined_step, issue #13): over a
+"""Regular decoding with Verify calls in flight (coordinator/regular_pipeline.py, issue #13): over a
 target that overlaps calls, each step's Verify is sent before the previous answer is read, and
 as many steps as the target asks for (`steps_in_flight`: one in-process, two over the
 services) stay sent and uncommitted after each commit. The output must be exactly what
@@ -157,7 +157,7 @@ def test_cancel_while_in_flight_drops_the_sequence_and_frees_its_slot(llama_targ
     gone = overlapping.submit(GenerationRequest(prompt_ids=(9, 9), max_new_tokens=12, n=2, ignore_eos=True))
     for _ in range(3):
         overlapping.step()
-    assert len(overlapping._in_flight) == depth
+    assert len(overlapping.regular.in_flight) == depth
     overlapping.cancel(gone)
     while overlapping.has_work:
         overlapping.step()

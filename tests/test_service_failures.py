@@ -99,7 +99,7 @@ def stop_target_mid_stream(services, client) -> None:
 
 
 def test_target_death_with_a_call_in_flight_fails_the_stream_then_recovers(llama_target, llama_draft, expected):
-    """Regular decoding keeps a Verify in flight (Scheduler._pipelined_step): the target dying
+    """Regular decoding keeps a Verify in flight (coordinator/regular_pipeline.py): the target dying
     mid-stream fails that stream UNAVAILABLE, promptly, and the next request after the restart
     is answered exactly, by a coordinator that was never restarted."""
     s = start_services(llama_target, llama_draft, policy="0")

@@ -140,7 +140,7 @@ class UnarySpin:
 
 
 class SessionAhead:
-    """The session with one call kept in flight, as regular decoding runs (Scheduler._pipelined_step):
+    """The session with one call kept in flight, as regular decoding runs (coordinator/regular_pipeline.py):
     each `verify` sends the next call, then waits for the previous one's answer."""
 
     def __init__(self, address: str):

@@ -1,5 +1,5 @@
 """Where the host's time goes in an in-process speculative step, with and without chained
-proposals (Scheduler._chain_next), and what one CUDA graph replay costs the host.
+proposals (SpeculativeStep._chain_next), and what one CUDA graph replay costs the host.
 
 Usage (GPU machine, after setup.sh): python3 step_phases.py TARGET DRAFT OUT_JSON CASE...
 where a CASE is MODE:BATCH:K (MODE as in `bass bench speed`, K a fixed draft length).
