@@ -88,7 +88,9 @@ def propose_request_to_proto(r: ProposeRequest) -> pb.ProposeRequest:
         seq_ids=[i.seq_id for i in items], num_tokens=[i.num_tokens for i in items],
         committed_counts=[len(i.committed) for i in items], committed=[t for i in items for t in i.committed],
         sampling=_sampling_to_proto([i.sampling for i in items]),
-        add=[_add_to_proto(a) for a in r.add], release=list(r.release))
+        add=[_add_to_proto(a) for a in r.add], release=list(r.release),
+        assumed_counts=[len(i.assumed) for i in items] if any(i.assumed for i in items) else [],
+        assumed=[t for i in items for t in i.assumed])
 
 
 def propose_request_from_proto(m: pb.ProposeRequest) -> ProposeRequest:
@@ -96,8 +98,15 @@ def propose_request_from_proto(m: pb.ProposeRequest) -> ProposeRequest:
     _require_lengths("seq_ids", n, m.num_tokens, m.committed_counts)
     committed = _split(m.committed, m.committed_counts, "committed")
     samplings = _sampling_from_proto(m.sampling, n)
+    if m.assumed_counts:
+        _require_lengths("seq_ids", n, m.assumed_counts)
+        assumed = _split(m.assumed, m.assumed_counts, "assumed")
+    elif m.assumed:
+        raise InvalidRequestError("assumed", f"{len(m.assumed)} tokens sent without assumed_counts")
+    else:
+        assumed = [()] * n
     return ProposeRequest(
-        items=[ProposeItem(*fields) for fields in zip(m.seq_ids, m.num_tokens, committed, samplings)],
+        items=[ProposeItem(*fields) for fields in zip(m.seq_ids, m.num_tokens, committed, samplings, assumed)],
         add=[_add_from_proto(a) for a in m.add], release=list(m.release))
 
 

@@ -27,6 +27,7 @@ from typing import Callable, Iterable
 from bass.config import SchedulerConfig
 from bass.coordinator.draft_length import Join, make_policy
 from bass.coordinator.incremental_text import IncrementalText
+from bass.coordinator.pipelined_step import PipelinedStep, RoundPlan
 from bass.coordinator.regular_pipeline import Answered, RegularPipeline
 from bass.coordinator.requests import FinishReason, GenerationRequest, GenerationResult, SequenceOutput
 from bass.coordinator.sequences import PrefillBudget, RequestRun, SequenceRun, sequence_seed_key
@@ -63,7 +64,9 @@ class Scheduler:
         # The executors: regular steps kept in flight, and speculative steps.
         self.regular = RegularPipeline(target, self._depth, clock)
         self.speculative = SpeculativeStep(target, draft, clock, self._draft_failed)
-        self.wants_draft = draft is not None and config.draft_length.speculates
+        k = config.pipeline_draft_tokens
+        self.pipelined = PipelinedStep(target, draft, clock, k) if k and draft is not None else None
+        self.wants_draft = draft is not None and (config.draft_length.speculates or self.pipelined is not None)
         self.draft_up = False
         self._next_probe = 0.0
         if self.wants_draft:
@@ -92,6 +95,8 @@ class Scheduler:
     @target.setter
     def target(self, worker: TargetWorkerAPI) -> None:
         self._target = self.regular.target = self.speculative.target = worker
+        if self.pipelined is not None:
+            self.pipelined.target = worker
 
     @property
     def draft(self) -> DraftWorkerAPI | None:
@@ -100,6 +105,8 @@ class Scheduler:
     @draft.setter
     def draft(self, worker: DraftWorkerAPI | None) -> None:
         self._draft = self.speculative.draft = worker
+        if self.pipelined is not None:
+            self.pipelined.draft = worker
 
     def _new_policy(self):
         """A draft-length policy that knows nothing yet, timed for this scheduler's regular steps
@@ -181,6 +188,8 @@ class Scheduler:
         self._slots_held = 0
         self.regular.discard()
         self._chain, self._decided = None, None  # the workers are reset before new work
+        if self.pipelined is not None:
+            self.pipelined.reset()
         self._target_add, self._draft_add, self._target_release, self._draft_release = [], [], [], []
         self.policy = self._new_policy()
         return failed
@@ -221,6 +230,8 @@ class Scheduler:
             finished += self._drain_in_flight()
         if not self.running:
             return finished
+        if self.pipelined is not None and self.draft_up:
+            return finished + self._pipelined_step(prefill)
         batch = self.running
         wanted = self._wanted_lengths(batch) if chain is None else {s.seq_id: chain.k for s in batch}
         if self._overlaps and not any(wanted.values()) and not self._draft_add:
@@ -304,6 +315,36 @@ class Scheduler:
         self.step_stats.step_s += self.clock() - plan.step_started
         return finished
 
+    def _pipelined_step(self, prefill: PrefillBudget) -> list[RequestRun]:
+        """A step of pipelined speculation (coordinator/pipelined_step.py): this step's
+        verification and the draft's proposal for the next one, at the same time. A sequence
+        the draft cannot hold yet (the prefill budget), or with no room left in the cache for a
+        proposal past its block, verifies stand-ins and is decided by the target alone."""
+        finished = self._drain_in_flight() if self.regular.in_flight else []
+        batch = self.running
+        if not batch:
+            return finished
+        self._attach_where_wanted(batch, {s.seq_id: 1 for s in batch}, prefill)
+        k = self.pipelined.k
+        drafting = [i for i, s in enumerate(batch) if s.drafted
+                    and len(s.request.prompt_ids) + len(s.output) + 2 * k <= self.max_seq_len]
+        plan = RoundPlan(batch=batch, drafting=drafting, step_started=self.clock(), target_add=self._target_add,
+                         target_release=self._target_release, draft_add=self._draft_add,
+                         draft_release=self._draft_release)
+        self._target_add, self._target_release, self._draft_add, self._draft_release = [], [], [], []
+        # Near the end of the cache a block shrinks to what fits (those steps run without graphs).
+        rooms = [self.max_seq_len - len(s.request.prompt_ids) - len(s.output) - 1 for s in batch]
+        outcome = self.pipelined.execute(plan, rooms)
+        if outcome.draft_error is not None:
+            self._draft_failed(outcome.draft_error)
+        self.step_stats.draft_compute_s += outcome.draft_compute_s
+        self._drafted_last_step = outcome.draft_forwards > 0
+        finished += self._commit(batch, outcome.drafts, outcome.verified, outcome.draft_forwards,
+                                 outcome.draft_wait_s, outcome.verify_s, draft_wait_s=outcome.draft_wait_s,
+                                 policy_observes=False)
+        self.step_stats.step_s += self.clock() - plan.step_started
+        return finished
+
     def _fits_waiting(self) -> bool:
         """Whether the first waiting request would be admitted now, slots and batch allowing."""
         if not self.waiting:
@@ -352,7 +393,7 @@ class Scheduler:
 
     def _commit(self, batch: list[SequenceRun], drafts: list[tuple[int, ...]], verified: VerifyResponse,
                 draft_forwards: int, draft_s: float, verify_s: float, timed: float | None = None,
-                draft_wait_s: float = 0.0) -> list[RequestRun]:
+                draft_wait_s: float = 0.0, policy_observes: bool = True) -> list[RequestRun]:
         """Commit a step's verdicts; returns the requests it finished. Sequences that finished
         while the step ran (cancelled, out of time, or done in the step before a pipelined
         one) are skipped. draft_s: the policy's draft cost (traced); draft_wait_s: how long the
@@ -364,14 +405,17 @@ class Scheduler:
         batch = [seq for seq, _, _ in live]
         drafts = [draft for _, draft, _ in live]
         verdicts = [verdict for _, _, verdict in live]
-        self.policy.observe([s.seq_id for s in batch], [len(d) for d in drafts], [v.accepted for v in verdicts])
+        if policy_observes:  # a pipelined step's stand-in blocks (counted as no drafts) are no evidence
+            self.policy.observe([s.seq_id for s in batch], [len(d) for d in drafts], [v.accepted for v in verdicts])
         touched: dict[int, RequestRun] = {}
         for seq, draft, verdict in zip(batch, drafts, verdicts):
             req = seq.request
             touched[id(req)] = req
             req.stats.sequence_steps += 1
             req.stats.draft_tokens += len(draft)
-            req.stats.accepted_tokens += verdict.accepted
+            # Of the drafts proposed (a pipelined step's stand-in block counts none, though the
+            # target may take some of it: those are the target's own tokens, not accepted drafts).
+            req.stats.accepted_tokens += min(verdict.accepted, len(draft))
             req.stats.rejections += verdict.accepted < len(draft)
             self._extend(seq, verdict.tokens)
         for req in touched.values():
@@ -384,7 +428,7 @@ class Scheduler:
         committed = sum(len(v.tokens) for v in verdicts)
         st.committed_tokens += committed
         st.draft_tokens += sum(len(d) for d in drafts)
-        st.accepted_tokens += sum(v.accepted for v in verdicts)
+        st.accepted_tokens += sum(min(v.accepted, len(d)) for v, d in zip(verdicts, drafts))
         st.draft_forwards += draft_forwards
         st.verify_tokens += sum(len(d) for d in drafts) + len(batch)
         st.draft_s += draft_wait_s
@@ -420,6 +464,8 @@ class Scheduler:
                 raise ValueError(f"draft vocabulary ({info.vocab_size}) differs from the target's "
                                  f"({self.target_info.vocab_size}); the models must share a tokenizer")
             self.draft.reset()
+            if self.pipelined is not None:
+                self.pipelined.reset()
         except WorkerUnavailableError as exc:
             log.warning("draft unavailable (%s); regular decoding until it answers", exc)
             self._next_probe = self.clock() + self.reconnect_interval_s
@@ -440,6 +486,8 @@ class Scheduler:
         self._next_probe = self.clock() + self.reconnect_interval_s
         self._chain = None
         self._draft_add, self._draft_release = [], []
+        if self.pipelined is not None:
+            self.pipelined.reset()
         for seq in self.running:
             seq.drafted = False
             seq.unsent_to_draft.clear()
@@ -610,6 +658,8 @@ class Scheduler:
         if reason in (FinishReason.STOP, FinishReason.LENGTH):
             seq.finish_order = 1 + sum(1 for s in req.sequences if s.finish_order)
         self.policy.forget(seq.seq_id)
+        if self.pipelined is not None:
+            self.pipelined.forget([seq.seq_id])
         self._target_release.append(seq.seq_id)
         if seq.drafted:
             self._draft_release.append(seq.seq_id)

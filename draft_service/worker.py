@@ -58,6 +58,9 @@ class DraftWorker:
             loop = DraftLoopGraphs(runner.model, runner.cache, runner.graphs.scratch_slot, self.sample,
                                    pool=runner.graphs.pool)
         self.loop = loop
+        # Per sequence, how many tokens at the end of its committed list were only assumed
+        # (ProposeItem.assumed): dropped at the sequence's next call.
+        self._assumed: dict[int, int] = {}
 
     def info(self) -> WorkerInfo:
         return self.runner.info()
@@ -74,10 +77,13 @@ class DraftWorker:
                 self.loop.prepare(self.runner.config.num_slots)
 
     def release(self, seq_ids: Sequence[int]) -> None:
+        for seq_id in seq_ids:
+            self._assumed.pop(seq_id, None)
         self.runner.release(seq_ids)
 
     def reset(self) -> None:
         """Drop every sequence (the coordinator restarted or lost track of this worker)."""
+        self._assumed.clear()
         self.runner.release(list(self.runner.sequences))
 
     def propose(self, request: ProposeRequest) -> ProposeResponse:
@@ -102,7 +108,7 @@ class DraftWorker:
             if it.num_tokens < 0:
                 raise InvalidRequestError("num_tokens", f"must be >= 0, got {it.num_tokens}")
         for state, it in zip(states, items):
-            runner.commit(state, it.committed)
+            self._commit(it.seq_id, state, tuple(it.committed), tuple(it.assumed))
         active = [i for i, it in enumerate(items) if it.num_tokens > 0]
         drafting = [states[i] for i in active]
         if runner.graphs is not None or self.loop is not None:
@@ -130,6 +136,21 @@ class DraftWorker:
             tokens = torch.cat([t for _, t in winners])
             decode = functools.partial(_by_sequence, [live for live, _ in winners], len(drafting))
         return PendingProposal(runner, len(items), active, drafting, rows, tokens, decode)
+
+    def _commit(self, seq_id: int, state: SequenceState, committed: tuple[int, ...], assumed: tuple[int, ...]) -> None:
+        """Commit a sequence's new tokens, after dropping what its last call only assumed, then
+        assume this call's block. One commit of both keeps every cached token they confirm:
+        after a block accepted whole, the draft already ran all but the last of the tokens it
+        proposed beyond it, so one forward token is pending, as after a regular step."""
+        runner = self.runner
+        n = self._assumed.pop(seq_id, 0)
+        if n:
+            del state.committed[-n:]
+        runner.commit(state, committed + assumed)
+        if runner.cached(state) > len(state.committed):  # nothing new came: forget what was assumed
+            runner.cache.truncate(state.slot, len(state.committed))
+        if assumed:
+            self._assumed[seq_id] = len(assumed)
 
     def _propose_stepwise(self, states: list[SequenceState], rows: list[int], params: list,
                           keys: torch.Tensor | None) -> list[tuple[list[int], torch.Tensor]]:
@@ -182,10 +203,11 @@ class DraftWorker:
             k = items[0].num_tokens if items else 0
             params = [it.sampling.params for it in items]
             sampled = not all(p.greedy for p in params)
-            if (not items or any(it.num_tokens != k or it.committed for it in items)
+            if (not items or any(it.num_tokens != k or it.committed or it.assumed or it.seq_id in self._assumed
+                                 for it in items)
                     or not self.chains(len(items), k, verified_k, sampled)):
                 raise ValueError("a chained proposal drafts the same k >= 1 for every sequence, with nothing "
-                                 "committed, in a shape the self-feeding graphs run")
+                                 "committed or assumed, in a shape the self-feeding graphs run")
             states = [runner.get(it.seq_id) for it in items]
             bases = [len(s.committed) for s in states]
             if any(base + verified_k + k > runner.cache.max_seq_len for base in bases):

@@ -48,8 +48,9 @@ def qwen_draft(models_dir, qwen_target) -> Path:
 def build_scheduler(target: Path, draft: Path | None = None, draft_length: str = "bass", *, num_slots: int = 32,
                     max_seq_len: int = 256, attention: str = "pad", max_batch_size: int = 64, max_n: int = 16,
                     draft_top_n: int = 64, target_slots: int | None = None, prefill_budget: int = 512,
-                    batch_invariant: bool = False):
-    """An in-process coordinator over real target/draft workers on the CPU (fp32)."""
+                    batch_invariant: bool = False, pipeline: int = 0):
+    """An in-process coordinator over real target/draft workers on the CPU (fp32); pipeline: the
+    scheduler's pipeline_draft_tokens."""
     from bass.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
     from bass.local import build_local_scheduler
 
@@ -61,7 +62,8 @@ def build_scheduler(target: Path, draft: Path | None = None, draft_length: str =
         runner(draft, num_slots) if draft else None,
         scheduler=SchedulerConfig(max_batch_size=max_batch_size, max_n=max_n,
                                   max_prefill_tokens_per_step=prefill_budget,
-                                  draft_length=DraftLengthConfig.parse(draft_length)),
+                                  draft_length=DraftLengthConfig.parse(draft_length),
+                                  pipeline_draft_tokens=pipeline),
         draft_top_n=draft_top_n)
 
 

@@ -141,10 +141,13 @@ def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, ba
 
 def case_scheduler(target, draft, codec, batch: int, policy: str, max_new_tokens: int) -> Scheduler:
     """The scheduler of one (batch, policy) case: fresh, so its policy learns from nothing;
-    without the draft for regular decoding; one sequence a request."""
-    length = DraftLengthConfig.parse(policy)
-    return Scheduler(target, draft if length.speculates else None, codec,
-                     SchedulerConfig(max_batch_size=batch, max_n=1, max_new_tokens=max_new_tokens, draft_length=length))
+    without the draft for regular decoding; one sequence a request. A policy `pipeK` is
+    pipelined speculation drafting K tokens ahead (SchedulerConfig.pipeline_draft_tokens)."""
+    pipeline = int(policy[4:]) if policy.startswith("pipe") else 0
+    length = DraftLengthConfig.parse("0" if pipeline else policy)
+    return Scheduler(target, draft if length.speculates or pipeline else None, codec,
+                     SchedulerConfig(max_batch_size=batch, max_n=1, max_new_tokens=max_new_tokens, draft_length=length,
+                                     pipeline_draft_tokens=pipeline))
 
 
 def case_requests(prompts: list[str], batch: int, mode: str, tokens: int, round_: int) -> list[GenerationRequest]:
