@@ -25,7 +25,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from bass.config import SchedulerConfig
 from bass.coordinator.draft_length import Join, make_policy
 from bass.coordinator.incremental_text import IncrementalText
 from bass.coordinator.requests import (FinishReason, GenerationRequest, GenerationResult, RequestStats,
@@ -33,10 +32,11 @@ from bass.coordinator.requests import (FinishReason, GenerationRequest, Generati
 from bass.coordinator.step_stats import StepStats
 from bass.coordinator.stopping import StopCriteria, check_stop
 from bass.coordinator.tokenizer import Codec
-from bass.errors import InvalidRequestError, WorkerUnavailableError
-from bass.worker_api import (AddSequence, ChainedProposal, DraftWorkerAPI, PendingVerify, ProposeItem, ProposeRequest,
-                             ProposeResponse, SequenceSampling, TargetWorkerAPI, VerifyItem, VerifyRequest,
-                             VerifyResponse)
+from bass.core.config import SchedulerConfig
+from bass.core.errors import InvalidRequestError, WorkerUnavailableError
+from bass.core.worker_api import (AddSequence, ChainedProposal, DraftWorkerAPI, PendingVerify, ProposeItem,
+                                  ProposeRequest, ProposeResponse, SequenceSampling, TargetWorkerAPI, VerifyItem,
+                                  VerifyRequest, VerifyResponse)
 
 log = logging.getLogger(__name__)
 

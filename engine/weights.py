@@ -11,7 +11,7 @@ from safetensors import safe_open
 from bass.engine.model import LayerWeights, TransformerConfig, TransformerWeights
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# Raw GGUF k-quant blocks of the projections, beside the bf16 checkpoint (bass.models.gguf_convert
+# Raw GGUF k-quant blocks of the projections, beside the bf16 checkpoint (bass.app.models.gguf_convert
 # writes them): uint8 [rows, bytes a row] under the HF names, each one's format in the metadata.
 GGUF_BLOCKS_FILE = Path("gguf_blocks") / "blocks.safetensors"
 

@@ -13,13 +13,13 @@ if not torch.cuda.is_available():  # Triton picks its interpreter when first imp
 pytest.importorskip("triton")
 pytest.importorskip("gguf")
 
-from bass.config import DraftLengthConfig, RunnerConfig, SchedulerConfig  # noqa: E402
+from bass.app.local import build_local_scheduler  # noqa: E402
+from bass.app.models.gguf_convert import convert_gguf  # noqa: E402
 from bass.coordinator.requests import GenerationRequest  # noqa: E402
-from bass.engine.batch import RaggedBatch, SequenceChunk  # noqa: E402
+from bass.core.config import DraftLengthConfig, RunnerConfig, SchedulerConfig  # noqa: E402
 from bass.engine.runner import ModelRunner  # noqa: E402
+from bass.kernels.batch import RaggedBatch, SequenceChunk  # noqa: E402
 from bass.kernels.triton_kquant import KQuantWeight  # noqa: E402
-from bass.local import build_local_scheduler  # noqa: E402
-from bass.models.gguf_convert import convert_gguf  # noqa: E402
 from test_gguf_convert import write_tiny_gguf  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -81,7 +81,7 @@ def test_a_directory_without_blocks_is_refused_with_what_to_do(llama_target):
 
 
 def test_kquant_weights_are_refused_with_int8_or_batch_invariance_and_ignored_off_triton(tiny_dir):
-    from bass.errors import InvalidRequestError
+    from bass.core.errors import InvalidRequestError
 
     with pytest.raises(InvalidRequestError, match="kquant_weights"):
         runner_config(tiny_dir, kquant_weights=True, int8_weights=True)
@@ -98,7 +98,7 @@ def test_random_k_quant_models_for_benchmarks_compute_like_their_bf16_weights():
     the same logits as a model holding the same bf16 weights as plain tensors."""
     from dataclasses import replace
 
-    from bass.bench.steps import random_transformer
+    from bass.app.bench.steps import random_transformer
     from bass.engine.kv_cache import KVCache
     from bass.engine.model import Transformer, TransformerConfig, TransformerWeights
     from bass.kernels.triton_kquant import KQuantStack
@@ -228,9 +228,9 @@ def test_bass_serve_with_kquant_weights_in_its_config_file(tiny_dir, tmp_path):
     """As a user turns it on: `[target] kquant_weights = true` in the TOML (a bad value named by its
     key), then greedy text through the real gRPC services (the draft in the target's process)
     equals the k-quant target's own regular decoding in-process."""
-    from bass.client import BassClient
-    from bass.config import ServeConfig, load_config_file
-    from bass.errors import InvalidRequestError
+    from bass.app.client import BassClient
+    from bass.core.config import ServeConfig, load_config_file
+    from bass.core.errors import InvalidRequestError
     from services import start_services
 
     config = tmp_path / "bass.toml"
