@@ -41,12 +41,12 @@ test: install
 test-fast: install
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
-# The reliability run (bench/soak.py, a few minutes on 2 cores; not part of `make test`):
+# The reliability run (bench/cpu/soak.py, a few minutes on 2 cores; not part of `make test`):
 # load with exactness checks, draft and target killed and restarted, 1,200 malformed
 # requests, a burst past the queue limit, SIGTERM under load.
 SOAK_OUT ?= bench/results/$(shell date -u +%Y-%m-%d)-cpu-soak-$(shell git rev-parse --short HEAD).json
 soak: install
-	$(PY) bench/soak.py --out $(SOAK_OUT)
+	$(PY) bench/cpu/soak.py --out $(SOAK_OUT)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -184,7 +184,7 @@ MIN_TIMED_STEPS = 3
 # through the geometric model: acceptance runs are correlated, and the minimum of noisy
 # per-token estimates put a batch of 8 (greedy, H100) at 0.77 of the mean's pace where fixed
 # k = 4 realized 0.86, which hid a 5-8% gain of k = 3 over regular decoding
-# (bench/auto_batch_sim.py reproduces it: 0.80 believed, 0.89 realized). 8 was tried twice: alone
+# (bench/policy/auto_batch_sim.py reproduces it: 0.80 believed, 0.89 realized). 8 was tried twice: alone
 # no gain (H200, 2026-11-25 night 3); with shorter lengths trusted at every batch size a gain on
 # an H200 and, on an H100, auto's worst T = 0.8 runs at 8 sequences (see EXTRAPOLATED_MARGIN).
 SEQUENCE_PRIOR_STEPS = 4.0
@@ -329,7 +329,7 @@ MIN_MEASURED_SEQUENCE_STEPS = 8
 # Sequence-steps drafted at the initial length before regular decoding may be chosen over it.
 # Regular steps teach nothing about acceptance, so a choice of regular decoding made on a few
 # unlucky steps stands until the next probe (2,048 steps on): simulated at batch 1 with the
-# H100's costs (bench/auto_alone_sim.py, T = 0.8, k = 4 21% faster than regular decoding), 30%
+# H100's costs (bench/policy/auto_alone_sim.py, T = 0.8, k = 4 21% faster than regular decoding), 30%
 # of 200 runs ended decoding regularly, some after 3 drafted steps; with this floor none, at
 # ~0.16 ms/token more in the first request where speculation does not pay. At 8 sequences and
 # more it is one or two steps.
@@ -340,7 +340,7 @@ MIN_EXPLORED_SEQUENCE_STEPS = 16
 # faster (H100, d8e95ba). With 128 (11a5c5d, both build orders, one H100) auto ran 1.77 / 2.10
 # greedy and 1.88 / 2.24 sampled at 1 / 2 sequences against 1.78 / 2.13 and 1.91 / 2.32 with 16.
 # Not beyond: at 8-16 sequences the longer exploration paid draft joins and mode switches worth
-# more than it found (greedy 16: 2.60 against 2.40), as bench/auto_batch_sim.py also shows.
+# more than it found (greedy 16: 2.60 against 2.40), as bench/policy/auto_batch_sim.py also shows.
 # Where speculation does not pay at all (a weak draft: auto_alone_sim.py --p0 0.6 --p1 0.7),
 # 128 cost a lone sequence ~0.4-0.6 ms/token over its first ~300 tokens, once.
 SMALL_BATCH = 2

@@ -74,8 +74,7 @@ class TransformerConfig:
 
 @dataclass
 class LayerWeights:
-    # The projections are Int8Weight in a model built with int8_weights (a draft), and
-    # KQuantWeight / KQuantStack where a model with kquant_weights has k-quant blocks for them.
+    # The projections are Int8Weight in a model built with int8_weights (a draft).
     input_norm: torch.Tensor
     qkv: Any  # torch.Tensor [(heads + 2 * kv_heads) * head_dim, hidden] or Int8Weight
     qkv_bias: torch.Tensor | None
@@ -91,7 +90,7 @@ class TransformerWeights:
     embed: torch.Tensor
     layers: list[LayerWeights]
     final_norm: torch.Tensor
-    lm_head: Any  # torch.Tensor [vocab, hidden], Int8Weight or KQuantWeight
+    lm_head: Any  # torch.Tensor [vocab, hidden] or Int8Weight
 
 
 def rope_inv_freq(config: TransformerConfig) -> torch.Tensor:
@@ -123,10 +122,7 @@ class Transformer:
         int8_weights (a draft's option, with the Triton kernels; ignored otherwise): the
         projections and the LM head also kept as weight-only int8, which products of up to
         kernels/triton_int8.MAX_INT8_ROWS rows read (half the bytes); they change the values.
-        RunnerConfig refuses the two together.
-        Weights loaded as k-quant blocks (load_weights(kquant=True): KQuantWeight / KQuantStack,
-        the Triton kernels only) are read by products of up to
-        kernels/triton_kquant.MAX_KQUANT_ROWS rows (the same bf16 values)."""
+        RunnerConfig refuses the two together."""
         self.config = config
         self.weights = weights
         self.attend = attention_kernel(attention)
@@ -169,18 +165,6 @@ class Transformer:
                     setattr(layer, name, Int8Weight.quantize(getattr(layer, name)))
             weights.lm_head = Int8Weight.quantize(weights.lm_head)
             self.linear = Int8Linear(weights.embed.device)
-        # k-quant blocks are what load_weights built, not an option: any product weight that is
-        # not a plain tensor (before int8, which RunnerConfig keeps apart) is one.
-        self.kquant_weights = not self.int8_weights and any(
-            not isinstance(w, torch.Tensor) for w in [weights.lm_head] + [
-                getattr(layer, name) for layer in weights.layers for name in ("qkv", "o", "gate_up", "down")])
-        if self.kquant_weights:
-            if attention != "triton":
-                raise ValueError("weights loaded as k-quant blocks run on the Triton kernels; attention is "
-                                 f"{attention!r}")
-            from bass.kernels.triton_kquant import KQuantLinear
-
-            self.linear = KQuantLinear(weights.embed.device)
         self.scale = config.head_dim ** -0.5
         device, dtype = weights.embed.device, weights.embed.dtype
         positions = torch.arange(max_seq_len, dtype=torch.float32, device=device)
@@ -206,7 +190,7 @@ class Transformer:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits of final hidden rows (the LM head, kept out of CUDA graphs so that their
         static outputs are [R, hidden] rather than [R, vocab])."""
-        if self.int8_weights or self.kquant_weights:  # fp32 straight from the kernel
+        if self.int8_weights:  # fp32 straight from the kernel
             return self.linear(hidden, self.weights.lm_head, None, torch.float32)
         return self.linear(hidden, self.weights.lm_head).float()
 

@@ -45,11 +45,7 @@ class ModelRunner:
             self.model_config = load_config(config.model_dir)
             log.info("loading %s (%s, %s) on %s", config.model_dir, self.model_config.architecture,
                      config.dtype, config.device)
-            if config.kquant_weights and not config.reads_kquant_blocks:
-                log.info("kquant_weights ignored: it needs the Triton kernels in bfloat16 (here %s, %s)",
-                         config.attention_backend, config.dtype)
-            weights = load_weights(config.model_dir, self.model_config, dtype=config.dtype, device=config.device,
-                                   kquant=config.reads_kquant_blocks)
+            weights = load_weights(config.model_dir, self.model_config, dtype=config.dtype, device=config.device)
             model = Transformer(self.model_config, weights, max_seq_len=config.max_seq_len,
                                 attention=config.attention_backend, batch_invariant=config.batch_invariant,
                                 int8_weights=bool(config.int8_weights))

@@ -11,9 +11,6 @@ from safetensors import safe_open
 from bass.engine.model import LayerWeights, TransformerConfig, TransformerWeights
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# Raw GGUF k-quant blocks of the projections, beside the bf16 checkpoint (bass.app.models.gguf_convert
-# writes them): uint8 [rows, bytes a row] under the HF names, each one's format in the metadata.
-GGUF_BLOCKS_FILE = Path("gguf_blocks") / "blocks.safetensors"
 
 
 def read_json(path: Path) -> dict:
@@ -59,50 +56,16 @@ class _TensorSource:
             raise KeyError(f"weight {name!r} missing from the checkpoint") from None
 
 
-class _KQuantBlocks:
-    """The model directory's raw k-quant blocks (GGUF_BLOCKS_FILE), by HF weight name."""
-
-    def __init__(self, model_dir: Path):
-        path = Path(model_dir) / GGUF_BLOCKS_FILE
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"kquant_weights is on but {model_dir} has no {GGUF_BLOCKS_FILE}: it was not converted from a "
-                f"GGUF with Q4_K / Q6_K weights, or by a bass older than the k-quant kernels (convert it again: "
-                f"`make models` redoes the bundled pair's, `bass convert-gguf --overwrite` any other), or set "
-                f"kquant_weights = false")
-        self._handle = safe_open(str(path), framework="pt")
-        names = set(self._handle.keys())
-        self.formats = {k: v for k, v in (self._handle.metadata() or {}).items() if k in names}
-
-    def weight(self, name: str, *, dtype: torch.dtype, device: str):
-        from bass.kernels.triton_kquant import KQuantWeight
-
-        return KQuantWeight.from_gguf_blocks(self.formats[name], self._handle.get_tensor(name).to(device), dtype)
-
-
-def load_weights(model_dir: Path, config: TransformerConfig, *, dtype: str, device: str,
-                 kquant: bool = False) -> TransformerWeights:
-    """kquant: the projections the directory keeps as k-quant blocks load as KQuantWeight (and
-    fused ones through kernels.triton_kquant.fuse); the rest as plain tensors."""
+def load_weights(model_dir: Path, config: TransformerConfig, *, dtype: str,
+                 device: str) -> TransformerWeights:
     src = _TensorSource(model_dir)
     torch_dtype = TORCH_DTYPES[dtype]
-    blocks = _KQuantBlocks(model_dir) if kquant else None
 
     def get(name: str) -> torch.Tensor:
         return src.get(name).to(device=device, dtype=torch_dtype)
 
     def get_optional(name: str) -> torch.Tensor | None:
         return get(name) if src.has(name) else None
-
-    def product(*names: str):
-        """A projection's weight, or several stacked along the outputs."""
-        if blocks is None:
-            return torch.cat([get(n) for n in names]) if len(names) > 1 else get(names[0])
-        from bass.kernels.triton_kquant import fuse
-
-        parts = [blocks.weight(n, dtype=torch_dtype, device=device) if n in blocks.formats else get(n)
-                 for n in names]
-        return fuse(parts) if len(parts) > 1 else parts[0]
 
     layers = []
     for i in range(config.num_layers):
@@ -111,14 +74,14 @@ def load_weights(model_dir: Path, config: TransformerConfig, *, dtype: str, devi
         q_bias = get_optional(attn + "q_proj.bias")
         layers.append(LayerWeights(
             input_norm=get(p + "input_layernorm.weight"),
-            qkv=product(*(attn + f"{n}_proj.weight" for n in "qkv")),
+            qkv=torch.cat([get(attn + f"{n}_proj.weight") for n in "qkv"]),
             qkv_bias=None if q_bias is None else torch.cat(
                 [q_bias, get(attn + "k_proj.bias"), get(attn + "v_proj.bias")]),
-            o=product(attn + "o_proj.weight"),
+            o=get(attn + "o_proj.weight"),
             o_bias=get_optional(attn + "o_proj.bias"),
             post_norm=get(p + "post_attention_layernorm.weight"),
-            gate_up=product(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
-            down=product(p + "mlp.down_proj.weight"),
+            gate_up=torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]),
+            down=get(p + "mlp.down_proj.weight"),
         ))
     embed = get("model.embed_tokens.weight")
     tied = config.tie_word_embeddings or not src.has("lm_head.weight")
@@ -126,5 +89,5 @@ def load_weights(model_dir: Path, config: TransformerConfig, *, dtype: str, devi
         embed=embed,
         layers=layers,
         final_norm=get("model.norm.weight"),
-        lm_head=embed if tied else product("lm_head.weight"),
+        lm_head=embed if tied else get("lm_head.weight"),
     )

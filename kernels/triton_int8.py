@@ -1,11 +1,12 @@
 """Few-row products with weight-only int8 weights (Triton): the draft's projections and LM head.
 
 A decode forward of the 0.5B draft at 1-16 rows spends most of its time in weight GEMMs that
-move bytes slowly: on an H200 (bench/gpu/weight_only_gemm.py, 8 rows, µs per call over 24
-layers' weights) cuBLAS takes 4.3 / 3.6 / 7.2 / 7.9 µs for q|k|v / o / gate|up / down and 70 µs
-for the 152k-token LM head, 272 MB in bf16. Weights stored as int8 with one fp32 scale per
-output column halve the bytes; this kernel loads an int8 tile, widens it to bf16 (exact: |q| <=
-127) for the tensor cores and scales each column at the end: 3.2 / 3.2 / 6.2 / 5.5 and 40 µs.
+move bytes slowly: on an H200 (the retired bench/gpu/weight_only_gemm.py, `git show
+fed2b30:bench/gpu/weight_only_gemm.py`; 8 rows, µs per call over 24 layers' weights) cuBLAS
+takes 4.3 / 3.6 / 7.2 / 7.9 µs for q|k|v / o / gate|up / down and 70 µs for the 152k-token LM
+head, 272 MB in bf16. Weights stored as int8 with one fp32 scale per output column halve the
+bytes; this kernel loads an int8 tile, widens it to bf16 (exact: |q| <= 127) for the tensor
+cores and scales each column at the end: 3.2 / 3.2 / 6.2 / 5.5 and 40 µs.
 
 Only a draft may run this: its numbers decide which tokens it proposes, and verification keeps
 the target's own (lossless for any draft). Rounding per output column costs ~1% relative error
@@ -37,7 +38,7 @@ from bass.kernels.triton_splitk import reduce_split_k  # noqa: E402
 MAX_INT8_ROWS = 16  # more rows take cuBLAS on the full weight
 _BLOCK_M = 16  # rows per program: the smallest tensor-core block
 _ARRIVAL_COUNTERS = 1024
-# (BLOCK_N, BLOCK_K, warps, stages, K splits), the best of bench/gpu/weight_only_gemm.py's grid on
+# (BLOCK_N, BLOCK_K, warps, stages, K splits), the best of the retired weight_only_gemm.py grid on
 # an H200 at 1 / 8 / 16 rows: narrow column blocks for few columns (more programs), wide ones for
 # the LM head, a split K for long inner sizes.
 _FEW_COLUMNS, _MANY_COLUMNS, _HUGE_COLUMNS, _LONG_INNER = (16, 128, 4, 4, 1), (32, 128, 4, 4, 1), \

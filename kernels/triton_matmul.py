@@ -22,7 +22,7 @@ import triton.language as tl  # noqa: E402
 
 # A weight's tiling (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) may depend on the weight's shape,
 # never on the number of rows: that would bring back the batch dependence this kernel removes.
-# Chosen from bench/gpu/gemm_invariant.py on an H100 at the 1.5B's shapes, 8 / 40 / 320 rows
+# Chosen from bench/gpu/kernels/gemm_invariant.py on an H100 at the 1.5B's shapes, 8 / 40 / 320 rows
 # (bench/results/2026-11-23-h100-gemm-invariant-tilings-668887e.json): narrow column blocks for
 # weights with few output columns (q|k|v, o, down: more programs), wide ones for many (gate|up,
 # the LM head). One forward's GEMMs then take about 1.88 / 1.94 / 3.34 ms at 8 / 40 / 320 rows,

@@ -1,6 +1,6 @@
-"""The deterministic split K that the few-row product kernels share (triton_int8, triton_kquant).
+"""The deterministic split K of the few-row int8 product kernel (kernels/triton_int8.py).
 
-A long inner size leaves few programs, so those kernels split the K range over a grid axis. Each
+A long inner size leaves few programs, so the kernel splits the K range over a grid axis. Each
 split stores its fp32 partial to scratch and bumps its output tile's arrival counter; the last to
 arrive sums the partials in split order (the same order every time, so a product repeats bit for
 bit) and writes the result, then zeroes the counter, so one buffer of counters serves every

@@ -1,7 +1,7 @@
-"""Compile the few-row product kernels for an H100 (sm_90) without a GPU: run as a script with
+"""Compile the few-row int8 product kernel for an H100 (sm_90) without a GPU: run as a script with
 TRITON_INTERPRET=0 (tests/test_kernel_builds.py does), one JSON line a variant.
 
-Tests on the CPU run these kernels in Triton's interpreter, which never builds them; a kernel the
+Tests on the CPU run the kernel in Triton's interpreter, which never builds them; a kernel the
 real compiler rejects would pass CI and fail on the first GPU call. Triton bundles ptxas, so the
 whole path (Triton IR, PTX, cubin) runs here. Covers every tiling the product launches. With
 --registers each line also gives what the bundled `ptxas -v` reports for the variant
@@ -26,7 +26,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 from triton.compiler import compile as compile_kernel  # noqa: E402
 
-from bass.kernels import triton_int8, triton_kquant  # noqa: E402
+from bass.kernels import triton_int8  # noqa: E402
 
 H100 = GPUTarget("cuda", 90, 32)
 
@@ -61,19 +61,6 @@ def variants():
             yield (f"int8 {cols}x{inner} out {out}", triton_int8._int8_linear_kernel, {**int8_types, "out_ptr": out},
                    dict(HAS_BIAS=cols == 1024, SPLIT=splits > 1, UPCAST=False, BLOCK_M=triton_int8._BLOCK_M,
                         BLOCK_N=block_n, BLOCK_K=block_k), warps, stages)
-    for fmt in triton_kquant.FORMATS:
-        code = "*u8" if fmt == "Q4_K" else "*i8"
-        types = dict(x_ptr="*bf16", codes_ptr=code, sc_ptr=code, m_ptr=code, d_ptr="*fp32", dmin_ptr="*fp32",
-                     bias_ptr="*bf16", part_ptr="*fp32", arrivals_ptr="*i32", rows="i32", cols="i32", inner="i32",
-                     k_per_split="i32", out_stride="i32")
-        for cols, inner in ((2048, 1536), (17920, 1536), (1536, 8960), (151936, 1536)):
-            block_n, chunks, warps, stages, splits = triton_kquant.tiling(cols, inner)
-            for block_m in (16, 64):  # 64: fit_row_block at 33-64 rows
-                for out in ("*bf16", "*fp32"):
-                    yield (f"{fmt} {cols}x{inner} rows {block_m} out {out}", triton_kquant._kquant_linear_kernel,
-                           {**types, "out_ptr": out},
-                           dict(FMT_Q4=fmt == "Q4_K", HAS_BIAS=cols == 2048, SPLIT=splits > 1, UPCAST=False,
-                                BLOCK_M=block_m, BLOCK_N=block_n, CHUNKS=chunks), warps, stages)
 
 
 def main(registers: bool) -> None:

@@ -245,28 +245,6 @@ def test_tensors_round_trip(converted):
             assert np.abs(got - original).max() <= 0.05 * np.abs(original).max() + 1e-6, name
 
 
-def test_k_quant_projections_keep_their_gguf_blocks(converted):
-    """gguf_blocks/ holds the Q4_K / Q6_K projections (here each layer's down) as the file's bytes,
-    their formats named, and they decode to the checkpoint's values bit for bit; nothing else
-    (Q8_0, F16, the embedding) is there."""
-    from bass.engine.weights import GGUF_BLOCKS_FILE
-
-    tiny, out = converted
-    reader = gguf.GGUFReader(tiny.path)
-    raw = {gguf_tensors.hf_tensor_name(t.name): t for t in reader.tensors}
-    with safe_open(str(out / GGUF_BLOCKS_FILE), framework="pt") as f:
-        names, formats = set(f.keys()), f.metadata()
-        blocks = {name: f.get_tensor(name) for name in names}
-    assert names == {f"model.layers.{i}.mlp.down_proj.weight" for i in range(LAYERS)}
-    tensors = _load_safetensors(out / "model.safetensors")
-    for name in names:
-        assert formats[name] == raw[name].tensor_type.name == ("Q4_K" if ".0." in name else "Q6_K")
-        assert blocks[name].dtype == torch.uint8
-        np.testing.assert_array_equal(blocks[name].numpy(), raw[name].data)
-        decoded = gguf.dequantize(blocks[name].numpy(), raw[name].tensor_type).reshape(tensors[name].shape)
-        np.testing.assert_array_equal(decoded, tensors[name].numpy())
-
-
 def test_llama_q_k_are_unpermuted_not_copied(tmp_path):
     """If the converter skipped the un-permutation, q/k would equal the GGUF row order."""
     tiny = write_tiny_gguf(tmp_path / "tiny.gguf", "llama")

@@ -3,7 +3,7 @@
 
 def test_freeze_startup_heap_takes_what_is_alive_out_of_the_collectors_reach():
     """A serving process freezes its start-up heap: a full collection then scans only what
-    serving created (on a 2-core CPU ~100 ms for the imports of a worker, bench/gc_pause.py)."""
+    serving created (on a 2-core CPU ~100 ms for the imports of a worker, bench/cpu/gc_pause.py)."""
     import gc
     import time
 

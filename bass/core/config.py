@@ -110,24 +110,11 @@ class RunnerConfig:
     # draft (`as_draft`), off for a target. On an H200 it made a draft forward ~14% cheaper at
     # one sequence with the same acceptance (bench/results, 2026-11-26).
     int8_weights: bool | None = None
-    # Products of up to 64 rows read the projections straight from the GGUF's Q4_K / Q6_K blocks
-    # (kernels/triton_kquant.py; the model directory's gguf_blocks/, which `bass models` writes):
-    # the very bf16 weights the checkpoint holds, from a third of the bytes. Only the order of
-    # the fp32 sums differs from cuBLAS. With the Triton kernels in bfloat16 only (ignored
-    # otherwise). Off by default until measured end to end on a GPU.
-    kquant_weights: bool = False
 
     def as_draft(self) -> "RunnerConfig":
         """This runner as a draft's: int8_weights "auto" (None) turned on, unless the runner is
-        batch-invariant (whose fixed GEMM tiling int8 would replace) or reads k-quant blocks."""
-        if self.int8_weights is not None:
-            return self
-        return replace(self, int8_weights=not (self.batch_invariant or self.kquant_weights))
-
-    @property
-    def reads_kquant_blocks(self) -> bool:
-        """kquant_weights where it applies: the Triton kernels, bf16."""
-        return self.kquant_weights and self.attention_backend == "triton" and self.dtype == "bfloat16"
+        batch-invariant (whose fixed GEMM tiling int8 would replace)."""
+        return self if self.int8_weights is not None else replace(self, int8_weights=not self.batch_invariant)
 
     @property
     def attention_backend(self) -> str:
@@ -153,11 +140,6 @@ class RunnerConfig:
                  f"must be in [0, 32], got {self.graph_max_draft}")
         _require(not (self.int8_weights and self.batch_invariant), "int8_weights",
                  "is a draft's option and batch_invariant a target's: not both")
-        _require(not (self.kquant_weights and self.int8_weights), "kquant_weights",
-                 "and int8_weights both replace the weights of few-row products: choose one")
-        # Past 64 rows the products take cuBLAS, whose sums differ from the kernel's.
-        _require(not (self.kquant_weights and self.batch_invariant), "kquant_weights",
-                 "cannot keep a batch-invariant runner's one GEMM tiling: not both")
 
 
 @dataclass(frozen=True)
@@ -252,7 +234,6 @@ class WorkerServiceConfig:
     graph_max_draft: int = GRAPH_MAX_DRAFT  # target service: draft lengths whose verification is graph-captured
     batch_invariant: bool = False  # target service: rows computed the same way whatever the batch (slower)
     int8_weights: bool | None = None  # draft only (None: on for a draft): int8 projections for few-row steps
-    kquant_weights: bool = False  # few-row products from the GGUF's Q4_K / Q6_K blocks (same bf16 weights)
 
     def __post_init__(self) -> None:
         if self.model_dir is not None:
@@ -273,7 +254,7 @@ class WorkerServiceConfig:
         return RunnerConfig(model_dir=self.model_dir, device=device, dtype=dtype, num_slots=self.num_slots,
                             max_seq_len=self.max_seq_len, attention=self.attention,
                             graph_max_draft=self.graph_max_draft, batch_invariant=self.batch_invariant,
-                            int8_weights=self.int8_weights, kquant_weights=self.kquant_weights)
+                            int8_weights=self.int8_weights)
 
 
 @dataclass(frozen=True)

@@ -225,7 +225,7 @@ def freeze_startup_heap() -> None:
     """Collect once, then move every object alive (torch, transformers, grpc, the models'
     modules and CUDA graphs: over 200k objects after start-up) out of the garbage collector's
     reach. Python's full collections otherwise scan them all, a pause of ~100 ms on a 2-core
-    CPU (bench/gc_pause.py), in the middle of whatever step is running; after this they scan
+    CPU (bench/cpu/gc_pause.py), in the middle of whatever step is running; after this they scan
     only what serving created. Called once a process has loaded and warmed up, before it serves."""
     gc.collect()
     gc.freeze()

@@ -2,7 +2,7 @@
 
 Why (issue #13): a unary call per step pays a new RPC on both ends and a hop onto a pool thread
 on the server; on the stream the server's handler thread is already waiting for the next frame.
-bench/rpc_overhead.py measures both.
+bench/cpu/rpc_overhead.py measures both.
 
 The caller's thread reads the replies itself (no reader thread: every extra thread in the
 chain is one more that sleeps and must be woken). A reply iterator has no timeout, so a watchdog

@@ -2,7 +2,7 @@
 
 Why a stream: a unary call costs the server a new RPC, a hop onto a pool thread and a wait for
 its message, each a thread that slept and must wake; on a session the handler thread is already
-waiting on the stream when the next frame arrives (issue #13; bench/rpc_overhead.py measures it).
+waiting on the stream when the next frame arrives (issue #13; bench/cpu/rpc_overhead.py measures it).
 Each frame is answered by calling the servicer's unary handler of the same name, so both paths
 do exactly the same work and fail with the same status codes: a failed call is answered with an
 `error` frame carrying that code, and the stream carries on.

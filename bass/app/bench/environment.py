@@ -11,8 +11,8 @@ from pathlib import Path
 
 
 _PACKAGE_DIR = Path(__file__).resolve().parents[2]  # the bass package: bass/app/bench/environment.py
-# Written beside the installed package by bench/gpu/install.sh from the wheel's build
-# (bench/gpu/prepare.sh): the GPU machine gets the wheel without the checkout's .git.
+# Written beside the installed package by bench/gpu/setup/install.sh from the wheel's build
+# (bench/gpu/setup/prepare.sh): the GPU machine gets the wheel without the checkout's .git.
 BUILD_COMMIT_FILE = "BUILD_COMMIT"
 
 

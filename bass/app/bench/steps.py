@@ -42,47 +42,23 @@ def shape_config(name: str) -> TransformerConfig:
 
 
 def random_transformer(config: TransformerConfig, *, dtype: str, device: str, max_seq_len: int,
-                       attention: str, int8_weights: bool = False, kquant_weights: bool = False) -> Transformer:
-    """kquant_weights: the projections and LM head as random k-quant blocks laid out as in a
-    Q4_K_M file (Q4_K; Q6_K for the LM head and for v and down in half the layers), read by the
-    k-quant kernels (bf16, Triton)."""
+                       attention: str, int8_weights: bool = False) -> Transformer:
     dt = TORCH_DTYPES[dtype]
     gen = torch.Generator(device=device).manual_seed(0)
 
     def w(*shape):
         return (torch.randn(*shape, generator=gen, device=device, dtype=torch.float32) * 0.02).to(dt)
 
-    def product(rows: int, inner: int, fmt: str = "Q4_K"):
-        if not kquant_weights:
-            return w(rows, inner)
-        from bass.kernels.triton_kquant import KQuantWeight, random_gguf_blocks
-
-        return KQuantWeight.from_gguf_blocks(fmt, random_gguf_blocks(fmt, rows, inner, gen, device), dt)
-
-    def stacked(*parts):
-        if not kquant_weights:
-            return torch.cat(parts)
-        from bass.kernels.triton_kquant import fuse
-
-        return fuse(list(parts))
-
     c = config
     q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    layers = []
-    for i in range(c.num_layers):
-        more_bits = "Q6_K" if i % 2 == 0 else "Q4_K"  # Q4_K_M's v and down in half the layers
-        layers.append(LayerWeights(
-            input_norm=torch.ones(c.hidden_size, dtype=dt, device=device),
-            qkv=stacked(product(q, c.hidden_size), product(kv, c.hidden_size),
-                        product(kv, c.hidden_size, more_bits)),
-            qkv_bias=w(q + 2 * kv), o=product(c.hidden_size, q), o_bias=None,
-            post_norm=torch.ones(c.hidden_size, dtype=dt, device=device),
-            gate_up=stacked(product(c.intermediate_size, c.hidden_size), product(c.intermediate_size, c.hidden_size)),
-            down=product(c.hidden_size, c.intermediate_size, more_bits)))
+    layers = [LayerWeights(input_norm=torch.ones(c.hidden_size, dtype=dt, device=device),
+                           qkv=w(q + 2 * kv, c.hidden_size), qkv_bias=w(q + 2 * kv), o=w(c.hidden_size, q), o_bias=None,
+                           post_norm=torch.ones(c.hidden_size, dtype=dt, device=device),
+                           gate_up=w(2 * c.intermediate_size, c.hidden_size), down=w(c.hidden_size, c.intermediate_size))
+              for _ in range(c.num_layers)]
     embed = w(c.vocab_size, c.hidden_size)
-    weights = TransformerWeights(embed=embed, layers=layers,
-                                 final_norm=torch.ones(c.hidden_size, dtype=dt, device=device),
-                                 lm_head=product(c.vocab_size, c.hidden_size, "Q6_K"))
+    weights = TransformerWeights(embed=embed, layers=layers, final_norm=torch.ones(c.hidden_size, dtype=dt, device=device),
+                                 lm_head=w(c.vocab_size, c.hidden_size))
     return Transformer(config, weights, max_seq_len=max_seq_len, attention=attention, int8_weights=int8_weights)
 
 
@@ -144,17 +120,14 @@ def expected_tokens(alpha: float, k: int) -> float:
 
 
 def measure(target: str, draft: str, *, batches: list[int], draft_lengths: list[int], context: int, alpha: float,
-            configs: list[tuple[str, bool]], dtype: str, repeats: int, target_kquant: bool = False,
-            progress=None) -> list[dict]:
-    """target_kquant: the target's products from random k-quant blocks (Triton configs only)."""
+            configs: list[tuple[str, bool]], dtype: str, repeats: int, progress=None) -> list[dict]:
     device = "cuda"
     rows = []
     max_q = max(draft_lengths) + 1
     models = {}
     for name in {target, draft}:
         models[name] = {att: random_transformer(shape_config(name), dtype=dtype, device=device,
-                                                max_seq_len=context + max_q + 8, attention=att,
-                                                kquant_weights=target_kquant and name == target and att == "triton")
+                                                max_seq_len=context + max_q + 8, attention=att)
                         for att in {a for a, _ in configs}}
     for attention, graphs in configs:
         for batch in batches:

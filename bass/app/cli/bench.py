@@ -140,10 +140,8 @@ def bench_acceptance_rules(target_dir, draft_dir, problems, n, max_new_tokens, m
 @click.option("--modes", default="greedy,t0.8-p0.95", show_default=True)
 @click.option("--policies", default="0,4,auto", show_default=True, help="Draft-length policies compared.")
 @click.option("--batch-invariant", is_flag=True, help="Run the target in its batch-invariant mode.")
-@click.option("--target-kquant", is_flag=True,
-              help="The target's few-row products from its GGUF's k-quant blocks (kquant_weights).")
-def bench_invariance(target_dir, draft_dir, problems, max_new_tokens, modes, policies, batch_invariant, target_kquant,
-                     device, dtype, max_seq_len, out) -> None:
+def bench_invariance(target_dir, draft_dir, problems, max_new_tokens, modes, policies, batch_invariant, device,
+                     dtype, max_seq_len, out) -> None:
     """Seeded requests alone vs in one batch, regular vs speculative: which sequences' tokens
     differ, and where they first do (numerics of batch-dependent kernels)."""
     from bass.app.bench.environment import describe
@@ -155,15 +153,13 @@ def bench_invariance(target_dir, draft_dir, problems, max_new_tokens, modes, pol
     chosen = select(load_problems(), problems)
     sampling_modes = _sampling_modes(modes)
     runner = dict(device=device, dtype=dtype, num_slots=len(chosen), max_seq_len=max_seq_len)
-    rows = measure(RunnerConfig(model_dir=target_dir, batch_invariant=batch_invariant, kquant_weights=target_kquant,
-                                **runner),
+    rows = measure(RunnerConfig(model_dir=target_dir, batch_invariant=batch_invariant, **runner),
                    RunnerConfig(model_dir=draft_dir, **runner) if draft_dir else None,
                    [p["prompt"] for p in chosen], modes=sampling_modes,
                    policies=[p for p in policies.split(",") if p], max_new_tokens=max_new_tokens,
                    progress=lambda msg: click.echo(msg, err=True))
     result = {"benchmark": "invariance", "environment": describe(device), "target": str(target_dir),
-              "draft": str(draft_dir), "dtype": dtype, "batch_invariant": batch_invariant, "target_kquant": target_kquant,
-              "problems": f"HumanEval {problems} ({len(chosen)})",
+              "draft": str(draft_dir), "dtype": dtype, "batch_invariant": batch_invariant, "problems": f"HumanEval {problems} ({len(chosen)})",
               "results": rows}
     _emit_result(result, out)
 
@@ -184,15 +180,12 @@ def bench_invariance(target_dir, draft_dir, problems, max_new_tokens, modes, pol
 @click.option("--draft-int8/--no-draft-int8", default=None,
               help="The draft's projections and LM head in weight-only int8 for few-row steps [on with the "
                    "Triton kernels].")
-@click.option("--target-kquant", is_flag=True,
-              help="The target's few-row products read its GGUF's Q4_K / Q6_K blocks (kquant_weights): the same "
-                   "bf16 weights from a third of the bytes. Needs a model converted with gguf_blocks/.")
 @click.option("--trace", is_flag=True, help="Keep the reported round's per-step trace (draft length, sequences, "
                                              "tokens, times) and the coordinator's garbage collections "
                                              "in each row.")
 def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_new_tokens, services, separate_draft,
-                device, dtype, attention, max_seq_len, peak_tflops, repeats, batch_invariant, draft_int8, target_kquant,
-                trace, out) -> None:
+                device, dtype, attention, max_seq_len, peak_tflops, repeats, batch_invariant, draft_int8, trace,
+                out) -> None:
     """End-to-end decoding speed: regular vs speculative, in-process or through the services."""
     from bass.app.bench.environment import describe
     from bass.app.bench.speed import measure
@@ -204,14 +197,13 @@ def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_ne
     batch_list = [int(b) for b in batches.split(",")]
     runner = dict(device=device, dtype=dtype, num_slots=max(batch_list), max_seq_len=max_seq_len, attention=attention)
     prompts = [p["prompt"] for p in select(load_problems(), problems)]
-    rows = measure(RunnerConfig(model_dir=target_dir, batch_invariant=batch_invariant, kquant_weights=target_kquant,
-                                **runner),
+    rows = measure(RunnerConfig(model_dir=target_dir, batch_invariant=batch_invariant, **runner),
                    RunnerConfig(model_dir=draft_dir, int8_weights=draft_int8, **runner), prompts, batches=batch_list, policies=[p for p in policies.split(",") if p], mode=mode,
                    max_new_tokens=max_new_tokens, services=services, peak_tflops=peak_tflops, repeats=repeats,
                    progress=lambda m: click.echo(m, err=True), colocate=not separate_draft, trace=trace)
     result = {"benchmark": "speed", "environment": describe(device), "target": str(target_dir), "draft": str(draft_dir),
               "dtype": dtype, "attention": attention, "batch_invariant": batch_invariant, "draft_int8": draft_int8,
-              "target_kquant": target_kquant, "problems": problems, "results": rows}
+              "problems": problems, "results": rows}
     _emit_result(result, out)
 
 
@@ -247,10 +239,7 @@ def bench_hf(model_dir, problems, batches, max_new_tokens, static_compile, devic
 @click.option("--configs", default="pad:eager,triton:eager,triton:graphs", show_default=True,
               help="attention:eager|graphs pairs.")
 @click.option("--repeats", default=30, show_default=True)
-@click.option("--target-kquant", is_flag=True,
-              help="The target's products from random k-quant blocks laid out as in a Q4_K_M file (triton configs).")
-def bench_steps(target, draft, batches, draft_lengths, context, alpha, configs, dtype, repeats, target_kquant,
-                out) -> None:
+def bench_steps(target, draft, batches, draft_lengths, context, alpha, configs, dtype, repeats, out) -> None:
     """Measured step costs (random weights, real shapes) and derived speculative latency (GPU)."""
     import torch
 
@@ -265,12 +254,10 @@ def bench_steps(target, draft, batches, draft_lengths, context, alpha, configs, 
     pairs = [(c.split(":")[0], c.split(":")[1] == "graphs") for c in configs.split(",")]
     rows = measure(target, draft, batches=[int(b) for b in batches.split(",")],
                    draft_lengths=[int(k) for k in draft_lengths.split(",")], context=context, alpha=alpha,
-                   configs=pairs, dtype=dtype, repeats=repeats, target_kquant=target_kquant,
-                   progress=lambda m: click.echo(m, err=True))
+                   configs=pairs, dtype=dtype, repeats=repeats, progress=lambda m: click.echo(m, err=True))
     props = torch.cuda.get_device_properties(0)
     floor_ms = {name: weight_bytes(shape_config(name), dtype) / 4.28e12 * 1e3 for name in (target, draft)}
     result = {"benchmark": "steps", "environment": describe("cuda"), "target": target, "draft": draft, "dtype": dtype,
-              "target_kquant": target_kquant,
               "weights_floor_ms_at_4.28TBps": {k: round(v, 4) for k, v in floor_ms.items()},
               "gpu_memory_gb": round(props.total_memory / 2**30, 1), "alpha_for_derived": alpha,
               "note": "random weights at real shapes; speculative figures are derived from measured step costs "

@@ -29,7 +29,10 @@ from .fsutil import ensure_free_space, write_text_atomic
 MODELS_DIR_ENV = "BASS_MODELS_DIR"
 MARKER_NAME = "bass-source.json"
 # Bump when the converter's output changes in a way that should invalidate earlier conversions.
-# 2: the k-quant projections' raw blocks in gguf_blocks/ (kquant_weights).
+# 2 added the projections' raw Q4_K / Q6_K blocks, in a folder beside the checkpoint, for a kernel
+# since removed (slower than cuBLAS). The converter no longer writes them and the rest of its
+# output is unchanged, so 2 stays: directories converted at 2 remain valid (their leftover blocks
+# folder is never read and may be deleted) and nobody has to convert again.
 CONVERTER_FORMAT = 2
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 

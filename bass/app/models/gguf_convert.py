@@ -1,13 +1,9 @@
 """Convert a llama/qwen2 GGUF into a local Hugging Face model directory.
 
 The output (config.json, generation_config.json, model.safetensors, tokenizer.json,
-tokenizer_config.json, gguf_blocks/blocks.safetensors) loads with
-`AutoModelForCausalLM.from_pretrained(out_dir)` and `AutoTokenizer.from_pretrained(out_dir)`.
-Weights are dequantized, so the directory holds the GGUF's quantized values at `dtype`
-precision; quality matches the GGUF, not the original model.
-The projections stored as Q4_K / Q6_K are also kept as they are, in gguf_blocks/ (a third of the
-bf16 bytes), for the engine's kernels that read them (`kquant_weights`); transformers ignores
-the folder.
+tokenizer_config.json) loads with `AutoModelForCausalLM.from_pretrained(out_dir)` and
+`AutoTokenizer.from_pretrained(out_dir)`. Weights are dequantized, so the directory holds the
+GGUF's quantized values at `dtype` precision; quality matches the GGUF, not the original model.
 
 Everything derived from metadata (config, tokenizer) is built before any weight is touched, so
 an unsupported file fails in about a second. Weights then stream tensor by tensor (in row
@@ -24,13 +20,11 @@ import torch
 from gguf import GGUFReader
 from tqdm import tqdm
 
-from bass.engine.weights import GGUF_BLOCKS_FILE
-
 from .errors import GGUFConversionError
 from .fsutil import atomic_directory, ensure_free_space
 from .gguf_config import build_config, build_generation_config, layer_biases, model_shape
 from .gguf_metadata import GGUFMetadata
-from .gguf_tensors import check_complete, dequantized_blocks, keeps_blocks, plan_tensors, raw_block_rows
+from .gguf_tensors import check_complete, dequantized_blocks, plan_tensors
 from .gguf_tokenizer import build_tokenizer_files
 from .safetensors_stream import SafetensorsStreamWriter, TensorEntry
 
@@ -73,10 +67,7 @@ def convert_gguf(
     torch_dtype = DTYPES[dtype]
     itemsize = torch.empty((), dtype=torch_dtype).element_size()
     n_params = sum(j.numel for j in jobs)
-    block_jobs = [j for j in jobs if keeps_blocks(j)]
-    block_bytes = sum(int(j.source.n_bytes) for j in block_jobs)
-    ensure_free_space(out_dir.parent, n_params * itemsize + block_bytes + _SMALL_FILES_BYTES,
-                      f"converting {gguf_path.name}")
+    ensure_free_space(out_dir.parent, n_params * itemsize + _SMALL_FILES_BYTES, f"converting {gguf_path.name}")
 
     with atomic_directory(out_dir, overwrite) as tmp:
         _write_json(tmp / "config.json", config)
@@ -111,26 +102,7 @@ def convert_gguf(
             raise
         finally:
             bar.close()
-        if block_jobs:
-            _write_raw_blocks(tmp / GGUF_BLOCKS_FILE, block_jobs, shape.head_dim, gguf_path.name)
     return out_dir
-
-
-def _write_raw_blocks(path: Path, jobs: list, head_dim: int, source: str) -> None:
-    """The k-quant projections' GGUF blocks, uint8 [rows, bytes a row] under their HF names; the
-    metadata names each one's format."""
-    path.parent.mkdir()
-    rows = {j.hf_name: raw_block_rows(j, head_dim) for j in jobs}
-    writer = SafetensorsStreamWriter(
-        path, [TensorEntry(name, r.shape) for name, r in rows.items()], torch.uint8,
-        {"format": "pt", "source": f"gguf:{source}", **{j.hf_name: j.source.tensor_type.name for j in jobs}})
-    try:
-        for name, r in rows.items():
-            writer.write(name, r)
-        writer.close()
-    except BaseException:
-        writer.abort()
-        raise
 
 
 def _write_json(path: Path, data: dict) -> None:

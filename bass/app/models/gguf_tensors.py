@@ -46,12 +46,6 @@ _LAYER_NAMES = {
 }
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
-# Weights whose GGUF blocks the converter also keeps as they are (gguf_blocks/, read by the
-# engine's k-quant kernels, kernels/triton_kquant.py): the projections and the LM head in the two
-# k-quant formats those kernels decode. The embedding is a row gather, not a product: bf16 only.
-KQUANT_BLOCK_TYPES = frozenset({Q.Q4_K, Q.Q6_K})
-_PRODUCT_WEIGHT_RE = re.compile(r"model\.layers\.\d+\.(self_attn|mlp)\.\w+_proj\.weight|lm_head\.weight")
-
 # Rows per dequantization block are chosen so a block holds about this many values: bounds the
 # float32 scratch (32 MiB) however large the tensor (the 151936 x 1536 embedding is 0.9 GB).
 _BLOCK_ELEMENTS = 1 << 23
@@ -98,19 +92,6 @@ def plan_tensors(tensors: list[ReaderTensor], arch: str) -> list[TensorJob]:
         unpermute = arch == "llama" and (".attn_q." in t.name or ".attn_k." in t.name)
         jobs.append(TensorJob(t, name, shape, unpermute))
     return jobs
-
-
-def keeps_blocks(job: TensorJob) -> bool:
-    """Whether the converter also writes this tensor's raw k-quant blocks."""
-    return (job.source.tensor_type in KQUANT_BLOCK_TYPES and len(job.shape) == 2
-            and _PRODUCT_WEIGHT_RE.fullmatch(job.hf_name) is not None)
-
-
-def raw_block_rows(job: TensorJob, head_dim: int) -> np.ndarray:
-    """The tensor's GGUF blocks, uint8 [rows, bytes a row], in HF row order (the llama q/k
-    interleave undone on whole rows of blocks: each row is quantized on its own)."""
-    data = np.asarray(job.source.data)
-    return _unpermute_rotary_rows(data, head_dim) if job.unpermute else data
 
 
 def check_complete(jobs: list[TensorJob], n_layers: int, layer_biases: tuple[str, ...]) -> None:

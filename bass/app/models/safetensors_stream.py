@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-_DTYPE_NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.uint8: "U8"}
+_DTYPE_NAMES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
 
 
 @dataclass(frozen=True)
@@ -30,9 +30,8 @@ class TensorEntry:
 class SafetensorsStreamWriter:
     """Header up front, then `write(rows)` calls that must arrive in `entries` order.
 
-    All tensors share one dtype (the conversion's output dtype, or uint8 for raw GGUF blocks).
-    `close()` checks every byte the header promised was written, so a bug cannot produce a
-    silently short file.
+    All tensors share one dtype (the conversion's output dtype). `close()` checks every byte
+    the header promised was written, so a bug cannot produce a silently short file.
     """
 
     def __init__(self, path: Path, entries: list[TensorEntry], dtype: torch.dtype, metadata: dict[str, str]):
@@ -62,8 +61,7 @@ class SafetensorsStreamWriter:
         self._left_in_tensor = self._sizes[0][1] if self._sizes else 0
 
     def write(self, name: str, rows: np.ndarray | torch.Tensor) -> None:
-        """Append the next rows (any float dtype, cast here; raw bytes into a uint8 file) of
-        tensor `name`."""
+        """Append the next rows (any float dtype; cast here) of tensor `name`."""
         if self._index >= len(self._sizes) or self._sizes[self._index][0] != name:
             raise RuntimeError(f"tensor {name!r} written out of header order")
         if isinstance(rows, np.ndarray):
