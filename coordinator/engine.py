@@ -17,14 +17,14 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Union
 
-from bass.config import CoordinatorConfig
 from bass.coordinator.metrics import CoordinatorMetrics
 from bass.coordinator.requests import FinishReason, GenerationRequest, GenerationResult, check_request_size
 from bass.coordinator.scheduler import Scheduler
 from bass.coordinator.sequences import RequestRun
 from bass.coordinator.tokenizer import Codec
-from bass.errors import BassError, CapacityError, RequestCancelled, WorkerUnavailableError
-from bass.worker_api import DraftWorkerAPI, TargetWorkerAPI
+from bass.core.config import CoordinatorConfig
+from bass.core.errors import BassError, CapacityError, RequestCancelled, WorkerUnavailableError
+from bass.core.worker_api import DraftWorkerAPI, TargetWorkerAPI
 
 log = logging.getLogger(__name__)
 

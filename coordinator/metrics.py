@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from bass.coordinator.requests import GenerationResult
 from bass.coordinator.step_stats import StepStats
-from bass.errors import CapacityError, InvalidRequestError, RequestCancelled, WorkerUnavailableError
+from bass.core.errors import CapacityError, InvalidRequestError, RequestCancelled, WorkerUnavailableError
 
 log = logging.getLogger(__name__)
 

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from bass.coordinator.sequences import SequenceRun
-from bass.worker_api import (AddSequence, DraftWorkerAPI, ProposeItem, ProposeRequest, TargetWorkerAPI, VerifyItem,
-                             VerifyRequest, VerifyResponse)
+from bass.core.worker_api import (AddSequence, DraftWorkerAPI, ProposeItem, ProposeRequest, TargetWorkerAPI,
+                                  VerifyItem, VerifyRequest, VerifyResponse)
 
 
 @dataclass

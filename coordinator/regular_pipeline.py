@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from bass.coordinator.sequences import SequenceRun
-from bass.worker_api import AddSequence, PendingVerify, TargetWorkerAPI, VerifyItem, VerifyRequest, VerifyResponse
+from bass.core.worker_api import (AddSequence, PendingVerify, TargetWorkerAPI, VerifyItem, VerifyRequest,
+                                  VerifyResponse)
 
 
 @dataclass

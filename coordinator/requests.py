@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from bass.config import SamplingParams
-from bass.errors import InvalidRequestError
+from bass.core.config import SamplingParams
+from bass.core.errors import InvalidRequestError
 
 if TYPE_CHECKING:
-    from bass.config import CoordinatorConfig
+    from bass.core.config import CoordinatorConfig
 
 
 @dataclass(frozen=True)

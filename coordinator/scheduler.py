@@ -24,7 +24,6 @@ import time
 from collections import deque
 from typing import Callable, Iterable
 
-from bass.config import SchedulerConfig
 from bass.coordinator.draft_length import Join, make_policy
 from bass.coordinator.incremental_text import IncrementalText
 from bass.coordinator.pipelined_step import PipelinedStep, RoundPlan
@@ -35,9 +34,10 @@ from bass.coordinator.speculative_step import SpeculativeStep, StepOutcome, Step
 from bass.coordinator.step_stats import StepStats
 from bass.coordinator.stopping import StopCriteria, check_stop
 from bass.coordinator.tokenizer import Codec
-from bass.errors import InvalidRequestError, WorkerUnavailableError
-from bass.worker_api import (AddSequence, DraftWorkerAPI, ProposeItem, ProposeRequest, SequenceSampling,
-                             TargetWorkerAPI, VerifyResponse)
+from bass.core.config import SchedulerConfig
+from bass.core.errors import InvalidRequestError, WorkerUnavailableError
+from bass.core.worker_api import (AddSequence, DraftWorkerAPI, ProposeItem, ProposeRequest, SequenceSampling,
+                                  TargetWorkerAPI, VerifyResponse)
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from bass.coordinator.incremental_text import IncrementalText
 from bass.coordinator.requests import FinishReason, GenerationRequest, GenerationResult, RequestStats
 from bass.coordinator.stopping import StopCriteria
-from bass.worker_api import SequenceSampling
+from bass.core.worker_api import SequenceSampling
 
 _MASK64 = (1 << 64) - 1
 

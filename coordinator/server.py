@@ -6,14 +6,14 @@ import logging
 import time
 from dataclasses import dataclass
 
-from bass.config import CoordinatorConfig
 from bass.coordinator.engine import CoordinatorEngine
 from bass.coordinator.metrics import MetricsServer, serve_metrics
-from bass.coordinator.remote import RemoteDraftWorker, RemoteTargetWorker
 from bass.coordinator.servicer import SERVICE_NAME, GenerationServicer
 from bass.coordinator.tokenizer import load_codec
-from bass.errors import InvalidRequestError
-from bass.grpc_server import RunningServer, start_server, wait_for_stop_signal
+from bass.core.config import CoordinatorConfig
+from bass.core.errors import InvalidRequestError
+from bass.transport.grpc_server import RunningServer, start_server, wait_for_stop_signal
+from bass.transport.remote import RemoteDraftWorker, RemoteTargetWorker
 
 log = logging.getLogger(__name__)
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 
-from bass.config import SamplingParams
 from bass.coordinator.engine import CoordinatorEngine, Delta, Done, Failed
 from bass.coordinator.requests import FinishReason, GenerationRequest, GenerationResult, RequestStats
-from bass.errors import BassError, InvalidRequestError
+from bass.core.config import SamplingParams
+from bass.core.errors import BassError, InvalidRequestError
 from bass.v1 import generation_pb2 as pb
 from bass.v1 import generation_pb2_grpc
 

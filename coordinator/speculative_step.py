@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from bass.coordinator.sequences import SequenceRun
-from bass.worker_api import (AddSequence, ChainedProposal, DraftWorkerAPI, PendingVerify, ProposeRequest,
-                             ProposeResponse, TargetWorkerAPI, VerifyItem, VerifyRequest, VerifyResponse)
+from bass.core.worker_api import (AddSequence, ChainedProposal, DraftWorkerAPI, PendingVerify, ProposeRequest,
+                                  ProposeResponse, TargetWorkerAPI, VerifyItem, VerifyRequest, VerifyResponse)
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ class IdsOnlyCodec:
     """For models without tokenizer files: prompts must be token ids and text is empty."""
 
     def encode(self, text: str) -> list[int]:
-        from bass.errors import InvalidRequestError
+        from bass.core.errors import InvalidRequestError
 
         raise InvalidRequestError("prompt", "this model has no tokenizer; send prompt_ids")
 

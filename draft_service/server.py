@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from bass.config import WorkerServiceConfig
+from bass.core.config import WorkerServiceConfig
 from bass.draft_service.servicer import SERVICE_NAME, DraftServicer
 from bass.draft_service.worker import DraftWorker
 from bass.engine.runner import ModelRunner
-from bass.grpc_server import RunningServer, start_server
+from bass.transport.grpc_server import RunningServer, start_server
 
 
 def serve(config: WorkerServiceConfig) -> RunningServer:

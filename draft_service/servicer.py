@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from bass import wire
+from bass.transport import wire
+from bass.transport.worker_servicer import WorkerServicerBase
 from bass.v1 import worker_pb2_grpc
-from bass.worker_servicer import WorkerServicerBase
 
 SERVICE_NAME = "bass.v1.DraftWorker"
 

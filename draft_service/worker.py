@@ -31,13 +31,13 @@ from typing import Sequence
 
 import torch
 
-from bass.engine.batch import SequenceChunk
+from bass.core.errors import InvalidRequestError
+from bass.core.worker_api import ProposeItem, ProposeRequest, ProposeResponse, WorkerInfo
 from bass.engine.draft_loop import CHAINED_FIRST_TOKENS, FIRST_STEP_TOKENS, MAX_STEPS, DraftLoopGraphs
 from bass.engine.runner import PLACEHOLDER, ModelRunner, SequenceState
 from bass.engine.sampling import RowParams, draft_race, noise_keys
 from bass.engine.transfer import HostCopy, to_device
-from bass.errors import InvalidRequestError
-from bass.worker_api import ProposeItem, ProposeRequest, ProposeResponse, WorkerInfo
+from bass.kernels.batch import SequenceChunk
 
 # Pending tokens per sequence, less the one left for the proposal's first forward, that a
 # catch-up after regular steps runs as a captured graph (rewound up to the next size). A k = 0

@@ -32,12 +32,12 @@ from typing import Callable, Sequence
 
 import torch
 
-from bass.config import SamplingParams
-from bass.engine.batch import SequenceChunk
+from bass.core.config import SamplingParams
 from bass.engine.graphs import BATCH_BUCKETS, MAX_GRAPH_Q, DecodeGraphs, StaticInputs, capture
 from bass.engine.kv_cache import KVCache
 from bass.engine.sampling import RowParams
 from bass.engine.transfer import Staging
+from bass.kernels.batch import SequenceChunk
 
 log = logging.getLogger(__name__)
 

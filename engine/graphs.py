@@ -33,9 +33,9 @@ import numpy as np
 
 import torch
 
-from bass.engine.batch import RaggedBatch, SequenceChunk
 from bass.engine.kv_cache import KVCache
 from bass.engine.transfer import Staging
+from bass.kernels.batch import RaggedBatch, SequenceChunk
 
 log = logging.getLogger(__name__)
 

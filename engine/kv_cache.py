@@ -13,7 +13,7 @@ from collections import deque
 
 import torch
 
-from bass.errors import CacheFullError, SequenceTooLongError
+from bass.core.errors import CacheFullError, SequenceTooLongError
 
 
 class KVCache:

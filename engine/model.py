@@ -16,9 +16,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bass.engine.batch import RaggedBatch
 from bass.engine.kv_cache import KVCache
 from bass.kernels import attention_kernel
+from bass.kernels.batch import RaggedBatch
 from bass.kernels.elementwise import add_rms_norm_reference, rope_into_cache_reference, silu_mul_reference
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")

@@ -16,14 +16,14 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from bass.config import RunnerConfig
-from bass.engine.batch import RaggedBatch, SequenceChunk
+from bass.core.config import RunnerConfig
+from bass.core.errors import InvalidRequestError, SequenceTooLongError, UnknownSequenceError
+from bass.core.worker_api import AddSequence, WorkerInfo
 from bass.engine.kv_cache import KVCache
 from bass.engine.model import Transformer
 from bass.engine.transfer import to_device
 from bass.engine.weights import TORCH_DTYPES, eos_token_ids, load_config, load_weights
-from bass.errors import InvalidRequestError, SequenceTooLongError, UnknownSequenceError
-from bass.worker_api import AddSequence, WorkerInfo
+from bass.kernels.batch import RaggedBatch, SequenceChunk
 
 log = logging.getLogger(__name__)
 

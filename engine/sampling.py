@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from bass.config import SamplingParams
+from bass.core.config import SamplingParams
 from bass.engine.transfer import to_device
 
 _M32 = 0xFFFFFFFF

@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from bass.config import SamplingParams
+from bass.core.config import SamplingParams
 from bass.engine.sampling import RowParams, race_unsynced
 from bass.engine.verification import verdict_columns
 

@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from bass.engine.batch import RaggedBatch
+from bass.kernels.batch import RaggedBatch
 
 AttentionKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, RaggedBatch, float], torch.Tensor]
 

@@ -40,7 +40,7 @@ from typing import NamedTuple
 
 import torch
 
-from bass.engine.batch import RaggedBatch
+from bass.kernels.batch import RaggedBatch
 
 # Without a GPU, Triton can only run kernels in its interpreter, which is chosen when Triton is
 # first imported; turn it on here (unless the process already imported Triton or chose otherwise).

@@ -20,15 +20,15 @@ from __future__ import annotations
 import threading
 import uuid
 
-from bass.config import WorkerServiceConfig
+from bass.core.config import WorkerServiceConfig
+from bass.core.errors import InvalidRequestError, PreconditionError
+from bass.core.worker_api import SpeculateRequest, SpeculateResponse
 from bass.draft_service.servicer import SERVICE_NAME as DRAFT_SERVICE, DraftServicer
 from bass.draft_service.worker import DraftWorker
 from bass.engine.runner import ModelRunner
-from bass.errors import InvalidRequestError, PreconditionError
-from bass.grpc_server import RunningServer, start_server
 from bass.target_service.servicer import SERVICE_NAME as TARGET_SERVICE, TargetServicer
 from bass.target_service.worker import TargetWorker
-from bass.worker_api import SpeculateRequest, SpeculateResponse
+from bass.transport.grpc_server import RunningServer, start_server
 
 
 class Speculation:

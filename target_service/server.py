@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from bass.config import WorkerServiceConfig
+from bass.core.config import WorkerServiceConfig
 from bass.engine.runner import ModelRunner
-from bass.grpc_server import RunningServer, start_server
 from bass.target_service.servicer import SERVICE_NAME, TargetServicer
 from bass.target_service.worker import TargetWorker
+from bass.transport.grpc_server import RunningServer, start_server
 
 
 def serve(config: WorkerServiceConfig) -> RunningServer:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from bass import wire
-from bass.errors import PreconditionError
+from bass.core.errors import PreconditionError
+from bass.transport import wire
+from bass.transport.worker_servicer import WorkerServicerBase
 from bass.v1 import worker_pb2_grpc
-from bass.worker_servicer import WorkerServicerBase
 
 SERVICE_NAME = "bass.v1.TargetWorker"
 
@@ -50,7 +50,7 @@ class TargetServicer(WorkerServicerBase, worker_pb2_grpc.TargetWorkerServicer):
 
 
 class StartedVerify:
-    """A Verify launched on the worker (bass.worker_session.StartedCall)."""
+    """A Verify launched on the worker (bass.transport.worker_session.StartedCall)."""
 
     def __init__(self, lock, pending):
         self.lock, self.pending = lock, pending

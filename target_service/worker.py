@@ -34,12 +34,12 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from bass.core.worker_api import Verdict, VerifyRequest, VerifyResponse, WorkerInfo
+from bass.engine import verify_tail
 from bass.engine.runner import PLACEHOLDER, ModelRunner, SequenceState
 from bass.engine.sampling import RowParams, noise_keys, race, race_unsynced
-from bass.engine import verify_tail
 from bass.engine.transfer import HostCopy, to_device
 from bass.engine.verification import verdict_columns
-from bass.worker_api import Verdict, VerifyRequest, VerifyResponse, WorkerInfo
 
 
 @dataclass

@@ -51,8 +51,8 @@ def build_scheduler(target: Path, draft: Path | None = None, draft_length: str =
                     batch_invariant: bool = False, pipeline: int = 0):
     """An in-process coordinator over real target/draft workers on the CPU (fp32); pipeline: the
     scheduler's pipeline_draft_tokens."""
-    from bass.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
-    from bass.local import build_local_scheduler
+    from bass.app.local import build_local_scheduler
+    from bass.core.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
 
     def runner(d: Path, slots: int, **extra) -> RunnerConfig:
         return RunnerConfig(model_dir=d, num_slots=slots, max_seq_len=max_seq_len, attention=attention, **extra)
@@ -71,8 +71,8 @@ def build_gpu_scheduler(target: Path, draft: Path, draft_length: str, cuda_graph
     """An in-process coordinator on the GPU in fp32 (the services' other defaults: Triton
     attention, CUDA graphs unless cuda_graphs=False), for the GPU tests that compare two paths'
     text: fp32, so that the paths agree token for token."""
-    from bass.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
-    from bass.local import build_local_scheduler
+    from bass.app.local import build_local_scheduler
+    from bass.core.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
 
     cfg = dict(device="cuda", dtype="float32", num_slots=16, max_seq_len=256, attention="triton",
                cuda_graphs=cuda_graphs)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bass.config import CoordinatorConfig, DraftLengthConfig, SchedulerConfig, WorkerServiceConfig
 from bass.coordinator import server as coordinator_server
+from bass.core.config import CoordinatorConfig, DraftLengthConfig, SchedulerConfig, WorkerServiceConfig
 from bass.draft_service import server as draft_server
 from bass.target_service import colocated
 from bass.target_service import server as target_server

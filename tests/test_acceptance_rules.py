@@ -2,7 +2,7 @@
 
 import torch
 
-from bass.bench.acceptance_rules import rule_acceptance, tokens_per_step
+from bass.app.bench.acceptance_rules import rule_acceptance, tokens_per_step
 from bass.engine.sampling import compact
 
 
@@ -52,8 +52,8 @@ def test_tokens_per_step():
 def test_measure_on_tiny_models(llama_target, llama_draft):
     """End to end: a draft identical to the target accepts everything under both rules; a
     different draft less, the coupling never above the standard rule."""
-    from bass.bench.acceptance_rules import measure
-    from bass.config import RunnerConfig, SamplingParams
+    from bass.app.bench.acceptance_rules import measure
+    from bass.core.config import RunnerConfig, SamplingParams
 
     def cfg(d):
         return RunnerConfig(model_dir=d, num_slots=8, max_seq_len=128, attention="pad")

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from bass.engine.batch import RaggedBatch, SequenceChunk
 from bass.kernels import ATTENTION_KERNELS
+from bass.kernels.batch import RaggedBatch, SequenceChunk
 
 
 def naive_attention(q, k_cache, v_cache, batch: RaggedBatch, scale):

@@ -10,8 +10,8 @@ if not torch.cuda.is_available():  # Triton picks its interpreter when first imp
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
-from bass.config import RunnerConfig, SamplingParams, WorkerServiceConfig  # noqa: E402
 from bass.coordinator.requests import GenerationRequest  # noqa: E402
+from bass.core.config import RunnerConfig, SamplingParams, WorkerServiceConfig  # noqa: E402
 from bass.kernels.triton_matmul import linear_invariant  # noqa: E402
 from conftest import build_scheduler  # noqa: E402
 

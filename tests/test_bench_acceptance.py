@@ -5,7 +5,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from bass.bench.humaneval import load_problems, select
+from bass.app.humaneval_problems import load_problems, select
 from bass.cli import main
 
 

@@ -1,6 +1,6 @@
 """Where a benchmark ran: the commit it names, also on a machine that got the wheel without .git."""
 
-from bass.bench.environment import BUILD_COMMIT_FILE, git_commit
+from bass.app.bench.environment import BUILD_COMMIT_FILE, git_commit
 
 
 def test_the_commit_comes_from_the_environment_then_the_checkout_then_the_wheels_record(tmp_path, monkeypatch):

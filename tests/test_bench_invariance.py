@@ -5,7 +5,7 @@ import json
 
 from click.testing import CliRunner
 
-from bass.bench.invariance import compare, first_difference
+from bass.app.bench.invariance import compare, first_difference
 from bass.cli import main
 
 

@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from bass.bench import serve_load
-from bass.bench.serve import Load, ServeBenchConfig, run
-from bass.bench.serve_check import Answer, answer_problems, check_run, stream_problems
-from bass.bench.serve_records import DeltaEvent, RequestRecord
-from bass.bench.serve_stats import Slo, itl_by_prefill, meets_slo, percentile, request_latency, summarize
-from bass.bench.serve_workload import Prompt, RequestSpec, load_prompts, poisson_offsets, request_specs
+from bass.app.bench import serve_load
+from bass.app.bench.serve import Load, ServeBenchConfig, run
+from bass.app.bench.serve_check import Answer, answer_problems, check_run, stream_problems
+from bass.app.bench.serve_records import DeltaEvent, RequestRecord
+from bass.app.bench.serve_stats import Slo, itl_by_prefill, meets_slo, percentile, request_latency, summarize
+from bass.app.bench.serve_workload import Prompt, RequestSpec, load_prompts, poisson_offsets, request_specs
 from bass.v1 import generation_pb2 as pb
 from bass.v1 import generation_pb2_grpc
 from services import start_services
@@ -368,7 +368,7 @@ def test_cli_refuses_model_flags_without_serve():
 
 
 def test_a_wrong_address_fails_at_once():
-    from bass.bench.serve import _require_server
+    from bass.app.bench.serve import _require_server
 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))

@@ -11,12 +11,12 @@ verdict after the device had it; arrivals still join."""
 import pytest
 import torch
 
-from bass.config import SamplingParams
+from bass.core.config import SamplingParams
+from bass.core.worker_api import AddSequence, ProposeItem, ProposeRequest, SequenceSampling
 from bass.draft_service.worker import DraftWorker
 from bass.engine import sampling
 from bass.engine.draft_loop import DraftLoopGraphs
 from bass.engine.runner import PLACEHOLDER
-from bass.worker_api import AddSequence, ProposeItem, ProposeRequest, SequenceSampling
 from conftest import build_gpu_scheduler, build_scheduler
 from test_device_drafts import REQUESTS  # greedy and sampled, n = 1 and 2
 from test_draft_loop import make_worker

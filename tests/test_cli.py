@@ -62,7 +62,7 @@ def test_a_config_file_without_device_or_dtype_means_auto(llama_target, tmp_path
     float32 on a GPU machine: device and dtype default to "auto", resolved where it runs."""
     import torch
 
-    from bass.config import ServeConfig, WorkerServiceConfig, load_config_file
+    from bass.core.config import ServeConfig, WorkerServiceConfig, load_config_file
 
     path = tmp_path / "bass.toml"
     path.write_text(f'[target]\nmodel_dir = "{llama_target}"\n')
@@ -78,8 +78,8 @@ def test_a_config_file_without_device_or_dtype_means_auto(llama_target, tmp_path
 
 
 def test_the_prefill_budget_is_validated_and_read_from_a_config_file(tmp_path):
-    from bass.config import SchedulerConfig, load_config_file
-    from bass.errors import InvalidRequestError
+    from bass.core.config import SchedulerConfig, load_config_file
+    from bass.core.errors import InvalidRequestError
 
     assert SchedulerConfig().max_prefill_tokens_per_step == 512
     for bad in (0, -3, True, 2.5, "64"):
@@ -96,8 +96,8 @@ def test_the_prefill_budget_is_validated_and_read_from_a_config_file(tmp_path):
 def test_int8_weights_are_a_drafts_option_read_from_a_config_file(llama_target, tmp_path):
     """int8 weights change a model's numbers: for the draft (whose proposals verification
     checks), refused for the target (whose numbers are the output) and beside batch_invariant."""
-    from bass.config import RunnerConfig, load_config_file
-    from bass.errors import InvalidRequestError
+    from bass.core.config import RunnerConfig, load_config_file
+    from bass.core.errors import InvalidRequestError
 
     path = tmp_path / "bass.toml"
     path.write_text(f'[target]\nmodel_dir = "{llama_target}"\n[draft]\nmodel_dir = "{llama_target}"\n'

@@ -1,4 +1,4 @@
-"""The draft in the target's process (target_service/colocated.py, coordinator/remote_pair.py):
+"""The draft in the target's process (target_service/colocated.py, bass/transport/remote_pair.py):
 real gRPC servers on real ports, the coordinator's scheduler over remote proxies. A speculative
 step must be one Speculate call, the next step's proposal chained behind it where the draft's
 loop runs it, and the text must be the in-process engine's token for token, greedy and sampled.
@@ -10,13 +10,13 @@ import grpc
 import pytest
 import torch
 
-from bass.coordinator.remote import RemoteDraftWorker, RemoteTargetWorker
 from bass.coordinator.requests import GenerationRequest
 from bass.coordinator.scheduler import Scheduler
 from bass.coordinator.tokenizer import load_codec
-from bass.errors import PreconditionError
+from bass.core.errors import PreconditionError
 from bass.target_service import colocated
 from bass.target_service.colocated import serve_workers
+from bass.transport.remote import RemoteDraftWorker, RemoteTargetWorker
 from bass.v1 import worker_pb2 as pb
 from bass.v1 import worker_pb2_grpc
 from conftest import build_gpu_scheduler, build_scheduler
@@ -111,7 +111,7 @@ def test_without_the_draft_loop_steps_are_not_chained(llama_target, llama_draft,
 
 def test_separate_processes_are_not_paired(llama_target, llama_draft):
     """A draft and a target served apart report different instance ids: two calls a step."""
-    from bass.config import WorkerServiceConfig
+    from bass.core.config import WorkerServiceConfig
     from bass.draft_service import server as draft_server
     from bass.target_service import server as target_server
 
@@ -187,7 +187,7 @@ def test_malformed_speculate_is_invalid_argument(llama_target, llama_draft, requ
 
 
 def test_a_target_without_a_draft_refuses_speculate(llama_target):
-    from bass.config import WorkerServiceConfig
+    from bass.core.config import WorkerServiceConfig
     from bass.target_service import server as target_server
 
     target = target_server.serve(WorkerServiceConfig(model_dir=llama_target, num_slots=4, max_seq_len=128))
@@ -203,7 +203,7 @@ def test_a_draft_that_answers_late_is_paired_once_it_does(llama_target, llama_dr
     """The pair is known only once both proxies have an Info from one process: a draft that
     was unreachable when the scheduler started is paired when it reconnects, not left on the
     two-call path."""
-    from bass.errors import WorkerUnavailableError
+    from bass.core.errors import WorkerUnavailableError
 
     scheduler, server = colocated_scheduler(llama_target, llama_draft, "3")
     try:

@@ -7,10 +7,10 @@ rejected and accepted whole; the target's cache must keep exactly the committed 
 import pytest
 import torch
 
-from bass.config import RunnerConfig, SamplingParams
 from bass.coordinator.requests import GenerationRequest
+from bass.core.config import RunnerConfig, SamplingParams
+from bass.core.worker_api import AddSequence
 from bass.engine.runner import PLACEHOLDER, ModelRunner
-from bass.worker_api import AddSequence
 from conftest import build_gpu_scheduler, build_scheduler
 
 

@@ -2,8 +2,8 @@ from collections import deque
 
 import pytest
 
-from bass.config import DraftLengthConfig
 from bass.coordinator.draft_length import BassRule, FixedLength, PerSequenceAdaptive, make_policy
+from bass.core.config import DraftLengthConfig
 
 
 def test_bass_rule_follows_the_paper():

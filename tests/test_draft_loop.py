@@ -6,11 +6,11 @@ rollbacks, greedy and sampled, at padded batch sizes."""
 import pytest
 import torch
 
-from bass.config import RunnerConfig, SamplingParams
+from bass.core.config import RunnerConfig, SamplingParams
+from bass.core.worker_api import AddSequence, ProposeItem, ProposeRequest, SequenceSampling
 from bass.draft_service.worker import DraftWorker
 from bass.engine.draft_loop import MAX_STEPS, DraftLoopGraphs
 from bass.engine.runner import PLACEHOLDER, ModelRunner
-from bass.worker_api import AddSequence, ProposeItem, ProposeRequest, SequenceSampling
 
 PROMPTS = [(5, 6, 7), (9, 3, 4, 4), (11, 12), (20, 21, 22, 23, 24), (7,) * 6]
 

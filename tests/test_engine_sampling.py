@@ -3,12 +3,12 @@ seeded request draws the same tokens whatever else shares its batch."""
 
 import pytest
 
-from bass.config import RunnerConfig, SamplingParams
 from bass.coordinator.requests import GenerationRequest
+from bass.core.config import RunnerConfig, SamplingParams
+from bass.core.errors import WorkerUnavailableError
+from bass.core.worker_api import AddSequence
 from bass.engine.runner import ModelRunner
 from bass.engine.sampling import RowParams, shape_probs
-from bass.errors import WorkerUnavailableError
-from bass.worker_api import AddSequence
 from conftest import build_scheduler
 from stats import chi_square_pvalue
 from tiny_models import make_model

@@ -5,10 +5,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from click.testing import CliRunner
 
-from bass.bench.humaneval import load_problems
+from bass.app.evaluation.humaneval import score
+from bass.app.evaluation.sandbox import SandboxLimits
+from bass.app.humaneval_problems import load_problems
 from bass.cli import main
-from bass.evaluation.humaneval import score
-from bass.evaluation.sandbox import SandboxLimits
 from services import start_services
 
 

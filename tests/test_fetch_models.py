@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from bass.models import catalog, chunks, fetch, fsutil
-from bass.models.catalog import ChunkWheel, ModelSpec
-from bass.models.errors import ModelFetchError, NotEnoughDiskSpaceError
+from bass.app.models import catalog, chunks, fetch, fsutil
+from bass.app.models.catalog import ChunkWheel, ModelSpec
+from bass.app.models.errors import ModelFetchError, NotEnoughDiskSpaceError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -122,7 +122,7 @@ def test_fetch_is_idempotent(tmp_path, monkeypatch):
             (out_dir / name).write_text("{}")
         return out_dir
 
-    monkeypatch.setattr("bass.models.gguf_convert.convert_gguf", fake_convert)
+    monkeypatch.setattr("bass.app.models.gguf_convert.convert_gguf", fake_convert)
     first = fetch.fetch_model_pair(models, cache, progress=False)
     assert [m.converted for m in first.models] == [True, True]
     assert (first.draft_dir, first.target_dir) == (models / "fake-draft", models / "fake-target")

@@ -21,9 +21,9 @@ gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 
-from bass.models import gguf_tensors  # noqa: E402
-from bass.models.errors import GGUFConversionError, ModelSetupError  # noqa: E402
-from bass.models.gguf_convert import convert_gguf  # noqa: E402
+from bass.app.models import gguf_tensors  # noqa: E402
+from bass.app.models.errors import GGUFConversionError, ModelSetupError  # noqa: E402
+from bass.app.models.gguf_convert import convert_gguf  # noqa: E402
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, LAYERS, CONTEXT = 64, 4, 2, 16, 256, 2, 128
 ROPE_THETA, RMS_EPS = 500000.0, 1e-5
@@ -391,7 +391,7 @@ def test_interrupted_conversion_leaves_nothing(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real(job, head_dim)
 
-    monkeypatch.setattr("bass.models.gguf_convert.dequantized_blocks", flaky)
+    monkeypatch.setattr("bass.app.models.gguf_convert.dequantized_blocks", flaky)
     with pytest.raises(KeyboardInterrupt):
         convert_gguf(tiny.path, tmp_path / "out", progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.gguf"]
@@ -433,7 +433,7 @@ def test_unknown_tensor_is_an_error():
 def test_convert_command(tmp_path):
     from click.testing import CliRunner
 
-    from bass.models.commands import convert_gguf_command
+    from bass.app.models.commands import convert_gguf_command
 
     tiny = write_tiny_gguf(tmp_path / "tiny.gguf", "llama")
     runner = CliRunner()

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from bass.coordinator.requests import GenerationRequest
-from bass.config import SamplingParams
+from bass.core.config import SamplingParams
 from bass.engine.sampling import gumbel_noise, noise_keys
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -47,8 +47,8 @@ def test_windowed_compact_q_is_the_full_path_distribution_on_gpu():
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("attention", ["pad", "split", "triton"])
 def test_speculative_greedy_equals_regular_on_gpu(llama_target, llama_draft, dtype, attention):
-    from bass.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
-    from bass.local import build_local_scheduler
+    from bass.app.local import build_local_scheduler
+    from bass.core.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
 
     def run(policy, draft, **draft_options):
         cfg = dict(device="cuda", dtype=dtype, num_slots=16, max_seq_len=256, attention=attention)
@@ -70,8 +70,8 @@ def test_speculative_greedy_equals_regular_on_gpu(llama_target, llama_draft, dty
 
 
 def test_seeded_sampling_is_reproducible_on_gpu(llama_target, llama_draft):
-    from bass.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
-    from bass.local import build_local_scheduler
+    from bass.app.local import build_local_scheduler
+    from bass.core.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
 
     cfg = dict(device="cuda", dtype="float32", num_slots=16, max_seq_len=256)
     req = GenerationRequest(prompt_ids=(5, 17, 33), n=4, max_new_tokens=20, seed=3, ignore_eos=True,
@@ -86,8 +86,8 @@ def test_seeded_sampling_is_reproducible_on_gpu(llama_target, llama_draft):
 
 def test_cuda_graphs_with_triton_attention_match_eager_pad(llama_target, llama_draft):
     """Graph replays (uniform steps) and eager steps give the same greedy text (fp32)."""
-    from bass.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
-    from bass.local import build_local_scheduler
+    from bass.app.local import build_local_scheduler
+    from bass.core.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
 
     def run(attention, graphs, policy):
         cfg = dict(device="cuda", dtype="float32", num_slots=16, max_seq_len=256, attention=attention,
@@ -108,11 +108,11 @@ def test_cuda_graphs_with_triton_attention_match_eager_pad(llama_target, llama_d
 def test_warm_up_captures_every_serving_shape(llama_target, llama_draft):
     """After warm-up, steps at fixed draft lengths up to graph_max_draft capture nothing new
     (a capture mid-serving would be a slow step), and graphs hold hidden states, not logits."""
-    from bass.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
+    from bass.app.local import build_local_scheduler
     from bass.coordinator.scheduler import Scheduler
+    from bass.core.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
     from bass.draft_service.worker import CATCH_UP_TOKENS
     from bass.engine.graphs import BATCH_BUCKETS
-    from bass.local import build_local_scheduler
 
     cfg = dict(device="cuda", dtype="float32", num_slots=8, max_seq_len=256, attention="triton", graph_max_draft=4)
     s = build_local_scheduler(RunnerConfig(model_dir=llama_target, **cfg), RunnerConfig(model_dir=llama_draft, **cfg))
@@ -137,8 +137,8 @@ def test_batch_invariant_target_gives_the_same_tokens_alone_and_crowded_in_bf16(
     """The target in batch-invariant mode (bf16, Triton GEMMs and attention with one plan): a
     seeded and a greedy request give the same tokens alone with regular decoding, alone with
     k = 4, and inside a crowded batch."""
-    from bass.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
-    from bass.local import build_local_scheduler
+    from bass.app.local import build_local_scheduler
+    from bass.core.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
 
     cfg = dict(device="cuda", dtype="bfloat16", num_slots=32, max_seq_len=256, attention="triton")
     mine = [GenerationRequest(prompt_ids=(5, 17, 33), n=2, max_new_tokens=40, seed=3, ignore_eos=True,

@@ -1,4 +1,4 @@
-"""What every serving process does around its gRPC server (bass/grpc_server.py)."""
+"""What every serving process does around its gRPC server (bass/transport/grpc_server.py)."""
 
 
 def test_freeze_startup_heap_takes_what_is_alive_out_of_the_collectors_reach():
@@ -7,7 +7,7 @@ def test_freeze_startup_heap_takes_what_is_alive_out_of_the_collectors_reach():
     import gc
     import time
 
-    from bass.grpc_server import freeze_startup_heap
+    from bass.transport.grpc_server import freeze_startup_heap
 
     gc.unfreeze()  # an earlier test may have frozen this process (bass bench speed does)
     gc.collect()

@@ -25,10 +25,10 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bass.client import BassClient, build_request
-from bass.config import GREEDY_TEMPERATURE, CoordinatorConfig, SamplingParams, SchedulerConfig, DraftLengthConfig
+from bass.app.client import BassClient, build_request
 from bass.coordinator.requests import GenerationRequest
-from bass.errors import InvalidRequestError
+from bass.core.config import GREEDY_TEMPERATURE, CoordinatorConfig, SamplingParams, SchedulerConfig, DraftLengthConfig
+from bass.core.errors import InvalidRequestError
 from conftest import build_scheduler
 from services import start_services
 
@@ -67,9 +67,9 @@ def _health(address: str, service: str = "bass.v1.Generation") -> int:
 # -- 1. SIGTERM -------------------------------------------------------------------------------------
 
 def test_sigterm_drains_running_requests_then_exits_zero(llama_target, llama_draft, expected):
-    from bass.launcher import ServiceProcess
+    from bass.app.launcher import ServiceProcess
+    from bass.core.config import WorkerServiceConfig
     from bass.target_service import server as target_server
-    from bass.config import WorkerServiceConfig
 
     grace = 3.0
     target = target_server.serve(WorkerServiceConfig(model_dir=llama_target, num_slots=8, max_seq_len=512))
@@ -425,7 +425,7 @@ def test_generate_defaults_to_auto_device_like_serve(monkeypatch, llama_target):
     """With a GPU present, `bass generate` uses it in bf16, as `bass serve` does."""
     from click.testing import CliRunner
 
-    import bass.local
+    import bass.app.local
     from bass.cli import main
 
     seen = {}
@@ -435,7 +435,7 @@ def test_generate_defaults_to_auto_device_like_serve(monkeypatch, llama_target):
         raise InvalidRequestError("model", "stop here")
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(bass.local, "build_local_scheduler", fake_build)
+    monkeypatch.setattr(bass.app.local, "build_local_scheduler", fake_build)
     result = CliRunner().invoke(main, ["generate", "--target", str(llama_target), "--prompt-ids", "5,17"])
     assert "stop here" in result.output
     assert seen == {"device": "cuda", "dtype": "bfloat16"}

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
+from bass.core.errors import CacheFullError, SequenceTooLongError
 from bass.engine.kv_cache import KVCache
-from bass.errors import CacheFullError, SequenceTooLongError
 
 
 def make_cache(slots=3, max_len=8):

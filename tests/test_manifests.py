@@ -14,7 +14,7 @@ Nothing here needs a cluster, Docker or the network; the tools come from require
 
 On top of the schemas, what matters to BASS: gRPC probes with the right service names and ports,
 internal Services ClusterIP and behind the NetworkPolicy, resource limits everywhere, GPUs where
-the models run and nowhere else, bass.toml that parses with bass.config.load_config_file and
+the models run and nowhere else, bass.toml that parses with bass.core.config.load_config_file and
 agrees with the manifests, models volume wiring, pinned image tags.
 """
 
@@ -41,12 +41,12 @@ import jsonschema  # noqa: E402  (a dependency of kubernetes-validate)
 import referencing  # noqa: E402
 from kubernetes_validate.utils import schema_contents  # noqa: E402
 
-from bass.config import ServeConfig, load_config_file  # noqa: E402
+from bass.core.config import ServeConfig, load_config_file  # noqa: E402
 # The gRPC service each server registers for health checking (bass/*/servicer.py).
+from bass.app.models.catalog import DRAFT, TARGET  # noqa: E402
+from bass.app.models.fetch import MARKER_NAME  # noqa: E402
 from bass.coordinator.servicer import SERVICE_NAME as GENERATION  # noqa: E402
 from bass.draft_service.servicer import SERVICE_NAME as DRAFT_WORKER  # noqa: E402
-from bass.models.catalog import DRAFT, TARGET  # noqa: E402
-from bass.models.fetch import MARKER_NAME  # noqa: E402
 from bass.target_service.servicer import SERVICE_NAME as TARGET_WORKER  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -110,7 +110,7 @@ def config(build: str) -> ServeConfig:
 
 
 def _parse_config(text: str) -> ServeConfig:
-    """bass.toml as the services read it: from a file, through bass.config.load_config_file."""
+    """bass.toml as the services read it: from a file, through bass.core.config.load_config_file."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bass.toml"
         path.write_text(text)

@@ -9,12 +9,12 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bass.client import BassClient
+from bass.app.client import BassClient
+from bass.coordinator import server as coordinator_server
 from bass.coordinator.metrics import CoordinatorMetrics
 from bass.coordinator.step_stats import StepStats
-from bass.config import CoordinatorConfig
-from bass.coordinator import server as coordinator_server
-from bass.errors import InvalidRequestError
+from bass.core.config import CoordinatorConfig
+from bass.core.errors import InvalidRequestError
 from services import start_services
 
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from bass.config import RunnerConfig
+from bass.core.config import RunnerConfig
+from bass.core.worker_api import AddSequence
 from bass.engine.runner import ModelRunner
-from bass.worker_api import AddSequence
 
 PROMPTS = [[5, 17, 33, 200, 7, 9, 11], [42], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18], [100, 101]]
 

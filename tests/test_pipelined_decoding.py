@@ -10,11 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from bass.config import SamplingParams
+from bass.app.client import FINISH_REASON_NAMES, BassClient
 from bass.coordinator.requests import FinishReason, GenerationRequest
 from bass.coordinator.scheduler import Scheduler
-from bass.errors import WorkerUnavailableError
-from bass.client import FINISH_REASON_NAMES, BassClient
+from bass.core.config import SamplingParams
+from bass.core.errors import WorkerUnavailableError
 from conftest import build_scheduler
 from services import start_services
 

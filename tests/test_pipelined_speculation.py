@@ -8,10 +8,10 @@ tokens travel over gRPC)."""
 
 import pytest
 
-from bass.client import BassClient
-from bass.config import SamplingParams
+from bass.app.client import BassClient
+from bass.core.config import SamplingParams
 from bass.coordinator.requests import GenerationRequest
-from bass.worker_api import AddSequence, ProposeItem, ProposeRequest, SequenceSampling
+from bass.core.worker_api import AddSequence, ProposeItem, ProposeRequest, SequenceSampling
 from conftest import build_scheduler
 from services import start_services
 from test_draft_loop import make_worker

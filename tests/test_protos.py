@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from bass import wire
-from bass.config import SamplingParams
-from bass.worker_api import (AddSequence, ProposeItem, ProposeRequest, ProposeResponse,
-                             SequenceSampling, Verdict, VerifyItem, VerifyRequest, VerifyResponse)
+from bass.core.config import SamplingParams
+from bass.core.worker_api import (AddSequence, ProposeItem, ProposeRequest, ProposeResponse, SequenceSampling, Verdict,
+                                  VerifyItem, VerifyRequest, VerifyResponse)
+from bass.transport import wire
 
 ROOT = Path(__file__).resolve().parent.parent
 

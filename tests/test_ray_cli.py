@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("ray")
 
-from bass.client import BassClient  # noqa: E402
+from bass.app.client import BassClient  # noqa: E402
 from ports import fixed_port  # noqa: E402
 
 

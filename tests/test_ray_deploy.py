@@ -6,10 +6,10 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from bass.client import BassClient  # noqa: E402
-from bass.config import (CoordinatorConfig, DraftLengthConfig, RayConfig, SchedulerConfig, ServeConfig,  # noqa: E402
-                         WorkerServiceConfig)
+from bass.app.client import BassClient  # noqa: E402
 from bass.coordinator.requests import GenerationRequest  # noqa: E402
+from bass.core.config import (CoordinatorConfig, DraftLengthConfig, RayConfig, SchedulerConfig,  # noqa: E402
+                              ServeConfig, WorkerServiceConfig)
 from conftest import build_scheduler  # noqa: E402
 from ports import fixed_port  # noqa: E402
 
@@ -120,8 +120,8 @@ def test_a_killed_draft_actor_restarts_and_the_coordinator_reconnects(cluster, l
 
 
 def test_too_few_resources_is_a_clear_error(cluster, llama_target, llama_draft):
+    from bass.core.errors import CapacityError
     from bass.deploy import launcher
-    from bass.errors import CapacityError
 
     with pytest.raises(CapacityError, match="need 3 GPUs"):
         launcher.up(config(llama_target, llama_draft, target_gpus=2, draft_gpus=1), echo=lambda *_: None)

@@ -9,12 +9,12 @@ import gc
 import pytest
 import torch
 
-from bass.bench.humaneval import load_problems
-from bass.config import RunnerConfig
+from bass.app.humaneval_problems import load_problems
+from bass.app.models.fetch import default_model_dirs
 from bass.coordinator.requests import GenerationRequest
+from bass.core.config import RunnerConfig
+from bass.core.worker_api import AddSequence
 from bass.engine.runner import ModelRunner
-from bass.models.fetch import default_model_dirs
-from bass.worker_api import AddSequence
 from conftest import build_scheduler
 
 DRAFT_DIR, TARGET_DIR = default_model_dirs()

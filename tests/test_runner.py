@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from bass.config import RunnerConfig
+from bass.core.config import RunnerConfig
+from bass.core.errors import CacheFullError, InvalidRequestError, SequenceTooLongError, UnknownSequenceError
+from bass.core.worker_api import AddSequence
 from bass.engine.runner import ModelRunner
-from bass.errors import CacheFullError, InvalidRequestError, SequenceTooLongError, UnknownSequenceError
-from bass.worker_api import AddSequence
 
 
 @pytest.fixture
@@ -94,10 +94,10 @@ def test_draft_tokens_fed_from_the_device_are_settled_in_the_cache(runner, tempe
     """Draft steps after the first take their input ids from the previous step's device tensor;
     afterwards the cache records the real ids (no placeholder), for ragged per-sequence k, and
     the drafts equal those of a step-by-step draft that copies each token to the host."""
-    from bass.config import SamplingParams
+    from bass.core.config import SamplingParams
+    from bass.core.worker_api import ProposeItem, ProposeRequest, SequenceSampling
     from bass.draft_service.worker import DraftWorker
     from bass.engine.runner import PLACEHOLDER
-    from bass.worker_api import ProposeItem, ProposeRequest, SequenceSampling
 
     worker = DraftWorker(runner, top_n=8)
     sampling = SequenceSampling(SamplingParams(temperature=temperature, top_p=0.9), seed_key=77)

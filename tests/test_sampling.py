@@ -3,7 +3,7 @@ import pytest
 import torch
 from scipy import stats as sps
 
-from bass.config import SamplingParams
+from bass.core.config import SamplingParams
 from bass.engine.sampling import (RowParams, compact, compact_shaped, draft_race, gumbel_noise, noise_keys, race,
                                   race_unsynced, shape_probs, truncation_cut)
 from stats import chi_square_pvalue

@@ -2,8 +2,8 @@
 
 import time
 
-from bass.bench.humaneval import load_problems
-from bass.evaluation.sandbox import SandboxLimits, humaneval_program, run_program
+from bass.app.evaluation.sandbox import SandboxLimits, humaneval_program, run_program
+from bass.app.humaneval_problems import load_problems
 
 
 def test_canonical_solutions_pass_and_wrong_ones_fail():

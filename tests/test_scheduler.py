@@ -8,7 +8,7 @@ import time
 import pytest
 
 from bass.coordinator.requests import FinishReason, GenerationRequest
-from bass.errors import InvalidRequestError
+from bass.core.errors import InvalidRequestError
 from conftest import build_scheduler
 
 PROMPT = (5, 17, 33, 200)

@@ -92,7 +92,7 @@ def test_serve_reports_a_missing_model(tmp_path):
 def test_target_service_with_a_draft_serves_both_from_one_process(llama_target, llama_draft):
     """`bass target-service --draft DIR` (what `bass serve` starts by default): both worker
     services on one port, one instance id, the draft on the target's device; SIGTERM stops it."""
-    from bass.coordinator.remote import RemoteDraftWorker, RemoteTargetWorker
+    from bass.transport.remote import RemoteDraftWorker, RemoteTargetWorker
 
     proc = subprocess.Popen(bass_cmd("target-service", "--model", llama_target, "--draft", llama_draft,
                                      "--device", "cpu", "--num-slots", 4, "--max-seq-len", 128, "--port", 0),

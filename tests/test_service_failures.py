@@ -7,7 +7,7 @@ import time
 import grpc
 import pytest
 
-from bass.client import BassClient
+from bass.app.client import BassClient
 from bass.coordinator.requests import GenerationRequest
 from conftest import build_scheduler
 from services import start_services

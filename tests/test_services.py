@@ -7,7 +7,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bass.client import BassClient, FINISH_REASON_NAMES
+from bass.app.client import BassClient, FINISH_REASON_NAMES
 from bass.coordinator.requests import GenerationRequest
 from conftest import build_scheduler
 from services import start_services

@@ -8,10 +8,10 @@ decided again at the finish (the repair path)."""
 import pytest
 import torch
 
-from bass.config import SamplingParams
 from bass.coordinator.requests import FinishReason, GenerationRequest
 from bass.coordinator.scheduler import Scheduler
-from bass.worker_api import AddSequence, SequenceSampling, VerifyItem, VerifyRequest
+from bass.core.config import SamplingParams
+from bass.core.worker_api import AddSequence, SequenceSampling, VerifyItem, VerifyRequest
 from conftest import build_scheduler
 from test_pipelined_decoding import run_staggered as staggered, tokens
 
@@ -137,9 +137,9 @@ def test_running_ahead_on_the_gpu_through_cuda_graphs(llama_target, sampling, wi
     verdicts travel to pinned memory; fp32, so the tokens must equal step by step's exactly
     (window 2: top-p rows take the exact nucleus kernel, top_k rows beyond the window the host's
     redo and the repair path, which re-runs inputs through graphs too)."""
+    from bass.app.local import build_local_scheduler
+    from bass.core.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
     import bass.engine.sampling as sampling_module
-    from bass.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
-    from bass.local import build_local_scheduler
 
     monkeypatch.setattr(sampling_module, "CUT_WINDOW", window)
     cfg = RunnerConfig(model_dir=llama_target, device="cuda", dtype="float32", num_slots=16, max_seq_len=256,
@@ -165,7 +165,7 @@ def test_through_the_services_the_target_runs_regular_steps_ahead(llama_target, 
     and seeded sampling, give step-by-step decoding's tokens."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from bass.client import FINISH_REASON_NAMES, BassClient
+    from bass.app.client import FINISH_REASON_NAMES, BassClient
     from services import start_services
 
     reqs = requests(SamplingParams()) + requests(SAMPLED)

@@ -21,8 +21,8 @@ if not HAS_CUDA:
 
 triton = pytest.importorskip("triton")
 
-from bass.engine.batch import RaggedBatch, SequenceChunk  # noqa: E402
 from bass.kernels.attention import attend_split  # noqa: E402
+from bass.kernels.batch import RaggedBatch, SequenceChunk  # noqa: E402
 from bass.kernels.triton_attention import _ragged_attn_fwd, attend_triton, plan_launch  # noqa: E402
 from test_attention import naive_attention  # noqa: E402
 

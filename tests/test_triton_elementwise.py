@@ -72,9 +72,9 @@ def test_rope_into_cache(dtype):
 def test_model_on_the_fused_path_matches_transformers(llama_target, qwen_target):
     from transformers import AutoModelForCausalLM
 
-    from bass.config import RunnerConfig
+    from bass.core.config import RunnerConfig
+    from bass.core.worker_api import AddSequence
     from bass.engine.runner import ModelRunner
-    from bass.worker_api import AddSequence
 
     ids = [5, 17, 33, 200, 7, 9, 11]
     for model_dir in (llama_target, qwen_target):

@@ -64,9 +64,9 @@ def test_int8_linear_gives_fp32_when_asked_and_repeats_bit_for_bit():
 def test_a_draft_with_int8_weights_leaves_the_output_the_targets(llama_target, llama_draft):
     """Lossless whatever the draft computes: greedy speculative text with an int8 draft equals
     regular decoding, and the int8 draft still proposes mostly what the full one does."""
-    from bass.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
+    from bass.app.local import build_local_scheduler
     from bass.coordinator.requests import GenerationRequest
-    from bass.local import build_local_scheduler
+    from bass.core.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
 
     prompts = [(5, 17, 33), (42, 7), tuple(range(3, 20))]
 

@@ -10,7 +10,7 @@ if not torch.cuda.is_available():  # Triton picks its interpreter when first imp
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
-from bass.config import SamplingParams  # noqa: E402
+from bass.core.config import SamplingParams  # noqa: E402
 from bass.engine.sampling import RowParams, noise_keys, race, truncation_cut  # noqa: E402
 from bass.kernels.triton_sampling import gumbel_race, window_cut  # noqa: E402
 

@@ -5,8 +5,8 @@ acceptance rate the coupling predicts, and ragged draft lengths."""
 import pytest
 import torch
 
-from bass.bench.acceptance_rules import rule_acceptance
-from bass.config import SamplingParams
+from bass.app.bench.acceptance_rules import rule_acceptance
+from bass.core.config import SamplingParams
 from bass.engine.sampling import RowParams, compact, noise_keys, race
 from bass.engine.verification import accept_matching_prefix
 from stats import chi_square_pvalue

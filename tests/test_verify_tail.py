@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from bass.config import SamplingParams
+from bass.core.config import SamplingParams
 from bass.engine import verify_tail
 from bass.engine.sampling import RowParams, noise_keys, race_unsynced
 from bass.engine.verification import verdict_columns

@@ -1,4 +1,4 @@
-"""The worker Session stream (coordinator/remote_session.py, bass/worker_session.py) against a
+"""The worker Session stream (bass/transport/remote_session.py, bass/transport/worker_session.py) against a
 real gRPC server over a stand-in worker: same answers and same errors as the unary calls, a
 worker dying mid-call or hanging fails the call promptly, and a probe reconnects."""
 
@@ -9,14 +9,14 @@ import time
 import grpc
 import pytest
 
-from bass import wire
-from bass.config import SamplingParams
-from bass.coordinator.remote import RemoteDraftWorker, RemoteTargetWorker
-from bass.errors import InvalidRequestError, UnknownSequenceError, WorkerUnavailableError
-from bass.grpc_server import start_server
+from bass.core.config import SamplingParams
+from bass.core.errors import InvalidRequestError, UnknownSequenceError, WorkerUnavailableError
+from bass.core.worker_api import SequenceSampling, Verdict, VerifyItem, VerifyRequest, VerifyResponse, WorkerInfo
 from bass.target_service.servicer import SERVICE_NAME, TargetServicer
+from bass.transport import wire
+from bass.transport.grpc_server import start_server
+from bass.transport.remote import RemoteDraftWorker, RemoteTargetWorker
 from bass.v1 import worker_pb2 as pb
-from bass.worker_api import SequenceSampling, Verdict, VerifyItem, VerifyRequest, VerifyResponse, WorkerInfo
 
 SAMPLING = SequenceSampling(SamplingParams(), seed_key=3)
 

@@ -22,8 +22,8 @@ class ServiceActor:
     def __init__(self, kind: str, config_json: str):
         from pydantic import TypeAdapter
 
-        from bass.config import CoordinatorConfig, WorkerServiceConfig
-        from bass.grpc_server import freeze_startup_heap
+        from bass.core.config import CoordinatorConfig, WorkerServiceConfig
+        from bass.transport.grpc_server import freeze_startup_heap
 
         logging.basicConfig(level=logging.INFO)
         self.kind = kind
@@ -48,7 +48,7 @@ class ServiceActor:
                 from bass.draft_service.server import serve
             self.service = serve(config)
             port = self.service.port
-        freeze_startup_heap()  # as the CLI's serving processes do (bass/grpc_server.py)
+        freeze_startup_heap()  # as the CLI's serving processes do (bass/transport/grpc_server.py)
         host = config.host if config.host not in ("0.0.0.0", "::", "") else ray.util.get_node_ip_address()
         self._address = f"{host}:{port}"
 

@@ -20,8 +20,8 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from bass.config import ServeConfig
-from bass.errors import BassError, CapacityError
+from bass.core.config import ServeConfig
+from bass.core.errors import BassError, CapacityError
 from bass.deploy.actors import ACTOR_NAMES, ServiceActor
 
 log = logging.getLogger(__name__)

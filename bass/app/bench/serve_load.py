@@ -1,0 +1,109 @@
+"""The load generator: GenerateStream calls sent open-loop (at planned offsets, whatever the
+server's state) or closed-loop (N clients, each sending its next request when the last ends).
+
+One asyncio loop over one grpc.aio channel: hundreds of concurrent streams without a thread
+each, and every delta timestamped when the loop receives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable, Iterable, Iterator
+
+import grpc
+
+from bass.app.bench.serve_records import DeltaEvent, RequestRecord
+from bass.app.bench.serve_workload import Arrival, RequestSpec
+from bass.app.client import FINISH_REASON_NAMES, build_request
+from bass.v1 import generation_pb2_grpc
+
+# Large enough for hundreds of streams on one connection; the server's own limits decide.
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 2**20)]
+
+OnDone = Callable[[RequestRecord], None]
+CONNECT_TIMEOUT_S = 60.0
+
+
+async def _connect(channel, address: str) -> None:
+    try:
+        await asyncio.wait_for(channel.channel_ready(), CONNECT_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise ConnectionError(f"no Generation service answers at {address}") from None
+
+
+def to_request(spec: RequestSpec):
+    return build_request(spec.prompt.text, n=spec.n, max_new_tokens=spec.max_new_tokens,
+                         temperature=spec.temperature, top_p=spec.top_p, seed=spec.seed, speculate=spec.speculate)
+
+
+async def _stream_one(stub, spec: RequestSpec, scheduled_s: float, start: float, timeout_s: float) -> RequestRecord:
+    sent = time.perf_counter()
+    record = RequestRecord(spec=spec, scheduled_s=scheduled_s, sent_s=sent - start)
+    call = stub.GenerateStream(to_request(spec), timeout=timeout_s)
+    try:
+        async for message in call:
+            now = time.perf_counter() - sent
+            for d in message.deltas:
+                record.deltas.append(DeltaEvent(now, d.index, tuple(d.token_ids), d.text,
+                                                FINISH_REASON_NAMES.get(d.finish_reason)))
+            if message.HasField("stats"):
+                record.stats_generated_tokens = message.stats.generated_tokens
+        record.latency_s = time.perf_counter() - sent
+    except grpc.aio.AioRpcError as e:
+        record.status, record.detail = e.code().name, e.details() or ""
+        record.latency_s = time.perf_counter() - sent
+    return record
+
+
+async def _open_loop(address: str, arrivals: list[Arrival], timeout_s: float, on_done: OnDone | None):
+    async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        await _connect(channel, address)
+        start = time.perf_counter()
+
+        async def one(a: Arrival) -> RequestRecord:
+            await asyncio.sleep(max(0.0, a.offset_s - (time.perf_counter() - start)))
+            record = await _stream_one(stub, a.spec, a.offset_s, start, timeout_s)
+            if on_done:
+                on_done(record)
+            return record
+
+        return list(await asyncio.gather(*(one(a) for a in arrivals)))
+
+
+async def _closed_loop(address: str, specs: Iterator[RequestSpec], concurrency: int, duration_s: float | None,
+                       timeout_s: float, on_done: OnDone | None):
+    async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        await _connect(channel, address)
+        start = time.perf_counter()
+        records: list[RequestRecord] = []
+
+        async def client() -> None:
+            while duration_s is None or time.perf_counter() - start < duration_s:
+                spec = next(specs, None)
+                if spec is None:
+                    return
+                record = await _stream_one(stub, spec, time.perf_counter() - start, start, timeout_s)
+                records.append(record)
+                if on_done:
+                    on_done(record)
+
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        return records
+
+
+def run_open_loop(address: str, arrivals: list[Arrival], *, timeout_s: float = 600.0,
+                  on_done: OnDone | None = None) -> list[RequestRecord]:
+    """Send each arrival at its offset from the start; return their records in arrival order."""
+    return asyncio.run(_open_loop(address, arrivals, timeout_s, on_done))
+
+
+def run_closed_loop(address: str, specs: Iterable[RequestSpec], concurrency: int, *, duration_s: float | None = None,
+                    timeout_s: float = 600.0, on_done: OnDone | None = None) -> list[RequestRecord]:
+    """`concurrency` clients take the specs in order, one request at a time each, until the
+    specs run out or `duration_s` has passed (requests in flight then still finish)."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    return asyncio.run(_closed_loop(address, iter(specs), concurrency, duration_s, timeout_s, on_done))

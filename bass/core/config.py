@@ -1,0 +1,392 @@
+"""Every configuration type, typed and validated in one place.
+
+Each config is a frozen dataclass that checks itself in __post_init__ and raises
+InvalidRequestError naming the offending field, so the same checks guard the CLI, config files
+and (later) gRPC requests.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from bass.core.errors import InvalidRequestError
+
+DTYPES = ("float32", "bfloat16", "float16")
+ATTENTION_BACKENDS = ("auto", "pad", "split", "triton")
+DRAFT_LENGTH_POLICIES = ("auto", "bass", "fixed", "adaptive")
+
+
+def _require(ok: bool, field_name: str, message: str) -> None:
+    if not ok:
+        raise InvalidRequestError(field_name, message)
+
+
+def _finite(x: float) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+# Temperatures below this are greedy (temperature 0). At 1e-5 a logit gap of 1e-4 is already a
+# factor e^10; what lies below can only be a tie or an overflow (logits / 1e-38 is inf).
+GREEDY_TEMPERATURE = 1e-5
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one sequence turns logits into a token; shapes target and draft distributions alike.
+
+    temperature 0 means greedy, and so does any temperature below GREEDY_TEMPERATURE: dividing
+    logits by a temperature that small overflows float32 (inf / inf = NaN probabilities), and
+    long before that the distribution is already one-hot, so the greedy limit is what such a
+    request means. top_k 0 and top_p 1.0 mean "off"; a top_k beyond the vocabulary keeps it all.
+    """
+
+    __pydantic_config__ = {"extra": "forbid"}  # config files: unknown keys are errors
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        _require(_finite(self.temperature) and self.temperature >= 0, "temperature",
+                 f"must be a finite number >= 0, got {self.temperature!r}")
+        if self.temperature < GREEDY_TEMPERATURE:
+            object.__setattr__(self, "temperature", 0.0)  # the greedy limit (see the docstring)
+        _require(isinstance(self.top_k, int) and self.top_k >= 0, "top_k",
+                 f"must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        _require(_finite(self.top_p) and 0 < self.top_p <= 1, "top_p",
+                 f"must be in (0, 1], got {self.top_p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def resolve_device(device: str) -> str:
+    """'auto': the GPU where there is one."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """'auto': bfloat16 on a GPU, float32 on the CPU."""
+    return ("bfloat16" if device.startswith("cuda") else "float32") if dtype == "auto" else dtype
+
+
+# Draft lengths whose verification is captured as CUDA graphs by default; "auto" draft length
+# considers no longer drafts (longer ones run eagerly, slower than they pay).
+GRAPH_MAX_DRAFT = 8
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """One model with its KV cache on one device: what each model service runs."""
+
+    __pydantic_config__ = {"extra": "forbid"}  # config files: unknown keys are errors
+
+    model_dir: Path
+    device: str = "cpu"
+    dtype: str = "float32"
+    num_slots: int = 64
+    max_seq_len: int = 2048
+    attention: str = "auto"  # auto: triton on CUDA (when Triton is installed), pad on the CPU
+    # Replay uniform decode steps as CUDA graphs (CUDA with the triton kernel only).
+    cuda_graphs: bool = True
+    # Verification graphs are captured at start for draft lengths up to this; longer drafts
+    # (e.g. the "bass" rule's up to 32) run eagerly unless this is raised.
+    graph_max_draft: int = GRAPH_MAX_DRAFT
+    # Compute every row the same way whatever the batch (engine/model.py): seeded and greedy
+    # tokens then do not move with load in bf16 either. For the target, whose tokens are the
+    # output; slower (one GEMM tiling for all shapes instead of cuBLAS's choice).
+    batch_invariant: bool = False
+    # A draft's option: its projections and LM head also kept as weight-only int8 (one scale per
+    # output column), which steps of up to 16 rows read: half the bytes (kernels/triton_int8.py).
+    # Changes the draft's numbers, so which tokens it proposes, never the output. With the
+    # Triton kernels only (ignored with the PyTorch attention backends). None ("auto"): on for a
+    # draft (`as_draft`), off for a target. On an H200 it made a draft forward ~14% cheaper at
+    # one sequence with the same acceptance (bench/results, 2026-11-26).
+    int8_weights: bool | None = None
+
+    def as_draft(self) -> "RunnerConfig":
+        """This runner as a draft's: int8_weights "auto" (None) turned on, unless the runner is
+        batch-invariant (whose fixed GEMM tiling int8 would replace)."""
+        return self if self.int8_weights is not None else replace(self, int8_weights=not self.batch_invariant)
+
+    @property
+    def attention_backend(self) -> str:
+        if self.attention != "auto":
+            return self.attention
+        if self.device.startswith("cuda"):
+            from importlib.util import find_spec
+
+            if find_spec("triton") is not None:
+                return "triton"
+        return "pad"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "model_dir", Path(self.model_dir))
+        _require(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
+        _require(self.device == "cpu" or self.device.startswith("cuda"), "device",
+                 f"must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        _require(self.num_slots >= 1, "num_slots", f"must be >= 1, got {self.num_slots}")
+        _require(self.max_seq_len >= 2, "max_seq_len", f"must be >= 2, got {self.max_seq_len}")
+        _require(self.attention in ATTENTION_BACKENDS, "attention",
+                 f"must be one of {ATTENTION_BACKENDS}, got {self.attention!r}")
+        _require(0 <= self.graph_max_draft <= 32, "graph_max_draft",
+                 f"must be in [0, 32], got {self.graph_max_draft}")
+        _require(not (self.int8_weights and self.batch_invariant), "int8_weights",
+                 "is a draft's option and batch_invariant a target's: not both")
+
+
+@dataclass(frozen=True)
+class DraftLengthConfig:
+    """How many tokens the draft proposes per step.
+
+    policy "auto" (default): one length for the batch, the one that maximizes throughput given
+    the measured step costs and acceptance, 0 (regular decoding) where speculation does not
+    pay. "bass": the paper's batch-level rule (start at `initial`, grow by 2 up to
+    `max_length` when any sequence accepts all, shrink otherwise). "fixed": always `fixed`
+    (0 = regular decoding). "adaptive": each sequence picks its own length from its acceptance
+    history and a configured `cost_ratio` (draft step cost / target step cost).
+    """
+
+    __pydantic_config__ = {"extra": "forbid"}  # config files: unknown keys are errors
+
+    policy: str = "auto"
+    fixed: int = 4
+    initial: int = 7  # "bass": the first length; "auto" starts at min(initial, 4) (draft_length.AUTO_INITIAL_LENGTH)
+    max_length: int = 32
+    cost_ratio: float = 0.2
+    # "auto": from regular decoding, speculate only where its measured throughput beats regular
+    # decoding by this fraction (see coordinator/draft_length.MeasuredCost).
+    speculation_margin: float = 0.05
+
+    def __post_init__(self) -> None:
+        _require(self.policy in DRAFT_LENGTH_POLICIES, "draft_length.policy",
+                 f"must be one of {DRAFT_LENGTH_POLICIES}, got {self.policy!r}")
+        _require(0 <= self.fixed <= 64, "draft_length.fixed", f"must be in [0, 64], got {self.fixed}")
+        _require(1 <= self.max_length <= 64, "draft_length.max_length",
+                 f"must be in [1, 64], got {self.max_length}")
+        _require(1 <= self.initial <= self.max_length, "draft_length.initial",
+                 f"must be in [1, max_length={self.max_length}], got {self.initial}")
+        _require(_finite(self.cost_ratio) and 0 <= self.cost_ratio <= 1, "draft_length.cost_ratio",
+                 f"must be in [0, 1], got {self.cost_ratio}")
+        _require(_finite(self.speculation_margin) and 0 <= self.speculation_margin <= 1,
+                 "draft_length.speculation_margin", f"must be in [0, 1], got {self.speculation_margin}")
+
+    @classmethod
+    def parse(cls, text: str) -> "DraftLengthConfig":
+        """'auto', 'bass', 'adaptive', 'fixed' or an integer k (a fixed length; 0 = regular decoding)."""
+        text = text.strip().lower()
+        if text.isdigit():
+            return cls(policy="fixed", fixed=int(text))
+        return cls(policy=text)
+
+    @property
+    def speculates(self) -> bool:
+        return not (self.policy == "fixed" and self.fixed == 0)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """The coordinator's limits and policies."""
+
+    __pydantic_config__ = {"extra": "forbid"}  # config files: unknown keys are errors
+
+    max_batch_size: int = 64
+    max_n: int = 16
+    max_new_tokens: int = 2048
+    # Prompt tokens prefilled per step, target and draft together. A worker prefills new
+    # sequences before the step's forward, so every running sequence waits for that prefill:
+    # this bounds the wait, spreading a burst of arrivals over several steps. A prompt longer
+    # than the budget is still admitted, alone in its step, so nothing starves.
+    max_prefill_tokens_per_step: int = 512
+    draft_length: DraftLengthConfig = field(default_factory=DraftLengthConfig)
+    # Pipelined speculation (coordinator/pipelined_step.py): 0 = off; k >= 2 = the draft proposes
+    # k tokens for step t + 1 while the target verifies step t, so their times overlap instead of
+    # adding up. For a draft on a GPU of its own: on one GPU the two models' kernels slow each
+    # other (bench/results, 2026-11-27: one GPU hides 14-24% of the draft). Replaces
+    # draft_length while on: each step verifies k - 1 drafts a sequence.
+    pipeline_draft_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        _require(self.max_batch_size >= 1, "max_batch_size", f"must be >= 1, got {self.max_batch_size}")
+        k = self.pipeline_draft_tokens
+        _require(isinstance(k, int) and not isinstance(k, bool) and (k == 0 or 2 <= k <= 32),
+                 "pipeline_draft_tokens", f"must be 0 (off) or in [2, 32], got {k!r}")
+        _require(self.max_n >= 1, "max_n", f"must be >= 1, got {self.max_n}")
+        _require(self.max_new_tokens >= 1, "max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
+        budget = self.max_prefill_tokens_per_step
+        _require(isinstance(budget, int) and not isinstance(budget, bool) and budget >= 1,
+                 "max_prefill_tokens_per_step", f"must be an integer >= 1, got {budget!r}")
+
+
+@dataclass(frozen=True)
+class WorkerServiceConfig:
+    """A draft or target service: its model runner and where it listens."""
+
+    __pydantic_config__ = {"extra": "forbid"}  # config files: unknown keys are errors
+
+    model_dir: Path | None = None
+    device: str = "auto"  # auto: the GPU where there is one
+    dtype: str = "auto"  # auto: bfloat16 on a GPU, float32 on the CPU
+    num_slots: int = 64
+    max_seq_len: int = 2048
+    attention: str = "auto"
+    host: str = "127.0.0.1"
+    port: int = 0  # 0 = any free port
+    draft_top_n: int = 64  # the draft finds its top-k/top-p cut among its N most likely tokens; draft only
+    graph_max_draft: int = GRAPH_MAX_DRAFT  # target service: draft lengths whose verification is graph-captured
+    batch_invariant: bool = False  # target service: rows computed the same way whatever the batch (slower)
+    int8_weights: bool | None = None  # draft only (None: on for a draft): int8 projections for few-row steps
+
+    def __post_init__(self) -> None:
+        if self.model_dir is not None:
+            object.__setattr__(self, "model_dir", Path(self.model_dir).expanduser())
+            # validates the runner fields ("auto" stands in for any valid device and dtype)
+            self._runner_config(self.device if self.device != "auto" else "cpu",
+                                self.dtype if self.dtype != "auto" else "float32")
+        _require(0 <= self.port < 65536, "port", f"must be in [0, 65535], got {self.port}")
+        _require(self.draft_top_n >= 1, "draft_top_n", f"must be >= 1, got {self.draft_top_n}")
+
+    def runner_config(self) -> RunnerConfig:
+        """The runner this service runs, with "auto" device and dtype resolved here."""
+        device = resolve_device(self.device)
+        return self._runner_config(device, resolve_dtype(self.dtype, device))
+
+    def _runner_config(self, device: str, dtype: str) -> RunnerConfig:
+        _require(self.model_dir is not None, "model_dir", "is required")
+        return RunnerConfig(model_dir=self.model_dir, device=device, dtype=dtype, num_slots=self.num_slots,
+                            max_seq_len=self.max_seq_len, attention=self.attention,
+                            graph_max_draft=self.graph_max_draft, batch_invariant=self.batch_invariant,
+                            int8_weights=self.int8_weights)
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    """The public Generation service."""
+
+    __pydantic_config__ = {"extra": "forbid"}  # config files: unknown keys are errors
+
+    target_address: str = ""
+    draft_address: str = ""  # empty: regular decoding only
+    tokenizer_dir: Path | None = None  # defaults to the target's model directory where known
+    host: str = "127.0.0.1"
+    port: int = 50051
+    metrics_port: int | None = None  # Prometheus /metrics over HTTP on `host`; None = off, 0 = any free port
+    max_waiting: int = 256  # requests queued for a place in the batch before RESOURCE_EXHAUSTED (hard limit)
+    max_concurrent_rpcs: int = 512
+    reconnect_interval_s: float = 2.0
+    # SIGTERM: health turns NOT_SERVING and new calls get UNAVAILABLE at once; running requests
+    # get this long to finish, the rest are answered UNAVAILABLE, and the process exits.
+    shutdown_grace_s: float = 20.0
+    # Largest public request the server accepts (gRPC's default, 4 MiB): a prompt that fits
+    # max_seq_len is far smaller, so a larger message is refused before it is even parsed. The
+    # internal worker links have their own, larger limit (bass/transport/grpc_server.py).
+    max_request_bytes: int = 4 * 1024 * 1024
+    max_stop_strings: int = 16  # stop strings per request
+    max_stop_string_bytes: int = 256  # UTF-8 bytes per stop string
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    def __post_init__(self) -> None:
+        if self.tokenizer_dir is not None:
+            object.__setattr__(self, "tokenizer_dir", Path(self.tokenizer_dir).expanduser())
+        _require(0 <= self.port < 65536, "coordinator.port", f"must be in [0, 65535], got {self.port}")
+        _require(self.metrics_port is None or 0 <= self.metrics_port < 65536, "coordinator.metrics_port",
+                 f"must be in [0, 65535], got {self.metrics_port}")
+        # >= 1: every request waits in the queue, however briefly, before the loop admits it
+        _require(self.max_waiting >= 1, "max_waiting", f"must be >= 1, got {self.max_waiting}")
+        _require(_finite(self.shutdown_grace_s) and self.shutdown_grace_s >= 0, "shutdown_grace_s",
+                 f"must be a number >= 0, got {self.shutdown_grace_s!r}")
+        _require(1024 <= self.max_request_bytes <= 1 << 30, "max_request_bytes",
+                 f"must be in [1024, 2**30], got {self.max_request_bytes}")
+        _require(self.max_stop_strings >= 0, "max_stop_strings", f"must be >= 0, got {self.max_stop_strings}")
+        _require(self.max_stop_string_bytes >= 1, "max_stop_string_bytes",
+                 f"must be >= 1, got {self.max_stop_string_bytes}")
+        _require(self.max_concurrent_rpcs >= 1, "max_concurrent_rpcs", f"must be >= 1, got {self.max_concurrent_rpcs}")
+        _require(_finite(self.reconnect_interval_s) and self.reconnect_interval_s > 0, "reconnect_interval_s",
+                 f"must be > 0, got {self.reconnect_interval_s}")
+
+
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    """`bass up`: where Ray places the three services ([ray] section).
+
+    With ServeConfig.colocate (the default) one actor holds both models on target_gpus (with
+    target_cpus + draft_cpus), beside the coordinator's. Otherwise each service is one actor in
+    a bundle of one placement group: target_gpus = draft_gpus = 0.5 with PACK puts both models
+    on one GPU; 1 and 1 on two GPUs of a node (PACK) or of different nodes (SPREAD /
+    STRICT_SPREAD). Actors restart on failure (max_restarts, -1 = always) on a fixed port each,
+    so the coordinator reconnects to the same address.
+    """
+
+    __pydantic_config__ = {"extra": "forbid"}  # config files: unknown keys are errors
+
+    namespace: str = "bass"
+    strategy: str = "PACK"
+    target_gpus: float = 1.0
+    draft_gpus: float = 1.0
+    target_cpus: float = 1.0
+    draft_cpus: float = 1.0
+    coordinator_cpus: float = 1.0
+    target_port: int = 50061
+    draft_port: int = 50062
+    max_restarts: int = -1
+    ready_timeout_s: float = 900.0
+
+    def __post_init__(self) -> None:
+        _require(self.strategy in PLACEMENT_STRATEGIES, "ray.strategy",
+                 f"must be one of {PLACEMENT_STRATEGIES}, got {self.strategy!r}")
+        for name in ("target_gpus", "draft_gpus", "target_cpus", "draft_cpus", "coordinator_cpus"):
+            value = getattr(self, name)
+            _require(_finite(value) and value >= 0, f"ray.{name}", f"must be a number >= 0, got {value!r}")
+        _require(self.max_restarts >= -1, "ray.max_restarts", f"must be >= -1, got {self.max_restarts}")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """`bass serve` / `bass up`: sections [target], [draft], [coordinator] (and [ray] for `bass up`)."""
+
+    __pydantic_config__ = {"extra": "forbid"}  # config files: unknown keys are errors
+
+    target: WorkerServiceConfig = field(default_factory=WorkerServiceConfig)
+    draft: WorkerServiceConfig | None = field(default_factory=WorkerServiceConfig)
+    coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    # `bass serve`: the draft in the target's process, on its device, both services on the
+    # target's address (draft.host and draft.port unused). A speculative step is then one call
+    # and the draft's tokens never leave the GPU before they are verified (issue #13). False:
+    # the draft in a process of its own, which can fail or restart alone (two calls a step).
+    colocate: bool = True
+
+    def __post_init__(self) -> None:
+        _require(self.target.int8_weights is not True, "target.int8_weights",
+                 "the target's numbers are the output: int8 weights are for the draft only")
+        if self.colocate and self.draft is not None:
+            devices = {self.target.device, self.draft.device} - {"auto"}
+            _require(len(devices) <= 1, "colocate", f"puts the draft on the target's device; they are set to "
+                                                    f"{self.target.device} and {self.draft.device} "
+                                                    f"(set colocate = false for separate devices)")
+
+
+def load_config_file(path: Path, cls: type = ServeConfig):
+    """Read a TOML file into `cls`, rejecting unknown keys and bad values with the key's path."""
+    import tomllib
+
+    from pydantic import TypeAdapter, ValidationError
+
+    with open(path, "rb") as f:
+        data = tomllib.load(f)
+    try:
+        return TypeAdapter(cls).validate_python(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "config"
+        raise InvalidRequestError(where, f"{first['msg']} (in {path})") from None
