@@ -46,6 +46,13 @@ log = logging.getLogger(__name__)
 _STEADY_PENDING = 2
 
 
+def _same_device(a: str, b: str) -> bool:
+    """Whether two workers' devices are one ("cuda" is the first GPU, as torch has it)."""
+    def index(d: str) -> str:
+        return d if ":" in d or d == "cpu" else f"{d}:0"
+    return index(a) == index(b)
+
+
 class Scheduler:
     def __init__(self, target: TargetWorkerAPI, draft: DraftWorkerAPI | None, codec: Codec,
                  config: SchedulerConfig = SchedulerConfig(), *, reconnect_interval_s: float = 2.0,
@@ -475,9 +482,11 @@ class Scheduler:
         self.draft_up = True
         # Whether draft and target share a device is known once both answered Info: a remote
         # pair that restarted together is one again only once the draft has reconnected.
-        shares = bool(getattr(self.target, "verifies_device_drafts", False))
+        # A draft on a GPU of its own hands its tokens over through the host.
+        shares = (bool(getattr(self.target, "verifies_device_drafts", False))
+                  and _same_device(info.device, self.target_info.device))
         self.speculative.fed_verify = self.speculative.chains = shares
-        log.info("draft ready: %s%s", info.model_name,
+        log.info("draft ready: %s on %s%s", info.model_name, info.device,
                  " (shares the target's device: a speculative step is one call)" if shares else "")
 
     def _draft_failed(self, exc: Exception) -> None:

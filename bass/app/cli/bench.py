@@ -183,10 +183,13 @@ def bench_invariance(target_dir, draft_dir, problems, max_new_tokens, modes, pol
 @click.option("--trace", is_flag=True, help="Keep the reported round's per-step trace (draft length, sequences, "
                                              "tokens, times) and the coordinator's garbage collections "
                                              "in each row.")
+@click.option("--draft-device", help="The draft's device, e.g. cuda:1 (a GPU of its own) [the target's].")
 def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_new_tokens, services, separate_draft,
                 device, dtype, attention, max_seq_len, peak_tflops, repeats, batch_invariant, draft_int8, trace,
-                out) -> None:
-    """End-to-end decoding speed: regular vs speculative, in-process or through the services."""
+                draft_device, out) -> None:
+    """End-to-end decoding speed: regular vs speculative, in-process or through the services.
+    A policy `pipeK` is pipelined speculation drafting K tokens ahead (for a draft on a GPU of
+    its own: --draft-device)."""
     from bass.app.bench.environment import describe
     from bass.app.bench.speed import measure
     from bass.app.humaneval_problems import load_problems, select
@@ -197,12 +200,15 @@ def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_ne
     batch_list = [int(b) for b in batches.split(",")]
     runner = dict(device=device, dtype=dtype, num_slots=max(batch_list), max_seq_len=max_seq_len, attention=attention)
     prompts = [p["prompt"] for p in select(load_problems(), problems)]
+    draft_runner = {**runner, "device": draft_device or device}
     rows = measure(RunnerConfig(model_dir=target_dir, batch_invariant=batch_invariant, **runner),
-                   RunnerConfig(model_dir=draft_dir, int8_weights=draft_int8, **runner), prompts, batches=batch_list, policies=[p for p in policies.split(",") if p], mode=mode,
+                   RunnerConfig(model_dir=draft_dir, int8_weights=draft_int8, **draft_runner), prompts,
+                   batches=batch_list, policies=[p for p in policies.split(",") if p], mode=mode,
                    max_new_tokens=max_new_tokens, services=services, peak_tflops=peak_tflops, repeats=repeats,
                    progress=lambda m: click.echo(m, err=True), colocate=not separate_draft, trace=trace)
     result = {"benchmark": "speed", "environment": describe(device), "target": str(target_dir), "draft": str(draft_dir),
               "dtype": dtype, "attention": attention, "batch_invariant": batch_invariant, "draft_int8": draft_int8,
+              "draft_device": draft_device or device,
               "problems": problems, "results": rows}
     _emit_result(result, out)
 

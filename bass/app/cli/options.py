@@ -56,13 +56,17 @@ def scheduler_options(f):
         click.option("--max-prefill-tokens-per-step", type=int,
                      help="Prompt tokens prefilled per step, target and draft together; a longer prompt goes "
                           "alone [512]."),
+        click.option("--pipeline-draft-tokens", type=int,
+                     help="Pipelined speculation: the draft proposes K tokens for the next step while the target "
+                          "verifies this one (for a draft on a GPU of its own: --draft-device); 0 = off [0]."),
     ]):
         f = opt(f)
     return f
 
 
 def with_scheduler_options(ctx, cfg: CoordinatorConfig) -> CoordinatorConfig:
-    sched = explicit(ctx, ["max_batch_size", "max_n", "max_new_tokens", "max_prefill_tokens_per_step"])
+    sched = explicit(ctx, ["max_batch_size", "max_n", "max_new_tokens", "max_prefill_tokens_per_step",
+                           "pipeline_draft_tokens"])
     if ctx.params.get("draft_length") is not None:
         sched["draft_length"] = ctx.params["draft_length"]
     return replace(cfg, scheduler=replace(cfg.scheduler, **sched), **explicit(ctx, ["max_waiting"]))

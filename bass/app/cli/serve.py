@@ -37,6 +37,8 @@ def serve_options(f):
         click.option("--port", type=int, help="Public port of the coordinator [50051]."),
         click.option("--metrics-port", type=int, help="Serve the coordinator's Prometheus metrics on this port [off]."),
         click.option("--device", help="cpu | cuda | auto [auto]."),
+        click.option("--draft-device", help="The draft's device, e.g. cuda:1: a GPU of its own, in a process of "
+                                            "its own (implies --separate-draft) [the target's]."),
         click.option("--dtype", type=click.Choice(DTYPES + ("auto",)), help="[auto: bfloat16 on GPU, float32 on CPU]"),
         click.option("--num-slots", type=int, help="KV cache slots per model [64]."),
         click.option("--max-seq-len", type=int, help="KV cache positions per sequence [2048]."),
@@ -69,14 +71,17 @@ def serve_config(ctx: click.Context, default_port: int | None = None) -> ServeCo
     draft = None
     if p["draft_dir"] != "none":
         base = cfg.draft or WorkerServiceConfig()
-        draft = replace(base, device=dev, dtype=dt, **workers,
+        draft_dev = p["draft_device"] or (base.device if base.device != "auto" else dev)
+        draft = replace(base, device=resolve_device(draft_dev), dtype=dt, **workers,
                         model_dir=_require_model(p["draft_dir"] or base.model_dir or default_model_pair()[0], "draft"))
     coord = with_scheduler_options(ctx, cfg.coordinator)
     port = p["port"] if p["port"] is not None else default_port
     coord = replace(coord, **{k: v for k, v in dict(port=port, metrics_port=p["metrics_port"]).items()
                               if v is not None})
+    # A draft on a device of its own runs in a process of its own (a co-located pair shares one).
+    own_device = p["draft_device"] is not None and draft is not None and draft.device != target.device
     return ServeConfig(target=target, draft=draft, coordinator=coord,
-                       colocate=cfg.colocate and not p["separate_draft"])
+                       colocate=cfg.colocate and not p["separate_draft"] and not own_device)
 
 
 @click.command("serve")
