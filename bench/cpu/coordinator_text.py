@@ -22,8 +22,8 @@ import statistics
 import time
 from pathlib import Path
 
-from bass.bench.environment import describe
-from bass.bench.humaneval import load_problems
+from bass.app.bench.environment import describe
+from bass.app.humaneval_problems import load_problems
 from bass.coordinator.incremental_text import IncrementalText
 from bass.coordinator.stopping import StopCriteria, check_stop
 from bass.coordinator.tokenizer import HFCodec
@@ -62,7 +62,7 @@ def whole_output(codec: HFCodec, ids: list[int]) -> list[float]:
 
 
 def main() -> None:
-    from bass.models.fetch import default_model_dirs
+    from bass.app.models.fetch import default_model_dirs
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokenizer", type=Path, default=default_model_dirs()[1],

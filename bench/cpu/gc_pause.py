@@ -12,7 +12,7 @@ import transformers  # noqa: F401
 import bass.cli  # noqa: F401
 import bass.coordinator.scheduler  # noqa: F401
 import bass.target_service.colocated  # noqa: F401
-from bass.grpc_server import freeze_startup_heap
+from bass.transport.grpc_server import freeze_startup_heap
 
 
 def full_collection_ms() -> float:

@@ -51,12 +51,12 @@ def main() -> None:
     from tiny_models import make_model
     from rpc_overhead import environment
 
-    from bass.bench.speed import workers
-    from bass.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
-    from bass.coordinator.remote import RemoteDraftWorker, RemoteTargetWorker
+    from bass.app.bench.speed import workers
+    from bass.core.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
+    from bass.transport.remote import RemoteDraftWorker, RemoteTargetWorker
     from bass.coordinator.scheduler import Scheduler
     from bass.coordinator.tokenizer import load_codec
-    from bass.local import build_local_workers
+    from bass.app.local import build_local_workers
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -13,7 +13,7 @@ Each client is measured at each T over TCP (127.0.0.1) and over a Unix socket.
 
 Clients: `unary` (one Verify RPC per call: the transport before issue #13), `unary-spin` (the
 same, its reply awaited by polling the future without sleeping for up to 2 ms), `session`
-(bass.coordinator.remote's stream transport, which `bass serve` uses) and `session-ahead` (the
+(bass.transport.remote's stream transport, which `bass serve` uses) and `session-ahead` (the
 same with one call kept in flight, as regular decoding runs). `period_overhead_ms` is the wall
 time per call beyond T: for `session-ahead` what the worker idles between calls.
 """
@@ -56,11 +56,11 @@ class TimedTargetWorker:
         self._chunk = bytes(1 << 15)  # hashing 32 KiB releases the GIL and takes ~20 us
 
     def info(self):
-        from bass.worker_api import WorkerInfo
+        from bass.core.worker_api import WorkerInfo
         return WorkerInfo("timed", 1000, 64, 1024, "float32", "cpu")
 
     def verify(self, request):
-        from bass.worker_api import Verdict, VerifyResponse
+        from bass.core.worker_api import Verdict, VerifyResponse
         started = time.perf_counter()
         end = started + self.t_s
         if self.work == "sleep":
@@ -79,7 +79,7 @@ class TimedTargetWorker:
 
 
 def serve(t_ms: float, work: str, address: str) -> None:
-    from bass.grpc_server import start_server, wait_for_stop_signal
+    from bass.transport.grpc_server import start_server, wait_for_stop_signal
     from bass.target_service.servicer import SERVICE_NAME, TargetServicer
 
     servicer = TargetServicer(TimedTargetWorker(t_ms / 1000, work))
@@ -110,8 +110,8 @@ class WorkerProcess:
 
 # -- the client side ---------------------------------------------------------------------------------
 def verify_request(batch: int = 8, k: int = 4):
-    from bass.config import SamplingParams
-    from bass.worker_api import SequenceSampling, VerifyItem, VerifyRequest
+    from bass.core.config import SamplingParams
+    from bass.core.worker_api import SequenceSampling, VerifyItem, VerifyRequest
     sampling = SequenceSampling(SamplingParams(), seed_key=12345)
     return VerifyRequest(items=[VerifyItem(i + 1, tuple(range(100, 100 + k)), sampling) for i in range(batch)])
 
@@ -121,14 +121,14 @@ class UnarySpin:
 
     def __init__(self, address: str, spin_s: float = 0.002):
         import grpc
-        from bass.grpc_server import SERVER_OPTIONS
+        from bass.transport.grpc_server import SERVER_OPTIONS
         from bass.v1 import worker_pb2_grpc
         self.channel = grpc.insecure_channel(address, options=SERVER_OPTIONS)
         self.stub = worker_pb2_grpc.TargetWorkerStub(self.channel)
         self.spin_s = spin_s
 
     def verify(self, request):
-        from bass import wire
+        from bass.transport import wire
         future = self.stub.Verify.future(wire.verify_request_to_proto(request), timeout=60)
         end = time.perf_counter() + self.spin_s
         while not future.done() and time.perf_counter() < end:

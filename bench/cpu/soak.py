@@ -52,9 +52,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from bass.bench.environment import describe  # noqa: E402
-from bass.client import build_request  # noqa: E402
-from bass.config import CoordinatorConfig, DraftLengthConfig, SchedulerConfig, WorkerServiceConfig  # noqa: E402
+from bass.app.bench.environment import describe  # noqa: E402
+from bass.app.client import build_request  # noqa: E402
+from bass.core.config import CoordinatorConfig, DraftLengthConfig, SchedulerConfig, WorkerServiceConfig  # noqa: E402
 from bass.draft_service import server as draft_server  # noqa: E402
 from bass.target_service import colocated  # noqa: E402
 from bass.target_service import server as target_server  # noqa: E402

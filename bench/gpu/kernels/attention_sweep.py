@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 try:
-    from bass.engine.batch import RaggedBatch, SequenceChunk
+    from bass.kernels.batch import RaggedBatch, SequenceChunk
     from bass.kernels.attention import attend_pad, attend_split
 except ImportError:  # run from a checkout that is not installed: map the folders by hand
     import importlib.util
@@ -53,7 +53,7 @@ except ImportError:  # run from a checkout that is not installed: map the folder
         mod = importlib.util.module_from_spec(spec)
         sys.modules[f"bass.{sub}"] = mod
         spec.loader.exec_module(mod)
-    from bass.engine.batch import RaggedBatch, SequenceChunk
+    from bass.kernels.batch import RaggedBatch, SequenceChunk
     from bass.kernels.attention import attend_pad, attend_split
 
 MODELS = {

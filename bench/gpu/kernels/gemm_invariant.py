@@ -19,7 +19,7 @@ import json
 import torch
 import torch.nn.functional as F
 
-from bass.bench.environment import describe
+from bass.app.bench.environment import describe
 from bass.kernels.triton_matmul import _linear_kernel
 
 import triton

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from bass.bench.steps import StepTimer, random_transformer, shape_config
+from bass.app.bench.steps import StepTimer, random_transformer, shape_config
 
 CONTEXT = 512
 REPEATS = 30

@@ -3,9 +3,9 @@ import sys
 
 from torch.profiler import ProfilerActivity, profile
 
-from bass.config import DraftLengthConfig, RunnerConfig, SamplingParams, SchedulerConfig
+from bass.core.config import DraftLengthConfig, RunnerConfig, SamplingParams, SchedulerConfig
 from bass.coordinator.requests import GenerationRequest
-from bass.local import build_local_scheduler
+from bass.app.local import build_local_scheduler
 
 T, D = sys.argv[1], sys.argv[2]
 cfg = dict(device="cuda", dtype="bfloat16", num_slots=8, max_seq_len=1024)

@@ -18,12 +18,12 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bass.bench.humaneval import load_problems, select
-from bass.bench.speed import case_requests, case_scheduler
-from bass.config import RunnerConfig
+from bass.app.humaneval_problems import load_problems, select
+from bass.app.bench.speed import case_requests, case_scheduler
+from bass.core.config import RunnerConfig
 from bass.coordinator.step_stats import StepStats
 from bass.coordinator.tokenizer import load_codec
-from bass.local import build_local_workers
+from bass.app.local import build_local_workers
 
 NEW_TOKENS = int(os.environ.get("PROFILE_TOKENS", 128))
 DEVICE = os.environ.get("PROFILE_DEVICE", "cuda")  # cpu: a smoke test of this script

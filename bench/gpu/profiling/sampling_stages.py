@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from bass.bench.environment import describe
-from bass.config import SamplingParams
+from bass.app.bench.environment import describe
+from bass.core.config import SamplingParams
 from bass.engine import sampling
 from bass.engine.sampling import RowParams, noise_keys
 

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import torch
 
-from bass.bench.humaneval import load_problems, select
-from bass.bench.speed import MODES
-from bass.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
+from bass.app.humaneval_problems import load_problems, select
+from bass.app.bench.speed import MODES
+from bass.core.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
 from bass.coordinator.requests import GenerationRequest
 from bass.coordinator.scheduler import Scheduler
 from bass.coordinator.tokenizer import load_codec
-from bass.local import build_local_workers
+from bass.app.local import build_local_workers
 
 NEW_TOKENS = 128
 REPLAYS = 24  # < MAX_STEPS - 1: the draft's step index stays inside its token buffer

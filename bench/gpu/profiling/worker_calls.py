@@ -22,13 +22,13 @@ from pathlib import Path
 
 import torch
 
-from bass.bench.environment import describe
-from bass.bench.steps import random_transformer, shape_config
-from bass.config import RunnerConfig, SamplingParams
+from bass.app.bench.environment import describe
+from bass.app.bench.steps import random_transformer, shape_config
+from bass.core.config import RunnerConfig, SamplingParams
 from bass.draft_service.worker import DraftWorker
 from bass.engine.runner import ModelRunner
 from bass.target_service.worker import TargetWorker
-from bass.worker_api import AddSequence, ProposeItem, ProposeRequest, SequenceSampling, VerifyItem, VerifyRequest
+from bass.core.worker_api import AddSequence, ProposeItem, ProposeRequest, SequenceSampling, VerifyItem, VerifyRequest
 
 MODES = {"greedy": SamplingParams(), "t0.8-p0.95": SamplingParams(temperature=0.8, top_p=0.95)}
 

@@ -12,9 +12,9 @@ import json
 import statistics
 import time
 
-from bass.bench.environment import describe
-from bass.bench.humaneval import load_problems
-from bass.client import BassClient
+from bass.app.bench.environment import describe
+from bass.app.humaneval_problems import load_problems
+from bass.app.client import BassClient
 
 
 def run(client: BassClient, prompt: str, *, n: int, max_new_tokens: int, speculate: bool) -> dict:

@@ -14,10 +14,10 @@ import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from bass.bench.environment import describe
-from bass.bench.humaneval import load_problems
-from bass.bench.invariance import first_difference
-from bass.client import BassClient
+from bass.app.bench.environment import describe
+from bass.app.humaneval_problems import load_problems
+from bass.app.bench.invariance import first_difference
+from bass.app.client import BassClient
 
 
 def request_specs(count: int, max_new_tokens: int) -> list[dict]:

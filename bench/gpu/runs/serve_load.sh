@@ -6,7 +6,7 @@
 # regular on the same arrivals. Each distinct request is first sent alone (the references the
 # answers under load must equal). Writes $OUT/serve-load-{greedy,t08}/serve.{json,md,png} and
 # logs; about 5 minutes on an H100. Without matplotlib there, redraw the PNG here:
-#   .venv/bin/python -m bass.bench.serve_report serve-load-greedy/serve.json
+#   .venv/bin/python -m bass.app.bench.serve_report serve-load-greedy/serve.json
 # Overrides: RATES (requests/s), DURATION (seconds of arrivals per run), PROBLEMS (HumanEval slice),
 # SERVE_FLAGS (more `bass serve` flags, e.g. "--max-prefill-tokens-per-step 1000000" for admission
 # without a prefill budget), TAG (appended to the output names, to keep such runs apart).

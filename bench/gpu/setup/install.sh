@@ -4,5 +4,5 @@
 set -euo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 cp -r bass/v1 /tmp/site/bass/  # generated gRPC code (not in the wheel)
-[ -f .whl/COMMIT ] && cp .whl/COMMIT /tmp/site/bass/BUILD_COMMIT  # read by bass.bench.environment
+[ -f .whl/COMMIT ] && cp .whl/COMMIT /tmp/site/bass/BUILD_COMMIT  # read by bass.app.bench.environment
 true
