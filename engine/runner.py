@@ -31,6 +31,15 @@ log = logging.getLogger(__name__)
 PLACEHOLDER = -1
 
 
+def use_device(device: str) -> None:
+    """Make a service process's device its current CUDA device, so that the streams, CUDA graphs
+    and Triton launches of its model go there (a draft on cuda:1 in a process of its own, say).
+    Two models on two devices in one process would each need this around every call: not done;
+    such a pair runs as separate services."""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        torch.cuda.set_device(torch.device(device))
+
+
 @dataclass
 class SequenceState:
     slot: int

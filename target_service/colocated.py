@@ -25,7 +25,7 @@ from bass.core.errors import InvalidRequestError, PreconditionError
 from bass.core.worker_api import SpeculateRequest, SpeculateResponse
 from bass.draft_service.servicer import SERVICE_NAME as DRAFT_SERVICE, DraftServicer
 from bass.draft_service.worker import DraftWorker
-from bass.engine.runner import ModelRunner
+from bass.engine.runner import ModelRunner, use_device
 from bass.target_service.servicer import SERVICE_NAME as TARGET_SERVICE, TargetServicer
 from bass.target_service.worker import TargetWorker
 from bass.transport.grpc_server import RunningServer, start_server
@@ -115,6 +115,7 @@ def serve(target_config: WorkerServiceConfig, draft_config: WorkerServiceConfig)
     if draft_runner.device != target_runner.device:
         raise InvalidRequestError("draft.device", f"a co-located draft runs on the target's device "
                                                   f"({target_runner.device}), got {draft_runner.device}")
+    use_device(target_runner.device)
     target = TargetWorker(ModelRunner(target_runner))
     draft = DraftWorker(ModelRunner(draft_runner.as_draft()), top_n=draft_config.draft_top_n)
     target.warm_up()

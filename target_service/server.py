@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from bass.core.config import WorkerServiceConfig
-from bass.engine.runner import ModelRunner
+from bass.engine.runner import ModelRunner, use_device
 from bass.target_service.servicer import SERVICE_NAME, TargetServicer
 from bass.target_service.worker import TargetWorker
 from bass.transport.grpc_server import RunningServer, start_server
 
 
 def serve(config: WorkerServiceConfig) -> RunningServer:
+    use_device(config.runner_config().device)
     worker = TargetWorker(ModelRunner(config.runner_config()))
     worker.warm_up()
     servicer = TargetServicer(worker)

@@ -31,7 +31,6 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
-import numpy as np
 import torch
 
 from bass.core.worker_api import Verdict, VerifyRequest, VerifyResponse, WorkerInfo

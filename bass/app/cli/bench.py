@@ -200,7 +200,10 @@ def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_ne
     batch_list = [int(b) for b in batches.split(",")]
     runner = dict(device=device, dtype=dtype, num_slots=max(batch_list), max_seq_len=max_seq_len, attention=attention)
     prompts = [p["prompt"] for p in select(load_problems(), problems)]
-    draft_runner = {**runner, "device": draft_device or device}
+    draft_runner = {**runner, "device": resolve_device(draft_device or device)}
+    if draft_runner["device"] != device and not (services and separate_draft):
+        raise click.UsageError("a draft on another device than the target's runs in a service of its own: "
+                               "add --services --separate-draft")
     rows = measure(RunnerConfig(model_dir=target_dir, batch_invariant=batch_invariant, **runner),
                    RunnerConfig(model_dir=draft_dir, int8_weights=draft_int8, **draft_runner), prompts,
                    batches=batch_list, policies=[p for p in policies.split(",") if p], mode=mode,

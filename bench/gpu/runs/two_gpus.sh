@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On a machine with two GPUs, after setup/setup.sh: issue #36's comparison in one call. The same
-# `bass bench speed` in-process with both models on GPU 0 (today's one-GPU default), then with
-# the draft on GPU 1 (sequential speculation through the host, and pipelined speculation: the
-# draft proposes step t + 1 while the target verifies step t). Usage:
+# `bass bench speed` through the services with both models on GPU 0 (today's one-GPU default),
+# then with the draft on GPU 1 (sequential speculation through the host, and pipelined
+# speculation: the draft proposes step t + 1 while the target verifies step t). Usage:
 #   two_gpus.sh MODE BATCHES ONE_GPU_POLICIES TWO_GPU_POLICIES   (e.g. greedy 1,8 0,3,auto 3,pipe3,pipe4)
 # LIMIT_S bounds each process; extra arguments go to both.
 set -uo pipefail
@@ -12,10 +12,13 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
 T=/tmp/models/qwen2.5-coder-1.5b-instruct
 D=/tmp/models/qwen2.5-coder-0.5b-instruct
 nvidia-smi --query-gpu=index,name,memory.used --format=csv,noheader
+# One GPU: `bass serve`'s default (the draft in the target's process). Two: the draft in a
+# process of its own on GPU 1, as `bass serve --draft-device cuda:1` runs it.
 for placement in one two; do
-  if [ $placement = one ]; then policies=$one draft=cuda:0; else policies=$two draft=cuda:1; fi
-  timeout ${LIMIT_S:-300} python3 -m bass.cli bench speed --target $T --draft $D --device cuda:0 \
-    --draft-device $draft --dtype bfloat16 --max-seq-len 1024 --max-new-tokens 128 --problems 0:16 \
+  if [ $placement = one ]; then policies=$one flags=(--draft-device cuda:0)
+  else policies=$two flags=(--separate-draft --draft-device cuda:1); fi
+  timeout ${LIMIT_S:-300} python3 -m bass.cli bench speed --target $T --draft $D --device cuda:0 --services \
+    "${flags[@]}" --dtype bfloat16 --max-seq-len 1024 --max-new-tokens 128 --problems 0:16 \
     --batches $batches --policies $policies --mode $mode "$@" \
     --out $OUT/two-gpus-$mode-$placement.json > /dev/null 2> $OUT/two-gpus-$mode-$placement.log
   echo "$placement GPU(s): exit $?"
