@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from bass.core.config import WorkerServiceConfig
 from bass.draft_service.servicer import SERVICE_NAME, DraftServicer
 from bass.draft_service.worker import DraftWorker
@@ -15,4 +17,4 @@ def serve(config: WorkerServiceConfig) -> RunningServer:
     worker.warm_up()
     servicer = DraftServicer(worker)
     return start_server([servicer.register], [SERVICE_NAME], host=config.host, port=config.port,
-                        engine=worker)
+                        engine=worker, thread_setup=functools.partial(use_device, worker.runner.config.device))

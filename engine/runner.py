@@ -32,12 +32,14 @@ PLACEHOLDER = -1
 
 
 def use_device(device: str) -> None:
-    """Make a service process's device its current CUDA device, so that the streams, CUDA graphs
-    and Triton launches of its model go there (a draft on cuda:1 in a process of its own, say).
-    Two models on two devices in one process would each need this around every call: not done;
-    such a pair runs as separate services."""
-    if device.startswith("cuda") and torch.cuda.is_available():
-        torch.cuda.set_device(torch.device(device))
+    """Make a model's device the current CUDA device of this thread (CUDA's is per thread), so
+    that the streams, CUDA graphs and Triton launches of its model go there (a draft on cuda:1 in
+    a process of its own, say): a service calls it before loading and in each handler thread.
+    Two models on two devices in one thread would each need it around every call: not done; such
+    a pair runs as separate services."""
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is not None and torch.cuda.is_available():  # "cuda" alone: the default
+        torch.cuda.set_device(d)
 
 
 @dataclass

@@ -17,6 +17,7 @@ they share a process.
 
 from __future__ import annotations
 
+import functools
 import threading
 import uuid
 
@@ -130,5 +131,6 @@ def serve_workers(target: TargetWorker, draft: DraftWorker, *, host: str = "127.
     target_servicer = TargetServicer(target, lock=lock, instance_id=instance_id, speculation=speculation)
     draft_servicer = DraftServicer(ColocatedDraft(draft, speculation), lock=lock, instance_id=instance_id)
     return start_server([target_servicer.register, draft_servicer.register], [TARGET_SERVICE, DRAFT_SERVICE],
-                        host=host, port=port, engine=target)
+                        host=host, port=port, engine=target,
+                        thread_setup=functools.partial(use_device, target.runner.config.device))
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from bass.core.config import WorkerServiceConfig
 from bass.engine.runner import ModelRunner, use_device
 from bass.target_service.servicer import SERVICE_NAME, TargetServicer
@@ -15,4 +17,4 @@ def serve(config: WorkerServiceConfig) -> RunningServer:
     worker.warm_up()
     servicer = TargetServicer(worker)
     return start_server([servicer.register], [SERVICE_NAME], host=config.host, port=config.port,
-                        engine=worker)
+                        engine=worker, thread_setup=functools.partial(use_device, worker.runner.config.device))

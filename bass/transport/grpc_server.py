@@ -242,9 +242,13 @@ def wait_for_stop_signal() -> None:
 
 def start_server(register: Iterable[Callable[[grpc.Server], None]], service_names: Iterable[str], *,
                  host: str = "127.0.0.1", port: int = 0, max_workers: int = 16, engine: object = None,
-                 max_receive_bytes: int = WORKER_MAX_MESSAGE_BYTES) -> RunningServer:
-    """Build, bind (port 0 = any free port) and start a server with health and reflection."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), interceptors=[ErrorInterceptor()],
+                 max_receive_bytes: int = WORKER_MAX_MESSAGE_BYTES,
+                 thread_setup: Callable[[], None] | None = None) -> RunningServer:
+    """Build, bind (port 0 = any free port) and start a server with health and reflection.
+    thread_setup runs in each handler thread before its first call (a model service makes its
+    device current there: CUDA's current device is per thread)."""
+    executor = futures.ThreadPoolExecutor(max_workers=max_workers, initializer=thread_setup)
+    server = grpc.server(executor, interceptors=[ErrorInterceptor()],
                          options=server_options(max_receive_bytes))
     names = tuple(service_names)
     for add in register:
