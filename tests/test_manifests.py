@@ -447,6 +447,14 @@ def test_config_parses_and_points_into_the_models_volume(build):
     assert cfg.coordinator.scheduler.max_batch_size <= min(cfg.target.num_slots, cfg.draft.num_slots)
 
 
+@pytest.mark.parametrize("build", SERVING_BUILDS)
+def test_pipelined_speculation_where_the_draft_has_a_gpu_of_its_own(build):
+    """The two-GPU overlay drafts the next step while the target verifies (README "Two GPUs");
+    every other build keeps sequential speculation (one GPU co-located is faster)."""
+    k = config(build).coordinator.scheduler.pipeline_draft_tokens
+    assert (k >= 2) if build == "overlays/two-gpus" else k == 0
+
+
 def test_config_rejects_what_load_config_file_rejects():
     """The parse is real: a typo in a key fails."""
     text = one("plain", "ConfigMap", CONFIG_NAME)["data"][CONFIG_KEY].replace("num_slots", "num_slot", 1)

@@ -38,12 +38,12 @@ def expected(llama_target):
     return r.sequences[0].token_ids
 
 
-def config(target, draft, *, target_gpus, draft_gpus, strategy="PACK", colocate=False) -> ServeConfig:
+def config(target, draft, *, target_gpus, draft_gpus, strategy="PACK", colocate=False, pipeline=0) -> ServeConfig:
     workers = dict(device="cpu", num_slots=8, max_seq_len=256, host="127.0.0.1")
     return ServeConfig(
         target=WorkerServiceConfig(model_dir=target, **workers), draft=WorkerServiceConfig(model_dir=draft, **workers),
         coordinator=CoordinatorConfig(host="127.0.0.1", port=fixed_port(), reconnect_interval_s=0.2,
-                                      scheduler=SchedulerConfig(max_batch_size=8,
+                                      scheduler=SchedulerConfig(max_batch_size=8, pipeline_draft_tokens=pipeline,
                                                                 draft_length=DraftLengthConfig(policy="fixed", fixed=3))),
         ray=RayConfig(namespace=NAMESPACE, strategy=strategy, target_gpus=target_gpus, draft_gpus=draft_gpus,
                       target_cpus=1, draft_cpus=1, coordinator_cpus=1, target_port=fixed_port(), draft_port=fixed_port(),
@@ -56,12 +56,14 @@ def generate(address, **kw):
         return c.generate(PROMPT, max_new_tokens=20, ignore_eos=True, **kw)
 
 
-@pytest.mark.parametrize("gpus,same_gpu", [((0.5, 0.5), True), ((1, 1), False)])
-def test_up_places_services_and_serves(cluster, llama_target, llama_draft, expected, gpus, same_gpu):
+@pytest.mark.parametrize("gpus,same_gpu,pipeline", [((0.5, 0.5), True, 0), ((1, 1), False, 0), ((1, 1), False, 3)])
+def test_up_places_services_and_serves(cluster, llama_target, llama_draft, expected, gpus, same_gpu, pipeline):
+    """pipeline: the draft with a GPU of its own drafts the next step while the target verifies
+    (pipelined speculation): the same text."""
     from bass.deploy import launcher
 
-    addresses = launcher.up(config(llama_target, llama_draft, target_gpus=gpus[0], draft_gpus=gpus[1]),
-                            echo=lambda *_: None)
+    addresses = launcher.up(config(llama_target, llama_draft, target_gpus=gpus[0], draft_gpus=gpus[1],
+                                   pipeline=pipeline), echo=lambda *_: None)
     try:
         where = launcher.placements(NAMESPACE)
         assert set(where) == {"target", "draft", "coordinator"}
