@@ -40,7 +40,18 @@ def first_answer_after_restart(client, timeout_s: float = 20.0):
             time.sleep(0.2)
 
 
-def test_draft_death_falls_back_to_regular_decoding_then_reconnects(services, expected):
+@pytest.mark.parametrize("pipeline", [0, 3])
+def test_draft_death_falls_back_to_regular_decoding_then_reconnects(llama_target, llama_draft, expected, pipeline):
+    """pipeline 3: pipelined speculation, the draft in its process proposing the next step while
+    the target verifies: it dies mid-pipeline, and comes back, with the same text throughout."""
+    services = start_services(llama_target, llama_draft, policy="3", pipeline=pipeline)
+    try:
+        _draft_death_then_reconnect(services, expected)
+    finally:
+        services.stop()
+
+
+def _draft_death_then_reconnect(services, expected):
     with BassClient(services.address, timeout_s=60) as client:
         before = client.generate(PROMPT, max_new_tokens=40, ignore_eos=True)
         assert list(before.sequences[0].token_ids) == expected and before.stats.draft_tokens > 0
