@@ -14,15 +14,12 @@ from bass.coordinator.requests import GenerationRequest
 from bass.core.worker_api import AddSequence, ProposeItem, ProposeRequest, SequenceSampling
 from conftest import build_scheduler
 from services import start_services
+from test_device_drafts import REQUESTS as DEVICE_REQUESTS
 from test_draft_loop import make_worker
 from test_engine_sampling import FlakyDraft
 
-REQUESTS = [
-    GenerationRequest(prompt_ids=(5, 17, 33), n=2, max_new_tokens=20, ignore_eos=True),
-    GenerationRequest(prompt_ids=(9, 8, 7, 6), max_new_tokens=14, ignore_eos=True, seed=3,
-                      sampling=SamplingParams(temperature=0.9, top_p=0.9)),
-    GenerationRequest(prompt_ids=(40, 41), n=2, max_new_tokens=17, ignore_eos=True, seed=11,
-                      sampling=SamplingParams(temperature=1.2, top_k=6)),
+# Greedy and sampled, n = 1 and 2 (test_device_drafts), and a longer prompt.
+REQUESTS = DEVICE_REQUESTS + [
     GenerationRequest(prompt_ids=tuple(range(60, 75)), max_new_tokens=9, ignore_eos=True),
 ]
 
