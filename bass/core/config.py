@@ -312,6 +312,38 @@ class CoordinatorConfig:
                  f"must be > 0, got {self.reconnect_interval_s}")
 
 
+@dataclass(frozen=True)
+class HttpConfig:
+    """The OpenAI-compatible HTTP front ([http]; bass/app/http/): a client of the coordinator's
+    public gRPC API that holds no engine state. `bass serve` starts it when `port` is set."""
+
+    __pydantic_config__ = {"extra": "forbid"}  # config files: unknown keys are errors
+
+    port: int | None = None  # None = off (the default); 0 = any free port
+    host: str = "127.0.0.1"
+    coordinator_address: str = ""  # host:port of the coordinator (`bass serve` sets it)
+    tokenizer_dir: Path | None = None  # the models' tokenizer (`bass serve`: the target's directory)
+    model_name: str = ""  # the id /v1/models lists and answers carry; "" = the tokenizer directory's name
+    chat_template: Path | None = None  # a Jinja file for /v1/chat/completions; None = the tokenizer's own
+    max_request_bytes: int = 4 * 1024 * 1024  # largest request body (the coordinator's gRPC limit)
+    shutdown_grace_s: float = 5.0  # SIGTERM: open streams get this long, then they are cut
+
+    def __post_init__(self) -> None:
+        for name in ("tokenizer_dir", "chat_template"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, Path(getattr(self, name)).expanduser())
+        _require(self.port is None or 0 <= self.port < 65536, "http.port",
+                 f"must be in [0, 65535], got {self.port}")
+        _require(1024 <= self.max_request_bytes <= 1 << 30, "http.max_request_bytes",
+                 f"must be in [1024, 2**30], got {self.max_request_bytes}")
+        _require(_finite(self.shutdown_grace_s) and self.shutdown_grace_s >= 0, "http.shutdown_grace_s",
+                 f"must be a number >= 0, got {self.shutdown_grace_s!r}")
+
+    @property
+    def served_model_name(self) -> str:
+        return self.model_name or (self.tokenizer_dir.name if self.tokenizer_dir is not None else "bass")
+
+
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 
@@ -352,7 +384,7 @@ class RayConfig:
 
 @dataclass(frozen=True)
 class ServeConfig:
-    """`bass serve` / `bass up`: sections [target], [draft], [coordinator] (and [ray] for `bass up`)."""
+    """`bass serve` / `bass up`: sections [target], [draft], [coordinator], [http] (and [ray] for `bass up`)."""
 
     __pydantic_config__ = {"extra": "forbid"}  # config files: unknown keys are errors
 
@@ -360,6 +392,7 @@ class ServeConfig:
     draft: WorkerServiceConfig | None = field(default_factory=WorkerServiceConfig)
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)  # the OpenAI-compatible front (off by default)
     # `bass serve`: the draft in the target's process, on its device, both services on the
     # target's address (draft.host and draft.port unused). A speculative step is then one call
     # and the draft's tokens never leave the GPU before they are verified (issue #13). False:

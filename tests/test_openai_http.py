@@ -1,0 +1,305 @@
+"""The OpenAI-compatible HTTP front (bass/app/http/) driven by the official `openai` client, over
+the real services on real ports: the same text as the gRPC API, streaming, errors, cancellation."""
+
+import json
+import threading
+import time
+
+import grpc
+import httpx2 as httpx  # what the openai client is built on
+import openai
+import pytest
+
+from bass.app.client import BassClient
+from bass.app.http.server import serve_http
+from bass.core.config import HttpConfig
+from services import start_services
+
+PROMPT = "def fibonacci(n):"
+# The tiny models' tokenizer has no chat template: the front is given this one.
+CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<assistant>{% endif %}")
+NO_EOS = {"extra_body": {"ignore_eos": True}}
+
+
+def wait_until(predicate, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+@pytest.fixture(scope="module")
+def services(llama_target, llama_draft):
+    s = start_services(llama_target, llama_draft)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def front(services, llama_target, tmp_path_factory):
+    template = tmp_path_factory.mktemp("chat") / "template.jinja"
+    template.write_text(CHAT_TEMPLATE)
+    http = serve_http(HttpConfig(port=0, coordinator_address=services.address, tokenizer_dir=llama_target,
+                                 chat_template=template, model_name="tiny"))
+    yield http
+    http.stop(grace_s=1)
+
+
+@pytest.fixture
+def client(front):
+    with openai.OpenAI(base_url=front.url, api_key="unused", max_retries=0, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture
+def grpc_client(services):
+    with BassClient(services.address, timeout_s=60) as c:
+        yield c
+
+
+def test_models_and_health(client, front):
+    assert [m.id for m in client.models.list()] == ["tiny"]
+    r = httpx.get(f"http://{front.address}/health")
+    assert r.status_code == 200 and r.json() == {"status": "ok"}
+
+
+def test_greedy_completion_equals_grpc(client, grpc_client):
+    want = grpc_client.generate(PROMPT, max_new_tokens=20, temperature=0, ignore_eos=True).sequences[0]
+    r = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=20, temperature=0, **NO_EOS)
+    assert r.object == "text_completion" and r.model == "tiny" and len(r.choices) == 1
+    assert r.choices[0].text == want.text and r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 20 and r.usage.prompt_tokens > 0
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 20
+
+
+def test_token_id_prompt_equals_grpc(client, grpc_client):
+    ids = [5, 17, 33, 200, 7]
+    want = grpc_client.generate(ids, max_new_tokens=12, ignore_eos=True).sequences[0]
+    r = client.completions.create(model="tiny", prompt=ids, max_tokens=12, temperature=0, **NO_EOS)
+    assert r.choices[0].text == want.text and r.usage.prompt_tokens == 5
+
+
+def test_seeded_sampling_with_n_equals_grpc(client, grpc_client):
+    options = dict(n=3, max_new_tokens=16, temperature=0.9, top_p=0.95, top_k=50, seed=7, ignore_eos=True)
+    want = grpc_client.generate(PROMPT, **options).sequences
+    r = client.completions.create(model="tiny", prompt=PROMPT, n=3, max_tokens=16, temperature=0.9, top_p=0.95,
+                                  seed=7, extra_body={"ignore_eos": True, "top_k": 50})
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert [c.text for c in r.choices] == [s.text for s in want]
+    assert len({c.text for c in r.choices}) > 1  # n sequences differ
+    assert r.usage.completion_tokens == 48
+
+
+def test_stop_string_cuts_the_text(client):
+    full = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=30, temperature=0, **NO_EOS)
+    text = full.choices[0].text
+    stop = text[3:6]
+    cut = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=30, temperature=0, stop=[stop],
+                                    **NO_EOS)
+    assert cut.choices[0].text == text[:text.find(stop)] and cut.choices[0].finish_reason == "stop"
+
+
+def test_streamed_completion_adds_up_with_usage_last(client):
+    full = client.completions.create(model="tiny", prompt=PROMPT, n=2, max_tokens=20, temperature=0.8, seed=3,
+                                     **NO_EOS)
+    chunks = list(client.completions.create(model="tiny", prompt=PROMPT, n=2, max_tokens=20, temperature=0.8,
+                                            seed=3, stream=True, stream_options={"include_usage": True}, **NO_EOS))
+    texts, reasons = {}, {}
+    for c in chunks[:-1]:
+        assert c.usage is None and len(c.choices) == 1
+        texts[c.choices[0].index] = texts.get(c.choices[0].index, "") + c.choices[0].text
+        if c.choices[0].finish_reason:
+            reasons[c.choices[0].index] = c.choices[0].finish_reason
+    assert len(chunks) > 3
+    assert texts == {c.index: c.text for c in full.choices} and reasons == {0: "length", 1: "length"}
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 40
+
+
+def test_chat_renders_the_template_and_equals_grpc(client, grpc_client):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello."}]
+    rendered = "<system>Be brief.\n<user>Say hello.\n<assistant>"
+    want = grpc_client.generate(rendered, max_new_tokens=16, ignore_eos=True).sequences[0]
+    r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=16, temperature=0, **NO_EOS)
+    assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content == want.text and r.choices[0].finish_reason == "length"
+    # max_completion_tokens (newer clients) means the same
+    r2 = client.chat.completions.create(model="tiny", messages=messages, max_completion_tokens=16, temperature=0,
+                                        **NO_EOS)
+    assert r2.choices[0].message.content == want.text
+
+
+def test_streamed_chat_adds_up(client):
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Count."}]}]
+    full = client.chat.completions.create(model="tiny", messages=messages, n=2, max_tokens=12, temperature=0,
+                                          **NO_EOS)
+    chunks = list(client.chat.completions.create(model="tiny", messages=messages, n=2, max_tokens=12,
+                                                 temperature=0, stream=True, **NO_EOS))
+    roles, texts, reasons = {}, {}, {}
+    for c in chunks:
+        assert c.object == "chat.completion.chunk"
+        choice = c.choices[0]
+        if choice.delta.role:
+            roles[choice.index] = choice.delta.role
+        texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+        if choice.finish_reason:
+            reasons[choice.index] = choice.finish_reason
+    assert roles == {0: "assistant", 1: "assistant"} and reasons == {0: "length", 1: "length"}
+    assert texts == {c.index: c.message.content for c in full.choices}
+
+
+def test_speculation_off_and_time_budget_extensions(client, grpc_client):
+    want = grpc_client.generate(PROMPT, max_new_tokens=10, ignore_eos=True, speculate=False)
+    assert want.stats.draft_tokens == 0
+    r = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=10, temperature=0,
+                                  extra_body={"ignore_eos": True, "bass": {"speculate": False}})
+    assert r.choices[0].text == want.sequences[0].text
+    assert r.model_extra["bass"]["draft_tokens"] == 0
+    budget = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=400, temperature=0,
+                                       extra_body={"ignore_eos": True, "bass": {"time_budget_ms": 1}})
+    assert budget.choices[0].finish_reason in ("time_budget", "length")
+
+
+@pytest.mark.parametrize("body,param", [
+    (dict(prompt=PROMPT, max_tokens=100000), "max_tokens"),
+    (dict(prompt=PROMPT, max_tokens=0), "max_tokens"),
+    (dict(prompt=PROMPT, n=100), "n"),
+    (dict(prompt=PROMPT, temperature=-1), "temperature"),
+    (dict(prompt=PROMPT, top_p=0), "top_p"),
+    (dict(prompt=PROMPT, top_p="high"), "top_p"),
+    (dict(prompt=PROMPT, seed=-1), "seed"),
+    (dict(prompt=PROMPT, stop=[""]), "stop"),
+    (dict(prompt=PROMPT, stop=5), "stop"),
+    (dict(prompt=PROMPT, logprobs=2), "logprobs"),
+    (dict(prompt=PROMPT, echo=True), "echo"),
+    (dict(prompt=PROMPT, presence_penalty=0.5), "presence_penalty"),
+    (dict(prompt=""), "prompt"),
+    (dict(prompt=[5, 999999]), "prompt"),
+    (dict(prompt=[5, -1]), "prompt"),
+    (dict(prompt=["a", "b"]), "prompt"),
+    (dict(), "prompt"),
+    (dict(prompt=PROMPT, n=2 ** 40), "n"),
+    (dict(prompt=PROMPT, bass={"time_budget_ms": -5}), "bass.time_budget_ms"),
+    (dict(prompt=PROMPT, bass={"draft_length": 3}), "bass.draft_length"),
+])
+def test_bad_completion_requests_are_400_naming_the_field(front, body, param):
+    r = httpx.post(f"{front.url}/completions", json={"model": "tiny", **body}, timeout=30)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and error["message"].startswith(param) and error["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("body,param", [
+    (dict(messages=[]), "messages"),
+    (dict(messages=[{"content": "no role"}]), "messages"),
+    (dict(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]), "messages"),
+    (dict(messages=[{"role": "user", "content": "hi"}], logprobs=True), "logprobs"),
+    (dict(messages=[{"role": "user", "content": "hi"}], tools=[{"type": "function"}]), "tools"),
+    (dict(messages=[{"role": "user", "content": "hi"}], max_completion_tokens=100000), "max_completion_tokens"),
+])
+def test_bad_chat_requests_are_400_naming_the_field(front, body, param):
+    r = httpx.post(f"{front.url}/chat/completions", json={"model": "tiny", **body}, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_malformed_bodies_are_400_never_500(front):
+    for content in (b"{not json", b"[1, 2]", b"\xff\xfe", b"null"):
+        r = httpx.post(f"{front.url}/completions", content=content, headers={"Content-Type": "application/json"})
+        assert r.status_code == 400, (content, r.text)
+        assert r.json()["error"]["param"] == "body"
+    r = httpx.post(f"{front.url}/completions", content=b"x" * (5 * 1024 * 1024))
+    assert r.status_code == 413
+    assert httpx.get(f"{front.url}/nothing").status_code == 404
+    assert httpx.get(f"{front.url}/completions").status_code == 405
+
+
+def test_the_openai_client_raises_bad_request_with_the_param(client):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="tiny", prompt=PROMPT, max_tokens=100000)
+    assert info.value.status_code == 400 and info.value.param == "max_tokens"
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="tiny", prompt=PROMPT, max_tokens=100000, stream=True)
+
+
+def test_a_missing_chat_template_is_a_clear_400(services, llama_target):
+    http = serve_http(HttpConfig(port=0, coordinator_address=services.address, tokenizer_dir=llama_target))
+    try:
+        r = httpx.post(f"{http.url}/chat/completions", json={"model": "m", "messages": [{"role": "user",
+                                                                                       "content": "hi"}]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+        assert "chat template" in r.json()["error"]["message"]
+    finally:
+        http.stop(grace_s=0)
+
+
+def running(services):
+    return len(services.target.engine.runner.sequences), len(services.draft.engine.runner.sequences)
+
+
+def metric(services, name, **labels):
+    return services.coordinator.engine.metrics.registry.get_sample_value(name, labels) or 0
+
+
+def cancelled(services):
+    return metric(services, "bass_requests_total", outcome="cancelled")
+
+
+def test_a_client_dropping_mid_stream_frees_its_slots(front, services):
+    body = {"model": "tiny", "prompt": PROMPT, "n": 4, "max_tokens": 500, "stream": True, "ignore_eos": True}
+    before = cancelled(services)
+    with httpx.Client(timeout=60) as http:
+        with http.stream("POST", f"{front.url}/completions", json=body) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            first = next(line for line in lines if line.startswith("data: "))
+            assert json.loads(first[6:])["object"] == "text_completion"
+            assert wait_until(lambda: running(services)[0] == 4)
+    assert wait_until(lambda: running(services) == (0, 0))
+    assert cancelled(services) == before + 1  # cut short, not finished
+    assert wait_until(lambda: metric(services, "bass_running_sequences") == 0)
+
+
+def test_a_client_dropping_a_plain_request_frees_its_slots(front, services):
+    body = {"model": "tiny", "prompt": PROMPT, "n": 3, "max_tokens": 500, "ignore_eos": True}
+    before = cancelled(services)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{front.url}/completions", json=body, timeout=httpx.Timeout(60, read=1.0))
+    assert wait_until(lambda: running(services) == (0, 0))
+    assert cancelled(services) == before + 1
+    assert wait_until(lambda: metric(services, "bass_running_sequences") == 0)
+
+
+def test_a_full_queue_is_429_and_a_down_coordinator_503(llama_target, llama_draft):
+    s = start_services(llama_target, llama_draft, policy="3", max_batch_size=1, num_slots=1, max_waiting=1)
+    http = serve_http(HttpConfig(port=0, coordinator_address=s.address, tokenizer_dir=llama_target))
+    statuses, lock = [], threading.Lock()
+
+    def call():
+        r = httpx.post(f"{http.url}/completions", json={"model": "m", "prompt": PROMPT, "max_tokens": 40,
+                                                        "temperature": 0, "ignore_eos": True}, timeout=120)
+        with lock:
+            statuses.append((r.status_code, r.json()))
+
+    try:
+        threads = [threading.Thread(target=call) for _ in range(10)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(180)
+        assert len(statuses) == 10
+        codes = [code for code, _ in statuses]
+        assert set(codes) == {200, 429}, codes
+        refused = next(body for code, body in statuses if code == 429)
+        assert "queue is full" in refused["error"]["message"] and refused["error"]["type"] == "rate_limit_error"
+        with openai.OpenAI(base_url=http.url, api_key="x", max_retries=0) as client:
+            s.coordinator.stop(grace_s=0)
+            with pytest.raises(openai.APIStatusError) as info:
+                client.completions.create(model="m", prompt=PROMPT, max_tokens=4)
+            assert info.value.status_code == 503
+            assert httpx.get(f"http://{http.address}/health").status_code == 503
+    finally:
+        http.stop(grace_s=0)
+        s.stop()
