@@ -303,3 +303,67 @@ def test_a_full_queue_is_429_and_a_down_coordinator_503(llama_target, llama_draf
     finally:
         http.stop(grace_s=0)
         s.stop()
+
+
+def test_bass_serve_with_an_http_port_serves_openai_clients(llama_target, llama_draft, tmp_path):
+    """`bass serve --http-port 0` with an [http] section: real processes, the front's ready line,
+    completions and chat through the openai client, and SIGTERM stops every process."""
+    import os
+    import signal
+    import subprocess
+
+    from test_serve_cli import bass_cmd, children_of
+
+    template = tmp_path / "chat.jinja"
+    template.write_text(CHAT_TEMPLATE)
+    config = tmp_path / "bass.toml"
+    config.write_text(f'[coordinator]\nport = 0\n[target]\nnum_slots = 4\nmax_seq_len = 256\n[draft]\nnum_slots = 4\n'
+                      f'max_seq_len = 256\n[http]\nmodel_name = "tiny"\nchat_template = "{template}"\n')
+    proc = subprocess.Popen(bass_cmd("serve", "--target", llama_target, "--draft", llama_draft, "--device", "cpu",
+                                     "--config", config, "--http-port", 0),
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        ready, deadline = {}, time.monotonic() + 180
+        while "http" not in ready:
+            assert time.monotonic() < deadline, "services did not start"
+            line = proc.stdout.readline()
+            assert line, f"bass serve exited early with {proc.poll()}"
+            try:
+                ready[json.loads(line)["service"]] = json.loads(line)
+            except (ValueError, KeyError):
+                continue
+        children = children_of(proc.pid)
+        assert len(children) == 3  # the model services, the coordinator, the front
+        url = ready["http"]["url"]
+        assert url == f"http://{ready['http']['address']}/v1"
+        with openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=60) as client, \
+                BassClient(ready["coordinator"]["address"], timeout_s=60) as grpc_client:
+            assert [m.id for m in client.models.list()] == ["tiny"]
+            want = grpc_client.generate(PROMPT, max_new_tokens=12, ignore_eos=True).sequences[0].text
+            r = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0, **NO_EOS)
+            assert r.choices[0].text == want
+            chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                  max_tokens=5, temperature=0, **NO_EOS)
+            assert chat.usage.completion_tokens == 5
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    time.sleep(0.5)
+    assert all(not os.path.exists(f"/proc/{pid}") for pid in children), "a service outlived bass serve"
+
+
+def test_the_http_section_and_flag_reach_the_config(llama_target, tmp_path):
+    from bass.app.cli.serve import serve, serve_config
+    from bass.core.config import load_config_file
+    from bass.core.errors import InvalidRequestError
+
+    base = ["--target", str(llama_target), "--draft", "none", "--device", "cpu"]
+    assert serve_config(serve.make_context("serve", base)).http.port is None  # off by default
+    assert serve_config(serve.make_context("serve", [*base, "--http-port", "8001"])).http.port == 8001
+    config = tmp_path / "bass.toml"
+    config.write_text('[http]\nport = 8002\nhost = "0.0.0.0"\nmodel_name = "m"\n')
+    cfg = serve_config(serve.make_context("serve", [*base, "--config", str(config)]))
+    assert (cfg.http.port, cfg.http.host, cfg.http.served_model_name) == (8002, "0.0.0.0", "m")
+    config.write_text('[http]\nprot = 8002\n')
+    with pytest.raises(InvalidRequestError, match="http.prot"):
+        load_config_file(config)

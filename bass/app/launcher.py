@@ -2,8 +2,9 @@
 the draft in one process by default: ServeConfig.colocate).
 
 Each child prints one JSON line `{"service": ..., "address": ...}` on stdout once it serves;
-the launcher starts the workers, then the coordinator pointed at them, prints all three
-addresses, and stops them together (SIGINT/SIGTERM, or any child exiting).
+the launcher starts the workers, then the coordinator pointed at them (then, with an HTTP port,
+the OpenAI-compatible front pointed at the coordinator), prints their addresses, and stops them
+together (SIGINT/SIGTERM, or any child exiting).
 """
 
 from __future__ import annotations
@@ -94,6 +95,14 @@ def launch(config: ServeConfig, echo: Callable[[str], None] = print) -> list[Ser
         started.append(coordinator)
         coordinator.wait_ready()
         echo(json.dumps(coordinator.ready_message))
+        if config.http.port is not None:  # the OpenAI-compatible front, a client of the coordinator
+            http_cfg = replace(config.http, coordinator_address=config.http.coordinator_address or coordinator.address,
+                               tokenizer_dir=config.http.tokenizer_dir or coord_cfg.tokenizer_dir)
+            http = ServiceProcess("http", ["http-front", "--config-json", _jsonable(http_cfg)],
+                                  stop_timeout_s=http_cfg.shutdown_grace_s + 5)
+            started.append(http)
+            http.wait_ready()
+            echo(json.dumps(http.ready_message))
         return started
     except BaseException:
         stop_all(started)

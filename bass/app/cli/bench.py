@@ -346,7 +346,8 @@ def bench_serve(ctx, address, start_server, rates, concurrency, num_requests, du
                 processes = launch(server, echo=lambda m: click.echo(m, err=True))
             except BassError as e:
                 fail(e)
-            address, device = processes[-1].address, server.target.device
+            address = next(p.address for p in processes if p.name == "coordinator")
+            device = server.target.device
         result = run(address, config, prompts, show_progress=progress, log=lambda m: click.echo(m, err=True))
     except ConnectionError as e:
         raise click.ClickException(str(e)) from None

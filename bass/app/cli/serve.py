@@ -36,6 +36,8 @@ def serve_options(f):
                      help="Draft model directory [the bundled 0.5B]; 'none' for regular decoding only."),
         click.option("--port", type=int, help="Public port of the coordinator [50051]."),
         click.option("--metrics-port", type=int, help="Serve the coordinator's Prometheus metrics on this port [off]."),
+        click.option("--http-port", type=int, help="Also serve the OpenAI-compatible HTTP API on this port "
+                                                   "(0 = any free port) [off]."),
         click.option("--device", help="cpu | cuda | auto [auto]."),
         click.option("--draft-device", help="The draft's device, e.g. cuda:1: a GPU of its own, in a process of "
                                             "its own (implies --separate-draft) [the target's]."),
@@ -78,9 +80,10 @@ def serve_config(ctx: click.Context, default_port: int | None = None) -> ServeCo
     port = p["port"] if p["port"] is not None else default_port
     coord = replace(coord, **{k: v for k, v in dict(port=port, metrics_port=p["metrics_port"]).items()
                               if v is not None})
+    http = cfg.http if p.get("http_port") is None else replace(cfg.http, port=p["http_port"])
     # A draft on a device of its own runs in a process of its own (a co-located pair shares one).
     own_device = p["draft_device"] is not None and draft is not None and draft.device != target.device
-    return ServeConfig(target=target, draft=draft, coordinator=coord,
+    return ServeConfig(target=target, draft=draft, coordinator=coord, http=http,
                        colocate=cfg.colocate and not p["separate_draft"] and not own_device)
 
 
@@ -96,7 +99,9 @@ def serve(ctx, **_) -> None:
         processes = launch(serve_config(ctx), echo=click.echo)
     except BassError as e:
         fail(e)
-    click.echo(f"BASS is serving on {processes[-1].address} (Ctrl-C stops all services)", err=True)
+    served = {p.name: p for p in processes}
+    where = served["coordinator"].address + (f" and {served['http'].ready_message['url']}" if "http" in served else "")
+    click.echo(f"BASS is serving on {where} (Ctrl-C stops all services)", err=True)
     raise SystemExit(run_until_stopped(processes))
 
 

@@ -1,5 +1,6 @@
 """One service per process: `bass target-service`, `bass draft-service`, `bass coordinator`
-(what `bass serve`, the Ray actors and the Kubernetes pods run)."""
+(what `bass serve`, the Ray actors and the Kubernetes pods run), and `bass http-front` (the
+OpenAI-compatible HTTP front over a running coordinator)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from dataclasses import replace
 import click
 
 from bass.app.cli.options import explicit, fail, load_config, scheduler_options, with_scheduler_options
-from bass.core.config import (ATTENTION_BACKENDS, DTYPES, CoordinatorConfig, WorkerServiceConfig,
+from bass.core.config import (ATTENTION_BACKENDS, DTYPES, CoordinatorConfig, HttpConfig, WorkerServiceConfig,
                               resolve_device, resolve_dtype)
 from bass.core.errors import BassError
 
@@ -161,4 +162,42 @@ def coordinator(ctx, **_) -> None:
     os._exit(0)
 
 
-COMMANDS = [target_service, draft_service, coordinator]
+DEFAULT_HTTP_PORT = 8000
+
+
+@click.command("http-front")
+@click.option("--coordinator", "coordinator_address", help="host:port of the coordinator [127.0.0.1:50051].")
+@click.option("--tokenizer", "tokenizer_dir", type=click.Path(exists=True, file_okay=False),
+              help="Directory with the models' tokenizer (usually the target's model directory).")
+@click.option("--host", help="Interface to listen on [127.0.0.1].")
+@click.option("--port", type=int, help=f"HTTP port [{DEFAULT_HTTP_PORT}; 0 = any free port].")
+@click.option("--model-name", help="The model id /v1/models lists [the tokenizer directory's name].")
+@click.option("--chat-template", type=click.Path(exists=True, dir_okay=False),
+              help="A Jinja chat template for /v1/chat/completions [the tokenizer's own].")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
+              help="TOML file; its [http] section is used.")
+@click.option("--config-json", hidden=True)
+@click.pass_context
+def http_front(ctx, **_) -> None:
+    """Serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models,
+    /health) over a running coordinator."""
+    from bass.app.http.server import serve_http
+    from bass.app.launcher import ready_line
+    from bass.transport.grpc_server import wait_for_stop_signal
+
+    p = ctx.params
+    try:
+        cfg = load_config(p["config_file"], p["config_json"], HttpConfig, "http")
+        cfg = replace(cfg, **explicit(ctx, ["coordinator_address", "tokenizer_dir", "host", "port", "model_name",
+                                            "chat_template"]))
+        cfg = replace(cfg, port=DEFAULT_HTTP_PORT if cfg.port is None else cfg.port,
+                      coordinator_address=cfg.coordinator_address or "127.0.0.1:50051")
+        running = serve_http(cfg)
+    except BassError as e:
+        fail(e)
+    click.echo(ready_line("http", running.address, url=running.url))
+    wait_for_stop_signal()
+    running.stop()
+
+
+COMMANDS = [target_service, draft_service, coordinator, http_front]
