@@ -336,6 +336,42 @@ def test_real_run_closed_loop(services):
     assert result["runs"][0]["itl_ms_with_prefill"] is None
 
 
+def test_real_run_through_the_openai_front_checks_text_and_counts_tokens(services, llama_target):
+    """--openai: the same arrivals through BASS's OpenAI-compatible front: references by text,
+    tokens per chunk from continuous usage (a speculative chunk carries several)."""
+    from bass.app.http.server import serve_http
+    from bass.core.config import HttpConfig
+
+    http = serve_http(HttpConfig(port=0, coordinator_address=services.address, tokenizer_dir=llama_target))
+    try:
+        config = ServeBenchConfig(loads=(Load("rate", math.inf), Load("rate", 40.0)), num_requests=6,
+                                  max_new_tokens=16, n=2, temperature=0.8, compare_regular=True)
+        result = run(http.url, config, PROMPTS, show_progress=False, protocol="openai")
+        closed = run(http.url, ServeBenchConfig(loads=(Load("concurrency", 2),), num_requests=4, max_new_tokens=8),
+                     PROMPTS, show_progress=False, protocol="openai")
+    finally:
+        http.stop(grace_s=0)
+    assert result["references"]["requests"] == 8 and result["references"]["failed"] == {}
+    for r in result["runs"] + closed["runs"]:
+        assert r["completed"] == r["requests"] and r["errors"] == {}
+        c = r["correctness"]
+        assert c["seeded_checked"] + c["greedy_checked"] == r["requests"] and c["mismatches"] == 0, c["examples"]
+        assert r["ttft_ms"]["p50"] > 0 and r["output_tokens"] > 0
+    speculative, regular = result["runs"][:2]
+    assert speculative["output_tokens"] == regular["output_tokens"]  # the same seeded answers
+    assert speculative["tokens_per_delta"] > 1.0 == regular["tokens_per_delta"]  # speculation commits several
+
+
+def test_a_wrong_openai_url_fails_at_once():
+    from bass.app.bench.serve_openai import served_model
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ConnectionError, match="no OpenAI-compatible server"):
+        served_model(f"http://127.0.0.1:{port}/v1", timeout_s=5)
+
+
 def test_cli_serve_writes_json_table_and_plot(llama_target, llama_draft, tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(

@@ -367,3 +367,14 @@ def test_the_http_section_and_flag_reach_the_config(llama_target, tmp_path):
     config.write_text('[http]\nprot = 8002\n')
     with pytest.raises(InvalidRequestError, match="http.prot"):
         load_config_file(config)
+
+
+def test_continuous_usage_counts_the_tokens_of_every_chunk(front):
+    body = {"model": "tiny", "prompt": PROMPT, "n": 2, "max_tokens": 15, "stream": True, "ignore_eos": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    with httpx.stream("POST", f"{front.url}/completions", json=body, timeout=60) as r:
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    counts = [c["usage"]["completion_tokens"] for c in chunks]
+    assert counts == sorted(counts) and counts[-1] == 30 and chunks[-1]["choices"] == []

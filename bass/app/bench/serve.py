@@ -125,21 +125,30 @@ def plan(config: ServeBenchConfig, prompts: list[Prompt]) -> list[Plan]:
     return plans
 
 
-def _run_once(address: str, config: ServeBenchConfig, p: Plan, mode: str, show_progress: bool) -> list[RequestRecord]:
+def _run_once(address: str, config: ServeBenchConfig, p: Plan, mode: str, show_progress: bool,
+              protocol: str) -> list[RequestRecord]:
     total = len(p.arrivals) if p.load.kind == "rate" else config.num_requests
     with _progress(total, f"{mode} {p.load.kind} {p.load.label}", show_progress) as bar:
         on_done = lambda _record: bar.update(1)  # noqa: E731
         if p.load.kind == "rate":
             arrivals = [replace(a, spec=_with_mode(a.spec, mode)) for a in p.arrivals]
-            return run_open_loop(address, arrivals, timeout_s=config.timeout_s, on_done=on_done)
+            return run_open_loop(address, arrivals, timeout_s=config.timeout_s, on_done=on_done, protocol=protocol)
         return run_closed_loop(address, p.closed_loop_specs(mode, config.num_requests), int(p.load.value),
-                               duration_s=config.duration_s, timeout_s=config.timeout_s, on_done=on_done)
+                               duration_s=config.duration_s, timeout_s=config.timeout_s, on_done=on_done,
+                               protocol=protocol)
 
 
 def run(address: str, config: ServeBenchConfig, prompts: list[Prompt], *, show_progress: bool = True,
-        log=lambda message: None) -> dict:
-    """All runs; returns {"config", "references", "runs": [...]} (the caller adds where it ran)."""
-    _require_server(address)
+        log=lambda message: None, protocol: str = "grpc") -> dict:
+    """All runs; returns {"config", "references", "runs": [...]} (the caller adds where it ran).
+    protocol "openai": `address` is the base URL of an OpenAI-compatible server (serve_openai)."""
+    if protocol == "openai":
+        from bass.app.bench.serve_openai import collect_references as collect, served_model
+
+        served_model(address)  # fails at once on a wrong URL
+    else:
+        _require_server(address)
+        collect = collect_references
     plans = plan(config, prompts)
     references: dict = {}
     reference_wall = 0.0
@@ -148,14 +157,13 @@ def run(address: str, config: ServeBenchConfig, prompts: list[Prompt], *, show_p
         deterministic = [s for s in sorted(wanted, key=_spec_order) if s.deterministic]
         t0 = time.perf_counter()
         with _progress(len(deterministic), "references (each request alone)", show_progress) as bar:
-            references = collect_references(address, deterministic, timeout_s=config.timeout_s,
-                                            on_done=lambda: bar.update(1))
+            references = collect(address, deterministic, timeout_s=config.timeout_s, on_done=lambda: bar.update(1))
         reference_wall = time.perf_counter() - t0
     runs = []
     for p in plans:
         for mode in config.modes:
             cpu0, wall0 = time.process_time(), time.perf_counter()
-            records = _run_once(address, config, p, mode, show_progress)
+            records = _run_once(address, config, p, mode, show_progress, protocol)
             # Near 1.0 the client itself (one Python process) limits what it measures.
             busy = (time.process_time() - cpu0) / max(time.perf_counter() - wall0, 1e-9)
             row = {"mode": mode, "load": p.load.to_dict(), **summarize(records, config.slo),

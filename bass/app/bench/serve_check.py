@@ -28,7 +28,8 @@ MAX_EXAMPLES = 5
 
 @dataclass(frozen=True)
 class Answer:
-    """A request's sequences in index order: (token ids, text) each."""
+    """A request's sequences in index order: (token ids, text) each; token ids None where the
+    protocol returns none (OpenAI's: then the text alone is compared)."""
 
     sequences: tuple[tuple[tuple[int, ...], str], ...]
 
@@ -94,7 +95,7 @@ def answer_problems(record: RequestRecord, reference: Answer) -> tuple[list[str]
     token_problems, text_problems = [], []
     for i, (ref_tokens, ref_text) in enumerate(reference.sequences):
         got = tuple(tokens.get(i, ()))
-        if got != ref_tokens:
+        if ref_tokens is not None and got != ref_tokens:
             first = next((j for j, (a, b) in enumerate(zip(got, ref_tokens)) if a != b), min(len(got), len(ref_tokens)))
             token_problems.append(f"sequence {i}: tokens differ from the reference at position {first} "
                                   f"({len(got)} vs {len(ref_tokens)} tokens)")

@@ -2,13 +2,15 @@
 server's state) or closed-loop (N clients, each sending its next request when the last ends).
 
 One asyncio loop over one grpc.aio channel: hundreds of concurrent streams without a thread
-each, and every delta timestamped when the loop receives it.
+each, and every delta timestamped when the loop receives it. With protocol "openai" the same
+loops send streamed /v1/completions to an OpenAI-compatible server instead (serve_openai).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import asynccontextmanager
 from typing import Callable, Iterable, Iterator
 
 import grpc
@@ -56,15 +58,32 @@ async def _stream_one(stub, spec: RequestSpec, scheduled_s: float, start: float,
     return record
 
 
-async def _open_loop(address: str, arrivals: list[Arrival], timeout_s: float, on_done: OnDone | None):
+@asynccontextmanager
+async def grpc_sender(address: str, timeout_s: float):
+    """Yields send(spec, scheduled_s, start) -> RequestRecord over one grpc.aio channel."""
     async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
         stub = generation_pb2_grpc.GenerationStub(channel)
         await _connect(channel, address)
+        yield lambda spec, scheduled_s, start: _stream_one(stub, spec, scheduled_s, start, timeout_s)
+
+
+def _sender(address: str, timeout_s: float, protocol: str):
+    if protocol == "openai":
+        from bass.app.bench.serve_openai import openai_sender
+
+        return openai_sender(address, timeout_s)
+    if protocol != "grpc":
+        raise ValueError(f"protocol must be grpc or openai, got {protocol!r}")
+    return grpc_sender(address, timeout_s)
+
+
+async def _open_loop(sender, arrivals: list[Arrival], on_done: OnDone | None):
+    async with sender as send:
         start = time.perf_counter()
 
         async def one(a: Arrival) -> RequestRecord:
             await asyncio.sleep(max(0.0, a.offset_s - (time.perf_counter() - start)))
-            record = await _stream_one(stub, a.spec, a.offset_s, start, timeout_s)
+            record = await send(a.spec, a.offset_s, start)
             if on_done:
                 on_done(record)
             return record
@@ -72,11 +91,9 @@ async def _open_loop(address: str, arrivals: list[Arrival], timeout_s: float, on
         return list(await asyncio.gather(*(one(a) for a in arrivals)))
 
 
-async def _closed_loop(address: str, specs: Iterator[RequestSpec], concurrency: int, duration_s: float | None,
-                       timeout_s: float, on_done: OnDone | None):
-    async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
-        stub = generation_pb2_grpc.GenerationStub(channel)
-        await _connect(channel, address)
+async def _closed_loop(sender, specs: Iterator[RequestSpec], concurrency: int, duration_s: float | None,
+                       on_done: OnDone | None):
+    async with sender as send:
         start = time.perf_counter()
         records: list[RequestRecord] = []
 
@@ -85,7 +102,7 @@ async def _closed_loop(address: str, specs: Iterator[RequestSpec], concurrency: 
                 spec = next(specs, None)
                 if spec is None:
                     return
-                record = await _stream_one(stub, spec, time.perf_counter() - start, start, timeout_s)
+                record = await send(spec, time.perf_counter() - start, start)
                 records.append(record)
                 if on_done:
                     on_done(record)
@@ -95,15 +112,18 @@ async def _closed_loop(address: str, specs: Iterator[RequestSpec], concurrency: 
 
 
 def run_open_loop(address: str, arrivals: list[Arrival], *, timeout_s: float = 600.0,
-                  on_done: OnDone | None = None) -> list[RequestRecord]:
-    """Send each arrival at its offset from the start; return their records in arrival order."""
-    return asyncio.run(_open_loop(address, arrivals, timeout_s, on_done))
+                  on_done: OnDone | None = None, protocol: str = "grpc") -> list[RequestRecord]:
+    """Send each arrival at its offset from the start; return their records in arrival order.
+    protocol "openai": `address` is an OpenAI-compatible base URL (http://HOST:PORT/v1)."""
+    return asyncio.run(_open_loop(_sender(address, timeout_s, protocol), arrivals, on_done))
 
 
 def run_closed_loop(address: str, specs: Iterable[RequestSpec], concurrency: int, *, duration_s: float | None = None,
-                    timeout_s: float = 600.0, on_done: OnDone | None = None) -> list[RequestRecord]:
+                    timeout_s: float = 600.0, on_done: OnDone | None = None,
+                    protocol: str = "grpc") -> list[RequestRecord]:
     """`concurrency` clients take the specs in order, one request at a time each, until the
     specs run out or `duration_s` has passed (requests in flight then still finish)."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-    return asyncio.run(_closed_loop(address, iter(specs), concurrency, duration_s, timeout_s, on_done))
+    return asyncio.run(_closed_loop(_sender(address, timeout_s, protocol), iter(specs), concurrency, duration_s,
+                                    on_done))

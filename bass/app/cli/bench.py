@@ -287,7 +287,10 @@ def _parse_loads(value: str | None, kind: str):
 
 @bench.command("serve")
 @bench_options(problems="all", n=True, out=None)
-@click.option("--address", help="host:port of a running coordinator (or --serve).")
+@click.option("--address", help="host:port of a running coordinator (or --serve, or --openai).")
+@click.option("--openai", "openai_url",
+              help="Base URL of a running OpenAI-compatible server (BASS's --http-port front, vLLM, ...), e.g. "
+                   "http://127.0.0.1:8000/v1: the same load through streamed /v1/completions.")
 @click.option("--serve", "start_server", is_flag=True,
               help="Start `bass serve` with the model flags below (port: any free one) and stop it at the end.")
 @click.option("--rates", help="Open loop: Poisson arrivals at these requests/s, e.g. 1,2,4,8,16,inf (inf: all at once).")
@@ -311,7 +314,7 @@ def _parse_loads(value: str | None, kind: str):
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Write serve.json, serve.md and serve.png here.")
 @serve_options
 @click.pass_context
-def bench_serve(ctx, address, start_server, rates, concurrency, num_requests, duration, prompts_file, problems, n,
+def bench_serve(ctx, address, openai_url, start_server, rates, concurrency, num_requests, duration, prompts_file, problems, n,
                 new_tokens, temperature, top_p, seed, unseeded, slo_ttft_ms, slo_tpot_ms, compare_regular, check,
                 timeout_s, progress, out_dir, **_) -> None:
     """Load benchmark through the public API: TTFT, TPOT, ITL, throughput, goodput, errors, correctness."""
@@ -324,10 +327,10 @@ def bench_serve(ctx, address, start_server, rates, concurrency, num_requests, du
     from bass.app.bench.serve_workload import load_prompts
     from bass.app.launcher import launch, stop_all
 
-    if bool(address) == bool(start_server):
-        raise click.UsageError("give exactly one of --address or --serve")
+    if sum(map(bool, (address, openai_url, start_server))) != 1:
+        raise click.UsageError("give exactly one of --address, --openai or --serve")
     model_flags = [o.name for o in serve.params if ctx.get_parameter_source(o.name) == ParameterSource.COMMANDLINE]
-    if address and model_flags:
+    if (address or openai_url) and model_flags:
         raise click.UsageError(f"{', '.join('--' + f.replace('_', '-') for f in model_flags)} need --serve")
     loads = _parse_loads(rates, "rate") + _parse_loads(concurrency, "concurrency")
     try:
@@ -348,7 +351,8 @@ def bench_serve(ctx, address, start_server, rates, concurrency, num_requests, du
                 fail(e)
             address = next(p.address for p in processes if p.name == "coordinator")
             device = server.target.device
-        result = run(address, config, prompts, show_progress=progress, log=lambda m: click.echo(m, err=True))
+        result = run(openai_url or address, config, prompts, show_progress=progress,
+                     log=lambda m: click.echo(m, err=True), protocol="openai" if openai_url else "grpc")
     except ConnectionError as e:
         raise click.ClickException(str(e)) from None
     finally:
@@ -359,7 +363,8 @@ def bench_serve(ctx, address, start_server, rates, concurrency, num_requests, du
 
         if torch.cuda.is_available():
             environment["gpu_on_client_machine"] = torch.cuda.get_device_name(0)
-    result = {"benchmark": "serve", "environment": environment, "address": address,
+    result = {"benchmark": "serve", "environment": environment, "address": openai_url or address,
+              "protocol": "openai" if openai_url else "grpc",
               "server": json.loads(json.dumps({k: asdict(server)[k] for k in ("target", "draft", "coordinator")},
                                               default=str)) if server else None,
               "prompts": {"source": prompts_file or f"HumanEval {problems or 'all'}", "count": len(prompts)},

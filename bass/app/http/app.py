@@ -127,10 +127,14 @@ async def stream(front: Front, request: Request, message, plan: params.Plan, ans
         try:
             for chunk in answer.first_chunks(plan.options["n"]):
                 yield sse(chunk)
-            msg = first
+            msg, generated = first, 0
             while msg is not grpc.aio.EOF:
                 for delta in msg.deltas:
-                    for chunk in answer.delta_chunks(delta):
+                    chunks = answer.delta_chunks(delta)
+                    generated += len(delta.token_ids)
+                    if plan.continuous_usage:
+                        chunks = answer.with_usage(chunks, generated)
+                    for chunk in chunks:
                         yield sse(chunk)
                 if msg.HasField("stats") and plan.include_usage:
                     yield sse(answer.usage_chunk(msg.stats))

@@ -2,7 +2,7 @@
 
 Supported: `prompt` (text or token ids; a list of one), `messages` (chat), `max_tokens`
 (`max_completion_tokens` for chat), `temperature`, `top_p`, `n`, `stop`, `seed`, `stream`,
-`stream_options.include_usage`, `user` (ignored), `model` (any name; answers carry the served
+`stream_options.include_usage` (and vLLM's `continuous_usage_stats`), `user` (ignored), `model` (any name; answers carry the served
 one); vLLM's extensions `top_k` (-1 or 0 = off), `ignore_eos`, `stop_token_ids`; and ours under
 `bass`: `time_budget_ms`, `speculate` (false = regular decoding for this request).
 
@@ -37,6 +37,7 @@ class Plan:
     options: dict = field(default_factory=dict)
     stream: bool = False
     include_usage: bool = False
+    continuous_usage: bool = False  # vLLM's stream_options.continuous_usage_stats: usage on every chunk
     # the coordinator's field names -> this request's (for error messages)
     field_names: dict[str, str] = field(default_factory=dict)
 
@@ -212,6 +213,8 @@ def parse(body: Any, *, chat: bool) -> Plan:
         if not isinstance(options, dict):
             raise bad_param("stream_options", "must be an object")
         plan.include_usage = _bool(options, "include_usage", False, where="stream_options.include_usage")
+        plan.continuous_usage = _bool(options, "continuous_usage_stats", False,
+                                      where="stream_options.continuous_usage_stats")
     prompt_name = "messages" if chat else "prompt"
     plan.field_names = {"max_new_tokens": max_name, "prompt": prompt_name, "prompt_ids": prompt_name,
                         "prompt_token_ids": prompt_name, "time_budget_ms": "bass.time_budget_ms"}

@@ -52,18 +52,25 @@ class Answer:
                               "finish_reason": None}]) for i in range(n)]
 
     def delta_chunks(self, d: pb.SequenceDelta) -> list[dict]:
+        # A delta whose tokens add no text yet (a character split across tokens) still gets its
+        # chunk, so that continuous usage counts each chunk's tokens against its own choice.
         reason = FINISH_REASON_NAMES[d.finish_reason]
         if not self.chat:
-            if not d.text and reason is None:
+            if not d.text and not d.token_ids and reason is None:
                 return []
             return [self._chunk([{"index": d.index, "text": d.text, "logprobs": None, "finish_reason": reason}])]
         out = []
-        if d.text:
+        if d.text or d.token_ids:
             out.append(self._chunk([{"index": d.index, "delta": {"content": d.text}, "logprobs": None,
                                      "finish_reason": None}]))
         if reason is not None:
             out.append(self._chunk([{"index": d.index, "delta": {}, "logprobs": None, "finish_reason": reason}]))
         return out
+
+    def with_usage(self, chunks: list[dict], completion_tokens: int) -> list[dict]:
+        """stream_options.continuous_usage_stats (vLLM's): every chunk carries the usage so far,
+        so a client can tell how many tokens each chunk brought."""
+        return [{**c, "usage": self.usage(completion_tokens)} for c in chunks]
 
     def usage_chunk(self, s: pb.Stats) -> dict:
         """stream_options.include_usage: the last chunk, with no choices."""
