@@ -81,9 +81,6 @@ def resolve_dtype(dtype: str, device: str) -> str:
 # considers no longer drafts (longer ones run eagerly, slower than they pay).
 GRAPH_MAX_DRAFT = 8
 
-# draft_megakernel "auto" for a draft on CUDA with int8 weights (RunnerConfig.as_draft).
-DRAFT_MEGAKERNEL_AUTO = False
-
 
 @dataclass(frozen=True)
 class RunnerConfig:
@@ -119,26 +116,13 @@ class RunnerConfig:
     # the fp32 sums differs from cuBLAS. With the Triton kernels in bfloat16 only (ignored
     # otherwise). Off by default until measured end to end on a GPU.
     kquant_weights: bool = False
-    # A draft's option, with int8_weights: its one-token steps of up to 16 sequences (the draft
-    # loop's every token after the first) run all layers in one persistent Triton launch
-    # (kernels/triton_megakernel.py) instead of ~10 kernels a layer; the same math. None
-    # ("auto"): DRAFT_MEGAKERNEL_AUTO for a draft on CUDA with int8 weights, off otherwise.
-    draft_megakernel: bool | None = None
 
     def as_draft(self) -> "RunnerConfig":
         """This runner as a draft's: int8_weights "auto" (None) turned on, unless the runner is
-        batch-invariant (whose fixed GEMM tiling int8 would replace) or reads k-quant blocks;
-        draft_megakernel "auto" resolved (see DRAFT_MEGAKERNEL_AUTO)."""
-        int8 = self.int8_weights
-        if int8 is None:
-            int8 = not (self.batch_invariant or self.kquant_weights)
-        mega = self.draft_megakernel
-        if mega is None:
-            mega = (DRAFT_MEGAKERNEL_AUTO and int8 and self.device.startswith("cuda")
-                    and self.attention_backend == "triton")
-        if int8 == self.int8_weights and mega == self.draft_megakernel:
+        batch-invariant (whose fixed GEMM tiling int8 would replace) or reads k-quant blocks."""
+        if self.int8_weights is not None:
             return self
-        return replace(self, int8_weights=int8, draft_megakernel=mega)
+        return replace(self, int8_weights=not (self.batch_invariant or self.kquant_weights))
 
     @property
     def reads_kquant_blocks(self) -> bool:
@@ -171,10 +155,6 @@ class RunnerConfig:
                  "is a draft's option and batch_invariant a target's: not both")
         _require(not (self.kquant_weights and self.int8_weights), "kquant_weights",
                  "and int8_weights both replace the weights of few-row products: choose one")
-        _require(not (self.draft_megakernel and self.int8_weights is False), "draft_megakernel",
-                 "reads the int8 weights: it needs int8_weights")
-        _require(not (self.draft_megakernel and self.batch_invariant), "draft_megakernel",
-                 "is a draft's option and batch_invariant a target's: not both")
         # Past 64 rows the products take cuBLAS, whose sums differ from the kernel's.
         _require(not (self.kquant_weights and self.batch_invariant), "kquant_weights",
                  "cannot keep a batch-invariant runner's one GEMM tiling: not both")
@@ -273,7 +253,6 @@ class WorkerServiceConfig:
     batch_invariant: bool = False  # target service: rows computed the same way whatever the batch (slower)
     int8_weights: bool | None = None  # draft only (None: on for a draft): int8 projections for few-row steps
     kquant_weights: bool = False  # few-row products from the GGUF's Q4_K / Q6_K blocks (same bf16 weights)
-    draft_megakernel: bool | None = None  # draft only (None: see RunnerConfig): one-token steps in one launch
 
     def __post_init__(self) -> None:
         if self.model_dir is not None:
@@ -294,8 +273,7 @@ class WorkerServiceConfig:
         return RunnerConfig(model_dir=self.model_dir, device=device, dtype=dtype, num_slots=self.num_slots,
                             max_seq_len=self.max_seq_len, attention=self.attention,
                             graph_max_draft=self.graph_max_draft, batch_invariant=self.batch_invariant,
-                            int8_weights=self.int8_weights, kquant_weights=self.kquant_weights,
-                            draft_megakernel=self.draft_megakernel)
+                            int8_weights=self.int8_weights, kquant_weights=self.kquant_weights)
 
 
 @dataclass(frozen=True)
@@ -401,8 +379,6 @@ class ServeConfig:
     def __post_init__(self) -> None:
         _require(self.target.int8_weights is not True, "target.int8_weights",
                  "the target's numbers are the output: int8 weights are for the draft only")
-        _require(self.target.draft_megakernel is not True, "target.draft_megakernel",
-                 "runs the draft's int8 weights: for the draft only")
         if self.colocate and self.draft is not None:
             devices = {self.target.device, self.draft.device} - {"auto"}
             _require(len(devices) <= 1, "colocate", f"puts the draft on the target's device; they are set to "

@@ -9,7 +9,6 @@ tokens of the batch at once; only attention sees the sequences' boundaries.
 from __future__ import annotations
 
 import functools
-import logging
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -21,8 +20,6 @@ from bass.engine.batch import RaggedBatch
 from bass.engine.kv_cache import KVCache
 from bass.kernels import attention_kernel
 from bass.kernels.elementwise import add_rms_norm_reference, rope_into_cache_reference, silu_mul_reference
-
-log = logging.getLogger(__name__)
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 _ARRIVAL_COUNTERS = 4096
@@ -118,8 +115,7 @@ def rope_inv_freq(config: TransformerConfig) -> torch.Tensor:
 
 class Transformer:
     def __init__(self, config: TransformerConfig, weights: TransformerWeights, *, max_seq_len: int,
-                 attention: str = "pad", batch_invariant: bool = False, int8_weights: bool = False,
-                 megakernel: bool = False):
+                 attention: str = "pad", batch_invariant: bool = False, int8_weights: bool = False):
         """batch_invariant: every row's values are computed the same way whatever the batch
         around it (one GEMM tiling without split-K, attention with one launch plan and no
         split-KV), so a sequence's logits, and so its tokens, do not depend on what it is
@@ -128,9 +124,6 @@ class Transformer:
         projections and the LM head also kept as weight-only int8, which products of up to
         kernels/triton_int8.MAX_INT8_ROWS rows read (half the bytes); they change the values.
         RunnerConfig refuses the two together.
-        megakernel (a draft's option, with int8_weights; ignored otherwise and in the
-        batch-invariant mode): one-token steps of up to kernels/triton_megakernel.MAX_ROWS
-        sequences run every layer in one persistent Triton launch (the same math; see there).
         Weights loaded as k-quant blocks (load_weights(kquant=True): KQuantWeight / KQuantStack,
         the Triton kernels only) are read by products of up to
         kernels/triton_kquant.MAX_KQUANT_ROWS rows (the same bf16 values)."""
@@ -176,15 +169,6 @@ class Transformer:
                     setattr(layer, name, Int8Weight.quantize(getattr(layer, name)))
             weights.lm_head = Int8Weight.quantize(weights.lm_head)
             self.linear = Int8Linear(weights.embed.device)
-        self.megakernel = None
-        if megakernel and self.int8_weights and not batch_invariant:
-            from bass.kernels.triton_megakernel import DraftMegakernel, unsupported_reason
-
-            reason = unsupported_reason(self)
-            if reason is None:
-                self.megakernel = DraftMegakernel(self)
-            else:
-                log.info("draft megakernel off: %s", reason)
         # k-quant blocks are what load_weights built, not an option: any product weight that is
         # not a plain tensor (before int8, which RunnerConfig keeps apart) is one.
         self.kquant_weights = not self.int8_weights and any(
@@ -233,8 +217,6 @@ class Transformer:
 
         The residual stream x and the normed input h of the next block travel together, so each
         residual add is fused with the norm that follows it."""
-        if self.megakernel is not None and self.megakernel.applies(batch, cache):
-            return self.megakernel(batch, cache)
         c, layers, eps = self.config, self.weights.layers, self.config.rms_norm_eps
         q_size = c.num_heads * c.head_dim
         cos, sin = self.cos[batch.positions], self.sin[batch.positions]

@@ -52,8 +52,7 @@ class ModelRunner:
                                    kquant=config.reads_kquant_blocks)
             model = Transformer(self.model_config, weights, max_seq_len=config.max_seq_len,
                                 attention=config.attention_backend, batch_invariant=config.batch_invariant,
-                                int8_weights=bool(config.int8_weights),
-                                megakernel=bool(config.draft_megakernel))
+                                int8_weights=bool(config.int8_weights))
         self.model_config = model.config
         self.model = model
         mc = self.model_config

@@ -12,7 +12,7 @@ if not torch.cuda.is_available():  # Triton picks its interpreter when first imp
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
-from bass.config import InvalidRequestError, RunnerConfig  # noqa: E402
+from bass.config import RunnerConfig  # noqa: E402
 from bass.engine.batch import RaggedBatch, SequenceChunk  # noqa: E402
 from bass.engine.kv_cache import KVCache  # noqa: E402
 from bass.engine.model import LayerWeights, Transformer, TransformerConfig, TransformerWeights  # noqa: E402
@@ -32,8 +32,7 @@ SHAPES = {
 VOCAB, MAX_LEN, SLOTS = 60, 160, 20
 
 
-def random_model(shape: str, dtype: torch.dtype, seed: int, *, layers: int = 2, megakernel: bool = False,
-                 device: str = DEVICE) -> Transformer:
+def random_model(shape: str, dtype: torch.dtype, seed: int, *, layers: int = 2, device: str = DEVICE) -> Transformer:
     arch, hidden, inter, heads, kv, head_dim, bias = SHAPES[shape]
     gen = torch.Generator().manual_seed(seed)
 
@@ -50,8 +49,22 @@ def random_model(shape: str, dtype: torch.dtype, seed: int, *, layers: int = 2, 
         layers=[LayerWeights(input_norm=1 + w(hidden), qkv=w(q + 2 * k, hidden), qkv_bias=w(q + 2 * k) if bias else None,
                              o=w(hidden, q), o_bias=None, post_norm=1 + w(hidden), gate_up=w(2 * inter, hidden),
                              down=w(hidden, inter)) for _ in range(layers)])
-    return Transformer(config, weights, max_seq_len=MAX_LEN, attention="triton", int8_weights=True,
-                       megakernel=megakernel)
+    return Transformer(config, weights, max_seq_len=MAX_LEN, attention="triton", int8_weights=True)
+
+
+def attach(model: Transformer) -> DraftMegakernel:
+    """What wiring the megakernel into Transformer.hidden would do (the engine does not: it is
+    slower on an H100; see the kernel's docstring): one-token batches of <= MAX_ROWS sequences
+    go to it, every other batch keeps the existing path."""
+    mk = DraftMegakernel(model)
+    existing = model.hidden
+
+    @torch.inference_mode()
+    def hidden(batch, cache):
+        return mk(batch, cache) if mk.applies(batch, cache) else existing(batch, cache)
+
+    model.hidden = hidden
+    return mk
 
 
 def random_cache(model: Transformer, seed: int) -> KVCache:
@@ -122,26 +135,32 @@ def test_every_split_of_the_residual_products(o_splits, dn_splits):
     compare(model, mk, one_token_batch([40, 2, 77], 8), random_cache(model, 9), stage_mode=True)
 
 
-def test_the_model_takes_it_for_one_token_steps_only():
-    """Transformer(megakernel=True): one-token batches of <= MAX_ROWS sequences go to the
-    megakernel, the others (several tokens, more rows) keep the existing path; the weights it
-    moved into one buffer are still what the existing path reads."""
-    model = random_model("qwen2", torch.float32, 11, megakernel=True)
+def test_one_token_steps_go_to_it_and_the_weights_it_moved_still_serve_the_existing_path():
+    """Building it moves the model's int8 codes into one buffer (views, no copy left behind): the
+    existing path reads the same weights after. Attached, one-token batches of <= MAX_ROWS
+    sequences go to the megakernel; several tokens a sequence, or more rows, keep the existing
+    path."""
+    model = random_model("qwen2", torch.float32, 11)
     reference = random_model("qwen2", torch.float32, 11)
-    assert model.megakernel is not None and reference.megakernel is None
+    batches = (one_token_batch([20, 33], 1),
+               RaggedBatch.build([SequenceChunk(slot=0, start=4, tokens=[1, 2], logit_rows=1)], DEVICE),
+               one_token_batch([9] * (MAX_ROWS + 1), 2))
+    before = [model.hidden(b, random_cache(model, 3)) for b in batches]
+    mk = attach(model)
     layer = model.weights.layers[1]
-    assert layer.gate_up.q.data_ptr() == model.megakernel.wq[1].data_ptr() + model.megakernel.offsets[2]
+    assert layer.gate_up.q.data_ptr() == mk.wq[1].data_ptr() + mk.offsets[2]
+    assert layer.down.scale.data_ptr() == mk.ws[1].data_ptr() + 4 * mk.col_offsets[3]
     calls = []
-    original = model.megakernel.__call__
-    model.megakernel = type("Spy", (), {"applies": model.megakernel.applies,
-                                        "__call__": lambda self, *a, **k: calls.append(1) or original(*a, **k)})()
-    for batch in (one_token_batch([20, 33], 1),
-                  RaggedBatch.build([SequenceChunk(slot=0, start=4, tokens=[1, 2], logit_rows=1)], DEVICE),
-                  one_token_batch([9] * (MAX_ROWS + 1), 2)):
-        cache_a, cache_b = random_cache(model, 3), random_cache(model, 3)
-        torch.testing.assert_close(model.hidden(batch, cache_a), reference.hidden(batch, cache_b), atol=1e-5,
-                                   rtol=1e-5)
+    original = mk.__call__
+    mk.__class__ = type("Counting", (DraftMegakernel,), {"__call__": lambda self, *a, **k: calls.append(1)
+                                                          or original(*a, **k)})
+    for batch, was in zip(batches, before):
+        got = model.hidden(batch, random_cache(model, 3))
+        torch.testing.assert_close(got, reference.hidden(batch, random_cache(reference, 3)), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got, was, atol=1e-5, rtol=1e-5)
     assert len(calls) == 1
+    existing = model.weights.layers[0].qkv
+    assert torch.equal(existing.dequantized(), reference.weights.layers[0].qkv.dequantized())
 
 
 def test_a_draft_runner_with_the_megakernel_proposes_what_it_proposes_without(llama_draft):
@@ -157,13 +176,13 @@ def test_a_draft_runner_with_the_megakernel_proposes_what_it_proposes_without(ll
 
     def worker(megakernel: bool) -> DraftWorker:
         runner = ModelRunner(RunnerConfig(model_dir=llama_draft, device=DEVICE, num_slots=8, max_seq_len=64,
-                                          attention="triton", int8_weights=True, draft_megakernel=megakernel))
-        assert (runner.model.megakernel is not None) == megakernel
-        if DEVICE == "cuda":
-            w = DraftWorker(runner, top_n=8)
+                                          attention="triton", int8_weights=True))
+        if megakernel:
+            attach(runner.model)
+        w = DraftWorker(runner, top_n=8)
+        if DEVICE == "cuda":  # the loop's CUDA graphs capture the megakernel
             w.warm_up()
             return w
-        w = DraftWorker(runner, top_n=8)
         w.loop = DraftLoopGraphs(runner.model, runner.cache, runner.cache.allocate(), w.sample, capture_graphs=False)
         w.loop.prepare(max_batch=8)
         return w
@@ -174,22 +193,6 @@ def test_a_draft_runner_with_the_megakernel_proposes_what_it_proposes_without(ll
     with_mk = run_rounds(worker(True), samplings, ks, [])
     without = run_rounds(worker(False), samplings, ks, [])
     assert with_mk == without
-
-
-def test_config_resolves_and_refuses_the_option(llama_target):
-    base = RunnerConfig(model_dir=llama_target, device="cuda", attention="triton")
-    from bass.config import DRAFT_MEGAKERNEL_AUTO
-
-    assert base.as_draft().draft_megakernel is DRAFT_MEGAKERNEL_AUTO
-    assert base.draft_megakernel is None  # a target's: never resolved on
-    assert RunnerConfig(model_dir=llama_target).as_draft().draft_megakernel is False  # the CPU
-    assert RunnerConfig(model_dir=llama_target, device="cuda", attention="triton",
-                        int8_weights=False).as_draft().draft_megakernel is False
-    assert RunnerConfig(model_dir=llama_target, device="cuda", draft_megakernel=True).as_draft().draft_megakernel
-    with pytest.raises(InvalidRequestError, match="draft_megakernel"):
-        RunnerConfig(model_dir=llama_target, draft_megakernel=True, int8_weights=False)
-    with pytest.raises(InvalidRequestError, match="draft_megakernel"):
-        RunnerConfig(model_dir=llama_target, draft_megakernel=True, batch_invariant=True)
 
 
 # -- on a GPU: the persistent launch ---------------------------------------------------------------
