@@ -34,7 +34,7 @@ from bass.coordinator.speculative_step import SpeculativeStep, StepOutcome, Step
 from bass.coordinator.step_stats import StepStats
 from bass.coordinator.stopping import StopCriteria, check_stop
 from bass.coordinator.tokenizer import Codec
-from bass.core.config import SchedulerConfig
+from bass.core.config import SchedulerConfig, same_device
 from bass.core.errors import InvalidRequestError, WorkerUnavailableError
 from bass.core.worker_api import (AddSequence, DraftWorkerAPI, ProposeItem, ProposeRequest, SequenceSampling,
                                   TargetWorkerAPI, VerifyResponse)
@@ -44,13 +44,6 @@ log = logging.getLogger(__name__)
 # Tokens a drafting sequence's first forward runs anyway (the last step's one or two: the draft
 # worker's FIRST_STEP_TOKENS); more are a catch-up the policy counts as a join.
 _STEADY_PENDING = 2
-
-
-def _same_device(a: str, b: str) -> bool:
-    """Whether two workers' devices are one ("cuda" is the first GPU, as torch has it)."""
-    def index(d: str) -> str:
-        return d if ":" in d or d == "cpu" else f"{d}:0"
-    return index(a) == index(b)
 
 
 class Scheduler:
@@ -484,7 +477,7 @@ class Scheduler:
         # pair that restarted together is one again only once the draft has reconnected.
         # A draft on a GPU of its own hands its tokens over through the host.
         shares = (bool(getattr(self.target, "verifies_device_drafts", False))
-                  and _same_device(info.device, self.target_info.device))
+                  and same_device(info.device, self.target_info.device))
         self.speculative.fed_verify = self.speculative.chains = shares
         log.info("draft ready: %s on %s%s", info.model_name, info.device,
                  " (shares the target's device: a speculative step is one call)" if shares else "")

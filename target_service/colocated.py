@@ -21,7 +21,7 @@ import functools
 import threading
 import uuid
 
-from bass.core.config import WorkerServiceConfig
+from bass.core.config import WorkerServiceConfig, same_device
 from bass.core.errors import InvalidRequestError, PreconditionError
 from bass.core.worker_api import SpeculateRequest, SpeculateResponse
 from bass.draft_service.servicer import SERVICE_NAME as DRAFT_SERVICE, DraftServicer
@@ -113,7 +113,7 @@ def serve(target_config: WorkerServiceConfig, draft_config: WorkerServiceConfig)
     """Both models in this process, both services on the target's address."""
     target_runner = target_config.runner_config()
     draft_runner = draft_config.runner_config()
-    if draft_runner.device != target_runner.device:
+    if not same_device(draft_runner.device, target_runner.device):
         raise InvalidRequestError("draft.device", f"a co-located draft runs on the target's device "
                                                   f"({target_runner.device}), got {draft_runner.device}")
     use_device(target_runner.device)

@@ -135,6 +135,8 @@ def test_two_gpu_flags_and_keys_reach_the_config(llama_target, llama_draft, tmp_
     cfg = serve_config(serve.make_context("serve", [*map(str, base), "--config", str(config)]))
     assert (cfg.target.device, cfg.draft.device, cfg.coordinator.scheduler.pipeline_draft_tokens) == ("cuda", "cuda:1", 4)
     assert serve_config(serve.make_context("serve", list(map(str, base)))).draft.device == "cuda"  # the target's
+    same = serve_config(serve.make_context("serve", [*map(str, base), "--draft-device", "cuda:0"]))
+    assert same.colocate, "cuda:0 is the target's 'cuda': the draft stays in the target's process"
 
 
 def test_a_bad_pipeline_length_is_named(llama_target, llama_draft):

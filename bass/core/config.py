@@ -72,6 +72,13 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def same_device(a: str, b: str) -> bool:
+    """Whether two device names are one device ("cuda" is the first GPU, as torch has it)."""
+    def indexed(d: str) -> str:
+        return f"{d}:0" if d == "cuda" else d
+    return indexed(a) == indexed(b)
+
+
 def resolve_dtype(dtype: str, device: str) -> str:
     """'auto': bfloat16 on a GPU, float32 on the CPU."""
     return ("bfloat16" if device.startswith("cuda") else "float32") if dtype == "auto" else dtype
@@ -403,8 +410,8 @@ class ServeConfig:
         _require(self.target.int8_weights is not True, "target.int8_weights",
                  "the target's numbers are the output: int8 weights are for the draft only")
         if self.colocate and self.draft is not None:
-            devices = {self.target.device, self.draft.device} - {"auto"}
-            _require(len(devices) <= 1, "colocate", f"puts the draft on the target's device; they are set to "
+            t, d = self.target.device, self.draft.device
+            _require("auto" in (t, d) or same_device(t, d), "colocate", f"puts the draft on the target's device; they are set to "
                                                     f"{self.target.device} and {self.draft.device} "
                                                     f"(set colocate = false for separate devices)")
 

@@ -11,7 +11,7 @@ import click
 
 from bass.app.cli.options import fail
 from bass.app.cli.serve import serve, serve_config, serve_options
-from bass.core.config import ATTENTION_BACKENDS, DTYPES, RunnerConfig, resolve_device, resolve_dtype
+from bass.core.config import ATTENTION_BACKENDS, DTYPES, RunnerConfig, resolve_device, resolve_dtype, same_device
 from bass.core.errors import BassError
 
 
@@ -201,7 +201,7 @@ def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_ne
     runner = dict(device=device, dtype=dtype, num_slots=max(batch_list), max_seq_len=max_seq_len, attention=attention)
     prompts = [p["prompt"] for p in select(load_problems(), problems)]
     draft_runner = {**runner, "device": resolve_device(draft_device or device)}
-    if draft_runner["device"] != device and not (services and separate_draft):
+    if not same_device(draft_runner["device"], device) and not (services and separate_draft):
         raise click.UsageError("a draft on another device than the target's runs in a service of its own: "
                                "add --services --separate-draft")
     rows = measure(RunnerConfig(model_dir=target_dir, batch_invariant=batch_invariant, **runner),

@@ -10,7 +10,8 @@ from pathlib import Path
 import click
 
 from bass.app.cli.options import fail, scheduler_options, with_scheduler_options
-from bass.core.config import DTYPES, ServeConfig, WorkerServiceConfig, load_config_file, resolve_device, resolve_dtype
+from bass.core.config import (DTYPES, ServeConfig, WorkerServiceConfig, load_config_file, resolve_device, resolve_dtype,
+                              same_device)
 from bass.core.errors import BassError
 
 
@@ -82,7 +83,7 @@ def serve_config(ctx: click.Context, default_port: int | None = None) -> ServeCo
                               if v is not None})
     http = cfg.http if p.get("http_port") is None else replace(cfg.http, port=p["http_port"])
     # A draft on a device of its own runs in a process of its own (a co-located pair shares one).
-    own_device = p["draft_device"] is not None and draft is not None and draft.device != target.device
+    own_device = p["draft_device"] is not None and draft is not None and not same_device(draft.device, target.device)
     return ServeConfig(target=target, draft=draft, coordinator=coord, http=http,
                        colocate=cfg.colocate and not p["separate_draft"] and not own_device)
 
