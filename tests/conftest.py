@@ -1,16 +1,45 @@
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
-import torch
+
+# Torch's OpenMP threads spin while they wait for work. On a 2-core machine that the tests share
+# with gRPC threads, subprocesses, a Ray cluster and other processes, a spinning thread holds the
+# core that the thread it waits for needs: three tiny-model modules took 133 s on two spinning
+# threads, 21 s on two passive ones, 15 s on one. Passive waiting is read once, when torch loads
+# libgomp: set before the import; subprocesses inherit it. A setting in the environment is kept.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+
+# Without a GPU, Triton kernels run in its interpreter, which Triton picks when it is first
+# imported. Several test modules set this before their own import, but a module collected
+# earlier that imports Triton first (test_kernel_builds.py) left them with the compiler: set it
+# before any test module is imported. test_kernel_builds.py compiles in a subprocess of its own
+# with TRITON_INTERPRET=0.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from tiny_models import make_model  # noqa: E402
 
-torch.set_num_threads(2)
+# One thread: the tiny models' ops are far below what a second thread pays for. Tests on real
+# models ask for torch's default again (the torch_default_threads fixture).
+DEFAULT_THREADS = torch.get_num_threads()  # the cores, or OMP_NUM_THREADS
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def torch_default_threads():
+    """Torch's own thread count for a module's tests (products of 0.5-1.5 B parameters pay for
+    every core), one thread again after them."""
+    torch.set_num_threads(DEFAULT_THREADS)
+    yield DEFAULT_THREADS
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
