@@ -42,6 +42,50 @@ def torch_default_threads():
     torch.set_num_threads(1)
 
 
+# -- pytest-xdist (make test runs two workers) -------------------------------------------------------
+# Each module runs whole on one worker, in its own order, as it would alone: module-scoped fixtures
+# (services, models) are built once, and no test runs after other tests than it does in one process.
+# Modules that must not run at the same time share a unit: Ray tests (one cluster on this machine at a
+# time: test_ray_cli.py's `bass up` would join test_ray_deploy.py's cluster, through
+# ray.init(address="auto"), and its `bass down --stop-ray` would stop it). The longest units start
+# first, so that the run does not end on one of them with the other worker idle. (pytest-xdist's
+# xdist_group marks do the grouping part, but not under pytest 9.2: pytest-xdist#1386.)
+XDIST_UNITS = {"test_ray_deploy.py": "ray", "test_ray_cli.py": "ray"}
+XDIST_FIRST = ("test_real_models.py", "test_triton_int8.py", "ray", "test_hardening.py", "test_bench_serve.py",
+               "test_cli.py", "test_serve_cli.py")  # about a minute or more each on 2 cores, then 15-30 s
+
+
+def xdist_unit(nodeid: str) -> str:
+    module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    return XDIST_UNITS.get(module, module)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Whole modules (XDIST_UNITS), the longest first (XDIST_FIRST), for every --dist that
+    balances load (-n alone means --dist load); --dist each and worksteal are left as they are."""
+    if config.getoption("dist") not in ("load", "loadscope", "loadfile", "loadgroup"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        _ordered = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_unit(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            if not self._ordered:  # the queue is complete once the first unit is handed out
+                rank = {unit: i for i, unit in enumerate(XDIST_FIRST)}
+                order = sorted(self.workqueue.items(), key=lambda kv: rank.get(kv[0], len(rank)))
+                self.workqueue.clear()
+                self.workqueue.update(order)
+                self._ordered = True
+            super()._assign_work_unit(node)
+
+    return ModuleScheduling(config, log)
+
+
 @pytest.fixture(scope="session")
 def models_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("models")
