@@ -6,6 +6,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# pytest-xdist workers for make test / test-fast (0: one process). Two pay on 2 cores: much of
+# the suite waits (services, subprocesses, Ray) while the other worker computes. Each module runs
+# whole on one worker (tests/conftest.py: pytest_xdist_make_scheduler says which go together).
+TEST_WORKERS ?= 2
+XDIST = -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: install test test-fast soak models demo clean
 
@@ -36,10 +41,10 @@ demo: models
 	$(PY) -m bass.cli demo
 
 test: install
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 test-fast: install
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 # The reliability run (bench/cpu/soak.py, a few minutes on 2 cores; not part of `make test`):
 # load with exactness checks, draft and target killed and restarted, 1,200 malformed

@@ -1,16 +1,89 @@
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
-import torch
+
+# Torch's OpenMP threads spin while they wait for work. On a 2-core machine that the tests share
+# with gRPC threads, subprocesses, a Ray cluster and other processes, a spinning thread holds the
+# core that the thread it waits for needs: three tiny-model modules took 133 s on two spinning
+# threads, 21 s on two passive ones, 15 s on one. Passive waiting is read once, when torch loads
+# libgomp: set before the import; subprocesses inherit it. A setting in the environment is kept.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+
+# Without a GPU, Triton kernels run in its interpreter, which Triton picks when it is first
+# imported. Several test modules set this before their own import, but a module collected
+# earlier that imports Triton first (test_kernel_builds.py) left them with the compiler: set it
+# before any test module is imported. test_kernel_builds.py compiles in a subprocess of its own
+# with TRITON_INTERPRET=0.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from tiny_models import make_model  # noqa: E402
 
-torch.set_num_threads(2)
+# One thread: the tiny models' ops are far below what a second thread pays for. Tests on real
+# models ask for torch's default again (the torch_default_threads fixture).
+DEFAULT_THREADS = torch.get_num_threads()  # the cores, or OMP_NUM_THREADS
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def torch_default_threads():
+    """Torch's own thread count for a module's tests (products of 0.5-1.5 B parameters pay for
+    every core), one thread again after them."""
+    torch.set_num_threads(DEFAULT_THREADS)
+    yield DEFAULT_THREADS
+    torch.set_num_threads(1)
+
+
+# -- pytest-xdist (make test runs two workers) -------------------------------------------------------
+# Each module runs whole on one worker, in its own order, as it would alone: module-scoped fixtures
+# (services, models) are built once, and no test runs after other tests than it does in one process.
+# Modules that must not run at the same time share a unit: Ray tests (one cluster on this machine at a
+# time: test_ray_cli.py's `bass up` would join test_ray_deploy.py's cluster, through
+# ray.init(address="auto"), and its `bass down --stop-ray` would stop it). The longest units start
+# first, so that the run does not end on one of them with the other worker idle. (pytest-xdist's
+# xdist_group marks do the grouping part, but not under pytest 9.2: pytest-xdist#1386.)
+XDIST_UNITS = {"test_ray_deploy.py": "ray", "test_ray_cli.py": "ray"}
+XDIST_FIRST = ("test_real_models.py", "test_triton_int8.py", "ray", "test_hardening.py", "test_bench_serve.py",
+               "test_cli.py", "test_serve_cli.py")  # about a minute or more each on 2 cores, then 15-30 s
+
+
+def xdist_unit(nodeid: str) -> str:
+    module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    return XDIST_UNITS.get(module, module)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Whole modules (XDIST_UNITS), the longest first (XDIST_FIRST), for every --dist that
+    balances load (-n alone means --dist load); --dist each and worksteal are left as they are."""
+    if config.getoption("dist") not in ("load", "loadscope", "loadfile", "loadgroup"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        _ordered = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_unit(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            if not self._ordered:  # the queue is complete once the first unit is handed out
+                rank = {unit: i for i, unit in enumerate(XDIST_FIRST)}
+                order = sorted(self.workqueue.items(), key=lambda kv: rank.get(kv[0], len(rank)))
+                self.workqueue.clear()
+                self.workqueue.update(order)
+                self._ordered = True
+            super()._assign_work_unit(node)
+
+    return ModuleScheduling(config, log)
 
 
 @pytest.fixture(scope="session")

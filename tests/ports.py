@@ -35,11 +35,23 @@ def _bindable(port: int) -> bool:
     return True
 
 
+def _this_workers_share(low: int, high: int) -> tuple[int, int]:
+    """Under pytest-xdist (make test runs two workers) each worker picks from its own slice of
+    [low, high]: two processes checking the same port free at once would both take it."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count <= 1:
+        return low, high
+    size = (high - low + 1) // count
+    first = low + int(worker[2:]) % count * size  # a restarted worker gets the next number
+    return first, first + size - 1
+
+
 def fixed_port() -> int:
     """A port that is free now and that the kernel will not give to an outgoing connection."""
     low, high = RAY_MAX_WORKER_PORT + 1, _ephemeral_low() - 1
     if high <= low:  # an unusual port range: fall back to whatever the kernel offers
         low, high = 20000, 32767
+    low, high = _this_workers_share(low, high)
     for _ in range(200):
         port = _rng.randint(low, high)
         if port not in _handed_out and _bindable(port):

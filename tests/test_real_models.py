@@ -23,6 +23,11 @@ pytestmark = pytest.mark.skipif(not (TARGET_DIR / "config.json").is_file() or no
 NEW_TOKENS = 12
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _every_core(torch_default_threads):
+    """Real models: torch's own thread count, not the tiny models' one (conftest)."""
+
+
 @pytest.fixture(scope="module")
 def prompts():
     from transformers import AutoTokenizer
@@ -32,7 +37,9 @@ def prompts():
     return [tuple(tok.encode(problems[i]["prompt"])) for i in (0, 2, 11)]
 
 
-def hf_greedy(model_dir, prompts):
+def hf_greedy(model_dir, prompts, logits_of=None):
+    """transformers' greedy continuations of `prompts`; with `logits_of` (ids), also its logits
+    for those ids, from the same load of the model."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
@@ -41,14 +48,26 @@ def hf_greedy(model_dir, prompts):
         for p in prompts:
             ids = model.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False)
             out.append(ids[0, len(p):].tolist())
+        logits = None if logits_of is None else model(torch.tensor([logits_of])).logits[0]
     del model
     gc.collect()
-    return out
+    return out if logits_of is None else (out, logits)
+
+
+def prefill_ids(prompts):
+    return prompts[0][:64]
 
 
 @pytest.fixture(scope="module")
-def target_reference(prompts):
-    return hf_greedy(TARGET_DIR, prompts)
+def target_hf(prompts):
+    """The 1.5 B target in transformers, loaded once for both tests that compare with it: its
+    greedy continuations of the prompts and its logits for prefill_ids."""
+    return hf_greedy(TARGET_DIR, prompts, logits_of=prefill_ids(prompts))
+
+
+@pytest.fixture(scope="module")
+def target_reference(target_hf):
+    return target_hf[0]
 
 
 def test_draft_runtime_matches_transformers(prompts):
@@ -67,17 +86,13 @@ def test_speculative_pair_matches_transformers_target(prompts, target_reference)
     assert proposed > 0 and accepted / proposed > 0.3, "the real draft should agree with its target often"
 
 
-def test_prefill_logits_match_transformers(prompts):
-    from transformers import AutoModelForCausalLM
-
-    ids = prompts[0][:64]
+def test_prefill_logits_match_transformers(prompts, target_hf):
+    ids = prefill_ids(prompts)
     runner = ModelRunner(RunnerConfig(model_dir=TARGET_DIR, num_slots=1, max_seq_len=128))
     runner.add([AddSequence(1, ids[:1])])
     state = runner.get(1)
     runner.commit(state, list(ids[1:]))
     ours = runner.forward([(state, [])], [len(ids)])
     del runner
-    model = AutoModelForCausalLM.from_pretrained(str(TARGET_DIR), dtype=torch.float32).eval()
-    with torch.no_grad():
-        ref = model(torch.tensor([ids])).logits[0]
+    ref = target_hf[1]  # transformers' logits for the same ids
     torch.testing.assert_close(ours, ref, atol=2e-3, rtol=1e-3)
