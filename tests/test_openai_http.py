@@ -263,10 +263,12 @@ def test_a_client_dropping_mid_stream_frees_its_slots(front, services):
 
 
 def test_a_client_dropping_a_plain_request_frees_its_slots(front, services):
-    body = {"model": "tiny", "prompt": PROMPT, "n": 3, "max_tokens": 500, "ignore_eos": True}
+    # Long enough that the client gives up while it runs, whatever the machine's speed (8 x 500
+    # tokens is over a second of steps for the tiny model even alone; 3 x 500 once was not).
+    body = {"model": "tiny", "prompt": PROMPT, "n": 8, "max_tokens": 500, "ignore_eos": True}
     before = cancelled(services)
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{front.url}/completions", json=body, timeout=httpx.Timeout(60, read=1.0))
+        httpx.post(f"{front.url}/completions", json=body, timeout=httpx.Timeout(60, read=0.5))
     assert wait_until(lambda: running(services) == (0, 0))
     assert cancelled(services) == before + 1
     assert wait_until(lambda: metric(services, "bass_running_sequences") == 0)

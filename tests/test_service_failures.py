@@ -140,7 +140,7 @@ def test_a_colocated_pair_dying_fails_fast_then_recovers_with_speculation(llama_
             r = first_answer_after_restart(client)
             assert list(r.sequences[0].token_ids) == expected and r.stats.draft_tokens > 0
             scheduler = s.coordinator.engine.scheduler
-            assert scheduler.target.verifies_device_drafts and scheduler._fed_verify, "paired again"
+            assert scheduler.target.verifies_device_drafts and scheduler.speculative.fed_verify, "paired again"
     finally:
         s.stop()
 

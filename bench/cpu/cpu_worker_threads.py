@@ -59,7 +59,7 @@ def main() -> None:
     for _ in range(args.repeats):
         for way in ("calling thread", "one helper thread", "a helper thread each"):
             s = build_scheduler(target, draft, "3", max_seq_len=512)
-            s._fed_verify = s._chains = False  # the host path, whichever thread runs it
+            s.speculative.fed_verify = s.speculative.chains = False  # the host path, whichever thread runs it
             one, two = ThreadPoolExecutor(1), ThreadPoolExecutor(1)
             if way == "one helper thread":
                 s.target, s.draft = OnThread(s.target, one), OnThread(s.draft, one)

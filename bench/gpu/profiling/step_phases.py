@@ -85,7 +85,7 @@ def run_case(target_worker, draft_worker, codec, prompts, mode: str, batch: int,
     scheduler = Scheduler(target_worker, draft_worker, codec,
                           SchedulerConfig(max_batch_size=batch, max_n=1, max_new_tokens=NEW_TOKENS,
                                           draft_length=DraftLengthConfig.parse(str(k))))
-    scheduler._chains = chained
+    scheduler.speculative.chains = chained
 
     def run(round_: int):
         return scheduler.generate([GenerationRequest(prompt=prompts[i % len(prompts)], max_new_tokens=NEW_TOKENS,
