@@ -48,11 +48,14 @@ def torch_default_threads():
 # Modules that must not run at the same time share a unit: Ray tests (one cluster on this machine at a
 # time: test_ray_cli.py's `bass up` would join test_ray_deploy.py's cluster, through
 # ray.init(address="auto"), and its `bass down --stop-ray` would stop it). The longest units start
-# first, so that the run does not end on one of them with the other worker idle. (pytest-xdist's
+# first, so that the run does not end on one of them with the other worker idle; the modules that
+# bound reconnects and health checks in fractions of a second go last, when the other worker has
+# only short modules left, not beside the real models or the Triton interpreter. (pytest-xdist's
 # xdist_group marks do the grouping part, but not under pytest 9.2: pytest-xdist#1386.)
 XDIST_UNITS = {"test_ray_deploy.py": "ray", "test_ray_cli.py": "ray"}
-XDIST_FIRST = ("test_real_models.py", "test_triton_int8.py", "ray", "test_hardening.py", "test_bench_serve.py",
-               "test_cli.py", "test_serve_cli.py")  # about a minute or more each on 2 cores, then 15-30 s
+XDIST_FIRST = ("test_real_models.py", "test_triton_int8.py", "ray", "test_bench_serve.py", "test_cli.py",
+               "test_serve_cli.py")  # about a minute or more each on 2 cores, then 15-30 s
+XDIST_LAST = ("test_service_failures.py", "test_hardening.py")
 
 
 def xdist_unit(nodeid: str) -> str:
@@ -62,8 +65,8 @@ def xdist_unit(nodeid: str) -> str:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """Whole modules (XDIST_UNITS), the longest first (XDIST_FIRST), for every --dist that
-    balances load (-n alone means --dist load); --dist each and worksteal are left as they are."""
+    """Whole modules (XDIST_UNITS), the longest first (XDIST_FIRST), a few last (XDIST_LAST), for
+    every --dist that balances load (-n alone means --dist load); each and worksteal are left be."""
     if config.getoption("dist") not in ("load", "loadscope", "loadfile", "loadgroup"):
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -76,8 +79,9 @@ def pytest_xdist_make_scheduler(config, log):
 
         def _assign_work_unit(self, node) -> None:
             if not self._ordered:  # the queue is complete once the first unit is handed out
-                rank = {unit: i for i, unit in enumerate(XDIST_FIRST)}
-                order = sorted(self.workqueue.items(), key=lambda kv: rank.get(kv[0], len(rank)))
+                rank = {unit: i - len(XDIST_FIRST) for i, unit in enumerate(XDIST_FIRST)}
+                rank.update({unit: 1 + i for i, unit in enumerate(XDIST_LAST)})
+                order = sorted(self.workqueue.items(), key=lambda kv: rank.get(kv[0], 0))
                 self.workqueue.clear()
                 self.workqueue.update(order)
                 self._ordered = True
