@@ -5,7 +5,6 @@ import json
 import threading
 import time
 
-import grpc
 import httpx2 as httpx  # what the openai client is built on
 import openai
 import pytest
@@ -14,21 +13,13 @@ from bass.app.client import BassClient
 from bass.app.http.server import serve_http
 from bass.core.config import HttpConfig
 from services import start_services
+from test_services import wait_until
 
 PROMPT = "def fibonacci(n):"
 # The tiny models' tokenizer has no chat template: the front is given this one.
 CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}<assistant>{% endif %}")
 NO_EOS = {"extra_body": {"ignore_eos": True}}
-
-
-def wait_until(predicate, timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 @pytest.fixture(scope="module")
