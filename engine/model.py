@@ -165,6 +165,11 @@ class Transformer:
                     setattr(layer, name, Int8Weight.quantize(getattr(layer, name)))
             weights.lm_head = Int8Weight.quantize(weights.lm_head)
             self.linear = Int8Linear(weights.embed.device)
+        # Few-row forwards of an int8 draft run each layer in five launches, the norms, RoPE,
+        # cache writes, residual adds and SiLU * up riding on the products
+        # (kernels/triton_draft_layer.py). An attribute, not an option: benches turn it off to
+        # compare.
+        self.fused_draft_layers = self.int8_weights
         self.scale = config.head_dim ** -0.5
         device, dtype = weights.embed.device, weights.embed.dtype
         positions = torch.arange(max_seq_len, dtype=torch.float32, device=device)
@@ -201,6 +206,8 @@ class Transformer:
 
         The residual stream x and the normed input h of the next block travel together, so each
         residual add is fused with the norm that follows it."""
+        if self.fused_draft_layers and batch.num_tokens <= self.linear.max_rows:
+            return self._fused_draft_hidden(batch, cache)
         c, layers, eps = self.config, self.weights.layers, self.config.rms_norm_eps
         q_size = c.num_heads * c.head_dim
         cos, sin = self.cos[batch.positions], self.sin[batch.positions]
@@ -219,4 +226,20 @@ class Transformer:
         # work, and so its rounding, changes with the number of rows.
         rows = batch.logit_rows
         h, _ = self.add_norm(mlp[rows], x[rows], self.weights.final_norm, eps)
+        return h
+
+    def _fused_draft_hidden(self, batch: RaggedBatch, cache: KVCache) -> torch.Tensor:
+        """`hidden` for an int8 draft's few-row forward: five launches a layer. The residual
+        stream x goes from product to product; each norm is folded into the product after it."""
+        from bass.kernels.triton_draft_layer import normed_gate_up_silu, normed_qkv_rope
+
+        c, layers, eps = self.config, self.weights.layers, self.config.rms_norm_eps
+        x = self.weights.embed[batch.input_ids]
+        for i, layer in enumerate(layers):
+            q = normed_qkv_rope(x, layer.input_norm, eps, layer.qkv, layer.qkv_bias, self.cos, self.sin, cache.k[i],
+                                cache.v[i], batch.token_slots, batch.positions, c.num_heads, c.num_kv_heads)
+            attn = self.attend(q, cache.k[i], cache.v[i], batch, self.scale)
+            x = self.linear(attn.reshape(-1, c.num_heads * c.head_dim), layer.o, layer.o_bias, residual=x)
+            x = self.linear(normed_gate_up_silu(x, layer.post_norm, eps, layer.gate_up), layer.down, residual=x)
+        h, _ = self.add_norm(x[batch.logit_rows], None, self.weights.final_norm, eps)
         return h
