@@ -1,23 +1,20 @@
-"""The int8 draft's decoder layer in five launches instead of nine (Triton).
+"""The int8 draft's decoder layer in seven launches instead of nine (Triton).
 
 A draft forward of the 0.5B model at 1-16 rows is bound by its launches, not its bytes: on an
-H100 each of its ~9 kernels a layer costs ~3-4 µs whatever it moves (bench/results/README.md,
-"Step costs"), and four of them are elementwise glue: the two RMSNorms with their residual adds,
-RoPE with the KV-cache write, and SiLU * up. Here the glue rides on the products:
+H100 (bench/gpu/profiling/draft_kernels.py) its 233 kernels run 0.90 ms of GPU time in a 1.08 ms
+graph, the int8 products at ~5.5 µs each whatever they move, and the elementwise glue at
+1.3-1.8 µs. Two pieces of glue ride on the products here:
 
-- `normed_qkv_rope`: RMSNorm of the residual stream, the q|k|v product, its bias, RoPE, and
-  the write of k and v into the cache, in one launch;
-- the o and down products add the residual in their epilogue (Int8Linear's `residual`);
-- `normed_gate_up_silu`: RMSNorm, the gate|up product and SiLU(gate) * up, in one launch.
+- `qkv_rope`: the q|k|v product, its bias, RoPE, and the write of k and v into the cache;
+- `gate_up_silu`: the gate|up product and SiLU(gate) * up.
 
-The norm is folded into the product instead of run before it: rms_norm(x) * w @ W.T equals
-(x * w) @ W.T scaled per row by 1 / rms(x), and each program gathers the row's sum of squares
-from the same x tiles its product loads, so no program waits for another.
+The norms (with their residual adds) stay kernels of their own: folded into the products
+(rms_norm(x) * w @ W.T = ((x * w) @ W.T) / rms(x), the squares gathered in the K loop) they made
+each product 2-3 µs slower than the norm they saved (2026-11-27 journal, "draft layers").
 
-Only a draft runs this (the values round differently from transformers': the products read
-(x * w) in bf16, unscaled): its numbers decide which tokens it proposes, and verification keeps
-the target's own, so the output is the target's whatever they are. Up to MAX_INT8_ROWS rows;
-the model takes its unfused path beyond.
+Only a draft runs this (int8 weights, bf16 tensor-core products, its own rounding): its numbers
+decide which tokens it proposes, and verification keeps the target's own, so the output is the
+target's whatever they are. Up to MAX_INT8_ROWS rows; the model takes its unfused path beyond.
 """
 
 from __future__ import annotations
@@ -47,8 +44,8 @@ def _dot(a, b, UPCAST: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["rows"])
-def _normed_qkv_rope_kernel(x_ptr, norm_ptr, w_ptr, scale_ptr, bias_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr,
-                            q_ptr, k_cache_ptr, v_cache_ptr, rows, eps, slot_stride, pos_stride,
+def _qkv_rope_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr,
+                            q_ptr, k_cache_ptr, v_cache_ptr, rows, slot_stride, pos_stride,
                             INNER: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HALF: tl.constexpr,
                             HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -64,21 +61,16 @@ def _normed_qkv_rope_kernel(x_ptr, norm_ptr, w_ptr, scale_ptr, bias_ptr, cos_ptr
     rk = tl.arange(0, BLOCK_K)
     acc1 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for k in range(0, INNER, BLOCK_K):
         kk = k + rk
         k_ok = kk < INNER
-        x = tl.load(x_ptr + rm[:, None] * INNER + kk[None, :], mask=row_ok[:, None] & k_ok[None, :],
-                    other=0.0).to(tl.float32)
-        squares += tl.sum(x * x, axis=1)
-        a = x * tl.load(norm_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+        a = tl.load(x_ptr + rm[:, None] * INNER + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         b1 = tl.load(w_ptr + c1[None, :] * INNER + kk[:, None], mask=k_ok[:, None], other=0)
         b2 = tl.load(w_ptr + (c1 + HALF)[None, :] * INNER + kk[:, None], mask=k_ok[:, None], other=0)
         acc1 += _dot(a, b1, UPCAST)
         acc2 += _dot(a, b2, UPCAST)
-    inv = tl.rsqrt(squares / INNER + eps)[:, None]
-    x1 = acc1 * inv * tl.load(scale_ptr + c1)[None, :]
-    x2 = acc2 * inv * tl.load(scale_ptr + c1 + HALF)[None, :]
+    x1 = acc1 * tl.load(scale_ptr + c1)[None, :]
+    x2 = acc2 * tl.load(scale_ptr + c1 + HALF)[None, :]
     if HAS_BIAS:
         x1 += tl.load(bias_ptr + c1).to(tl.float32)[None, :]
         x2 += tl.load(bias_ptr + c1 + HALF).to(tl.float32)[None, :]
@@ -112,7 +104,7 @@ def _normed_qkv_rope_kernel(x_ptr, norm_ptr, w_ptr, scale_ptr, bias_ptr, cos_ptr
 
 
 @triton.jit(do_not_specialize=["rows"])
-def _normed_gate_up_silu_kernel(x_ptr, norm_ptr, w_ptr, scale_ptr, out_ptr, rows, eps, INNER: tl.constexpr,
+def _gate_up_silu_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, rows, INNER: tl.constexpr,
                                 COLS: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr,
                                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Program (n, m): columns n of SiLU(gate) * up (gate's columns n and up's COLS + n)."""
@@ -122,33 +114,28 @@ def _normed_gate_up_silu_kernel(x_ptr, norm_ptr, w_ptr, scale_ptr, out_ptr, rows
     rk = tl.arange(0, BLOCK_K)
     gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for k in range(0, INNER, BLOCK_K):
         kk = k + rk
         k_ok = kk < INNER
-        x = tl.load(x_ptr + rm[:, None] * INNER + kk[None, :], mask=row_ok[:, None] & k_ok[None, :],
-                    other=0.0).to(tl.float32)
-        squares += tl.sum(x * x, axis=1)
-        a = x * tl.load(norm_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+        a = tl.load(x_ptr + rm[:, None] * INNER + kk[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         w_mask = k_ok[:, None] & col_ok[None, :]
         bg = tl.load(w_ptr + rn[None, :] * INNER + kk[:, None], mask=w_mask, other=0)
         bu = tl.load(w_ptr + (rn + COLS)[None, :] * INNER + kk[:, None], mask=w_mask, other=0)
         gate += _dot(a, bg, UPCAST)
         up += _dot(a, bu, UPCAST)
-    inv = tl.rsqrt(squares / INNER + eps)[:, None]
-    g = gate * inv * tl.load(scale_ptr + rn, mask=col_ok, other=0.0)[None, :]
-    u = up * inv * tl.load(scale_ptr + rn + COLS, mask=col_ok, other=0.0)[None, :]
+    g = gate * tl.load(scale_ptr + rn, mask=col_ok, other=0.0)[None, :]
+    u = up * tl.load(scale_ptr + rn + COLS, mask=col_ok, other=0.0)[None, :]
     tl.store(out_ptr + rm[:, None] * COLS + rn[None, :], (g / (1.0 + tl.exp(-g)) * u).to(out_ptr.dtype.element_ty),
              mask=row_ok[:, None] & col_ok[None, :])
 
 
-def normed_qkv_rope(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, qkv: Int8Weight, bias: torch.Tensor | None,
+def qkv_rope(x: torch.Tensor, qkv: Int8Weight, bias: torch.Tensor | None,
                     cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     token_slots: torch.Tensor, positions: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor:
-    """The attention block up to attention: rms_norm(x) @ qkv.T + bias, q and k rotated by the
+    """The attention block from its normed input x to attention: x @ qkv.T + bias, q and k rotated by the
     cos/sin tables ([max positions, D]) at each token's position, k and v written into one
     layer's cache ([slots, max_seq_len, kv_heads, D]) at its (slot, position). Returns q
-    [T, heads, D]. x: the residual stream [T, hidden], contiguous."""
+    [T, heads, D]. x: [T, hidden], contiguous."""
     rows, inner = x.shape
     dim = cos.shape[-1]
     half = dim // 2
@@ -159,24 +146,24 @@ def normed_qkv_rope(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, qkv:
                          f"in column blocks of {block_n}")
     q = torch.empty((rows, heads, dim), dtype=x.dtype, device=x.device)
     grid = ((heads + 2 * kv_heads) * (half // block_n), triton.cdiv(rows, _BLOCK_M))
-    _normed_qkv_rope_kernel[grid](
-        x, norm_weight, qkv.q, qkv.scale, bias if bias is not None else qkv.scale, cos, sin, positions, token_slots,
-        q, k_cache, v_cache, rows, eps, k_cache.stride(0), k_cache.stride(1), INNER=inner, HEADS=heads,
+    _qkv_rope_kernel[grid](
+        x, qkv.q, qkv.scale, bias if bias is not None else qkv.scale, cos, sin, positions, token_slots,
+        q, k_cache, v_cache, rows, k_cache.stride(0), k_cache.stride(1), INNER=inner, HEADS=heads,
         KV_HEADS=kv_heads, HALF=half, HAS_BIAS=bias is not None, UPCAST=triton_attention._INTERPRETED,
         BLOCK_M=_BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages)
     return q
 
 
-def normed_gate_up_silu(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, gate_up: Int8Weight) -> torch.Tensor:
-    """The MLP up to its down product: SiLU(g) * u for (g | u) = rms_norm(x) @ gate_up.T.
-    x: the residual stream [T, hidden], contiguous; returns [T, intermediate] in x's dtype."""
+def gate_up_silu(x: torch.Tensor, gate_up: Int8Weight) -> torch.Tensor:
+    """The MLP from its normed input x to its down product: SiLU(g) * u for (g | u) = x @ gate_up.T.
+    x: [T, hidden], contiguous; returns [T, intermediate] in x's dtype."""
     rows, inner = x.shape
     cols = gate_up.q.shape[0] // 2
     block_n, block_k, warps, stages = GATE_UP_TILING
     out = torch.empty((rows, cols), dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(cols, block_n), triton.cdiv(rows, _BLOCK_M))
-    _normed_gate_up_silu_kernel[grid](
-        x, norm_weight, gate_up.q, gate_up.scale, out, rows, eps, INNER=inner, COLS=cols,
+    _gate_up_silu_kernel[grid](
+        x, gate_up.q, gate_up.scale, out, rows, INNER=inner, COLS=cols,
         UPCAST=triton_attention._INTERPRETED, BLOCK_M=_BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=warps, num_stages=stages)
     return out

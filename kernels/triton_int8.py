@@ -77,21 +77,17 @@ class Int8Weight:
 
 
 @triton.jit
-def _finish(acc, scale_ptr, bias_ptr, res_ptr, out_ptr, rm, rn, rows, cols, HAS_BIAS: tl.constexpr,
-            HAS_RES: tl.constexpr):
+def _finish(acc, scale_ptr, bias_ptr, out_ptr, rm, rn, rows, cols, HAS_BIAS: tl.constexpr):
     acc = acc * tl.load(scale_ptr + rn, mask=rn < cols, other=0.0)[None, :]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rn, mask=rn < cols, other=0.0).to(tl.float32)[None, :]
-    mask = (rm[:, None] < rows) & (rn[None, :] < cols)
-    if HAS_RES:
-        acc += tl.load(res_ptr + rm[:, None] * cols + rn[None, :], mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + rm[:, None] * cols + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + rm[:, None] * cols + rn[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=(rm[:, None] < rows) & (rn[None, :] < cols))
 
 
 @triton.jit(do_not_specialize=["rows"])
-def _int8_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, res_ptr, out_ptr, part_ptr, arrivals_ptr, rows, cols,
-                        inner, k_per_split, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, SPLIT: tl.constexpr,
-                        UPCAST: tl.constexpr,
+def _int8_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, part_ptr, arrivals_ptr, rows, cols, inner,
+                        k_per_split, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -118,9 +114,9 @@ def _int8_linear_kernel(x_ptr, w_ptr, scale_ptr, bias_ptr, res_ptr, out_ptr, par
                                      pid_k, tl.num_programs(1), tl.num_programs(2) * BLOCK_M * cols,
                                      pid_m * tl.num_programs(0) + pid_n, BLOCK_M, BLOCK_N)
         if last:
-            _finish(total, scale_ptr, bias_ptr, res_ptr, out_ptr, rm, rn, rows, cols, HAS_BIAS, HAS_RES)
+            _finish(total, scale_ptr, bias_ptr, out_ptr, rm, rn, rows, cols, HAS_BIAS)
     else:
-        _finish(acc, scale_ptr, bias_ptr, res_ptr, out_ptr, rm, rn, rows, cols, HAS_BIAS, HAS_RES)
+        _finish(acc, scale_ptr, bias_ptr, out_ptr, rm, rn, rows, cols, HAS_BIAS)
 
 
 class Int8Linear:
@@ -134,15 +130,12 @@ class Int8Linear:
             triton_attention._patch_interpreter_index()
 
     def __call__(self, x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None = None,
-                 out_dtype: torch.dtype | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """x [rows, K] -> [rows, N] in out_dtype (default x's), plus `residual` [rows, N] where
-        given (added in fp32 before the one rounding: the residual stream's add in the
-        epilogue instead of a kernel of its own)."""
+                 out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """x [rows, K] -> [rows, N] in out_dtype (default x's)."""
         rows, inner = x.shape
         out_dtype = out_dtype or x.dtype
         if rows > self.max_rows or rows == 0:
-            out = F.linear(x, weight.full, bias)
-            return (out if residual is None else out + residual).to(out_dtype)
+            return F.linear(x, weight.full, bias).to(out_dtype)
         x = x if x.is_contiguous() else x.contiguous()
         cols = weight.q.shape[0]
         out = torch.empty((rows, cols), dtype=out_dtype, device=x.device)
@@ -155,11 +148,8 @@ class Int8Linear:
                              f"more than {self.arrivals.numel()}")
         part = (torch.empty((splits, grid[2] * _BLOCK_M, cols), dtype=torch.float32, device=x.device)
                 if splits > 1 else out)
-        if residual is not None and (residual.shape != (rows, cols) or not residual.is_contiguous()):
-            raise ValueError(f"residual must be contiguous [{rows}, {cols}], got {tuple(residual.shape)}")
-        _int8_linear_kernel[grid](x, weight.q, weight.scale, bias if bias is not None else weight.scale,
-                                  residual if residual is not None else out, out, part, self.arrivals, rows, cols,
-                                  inner, k_per, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
+        _int8_linear_kernel[grid](x, weight.q, weight.scale, bias if bias is not None else weight.scale, out, part,
+                                  self.arrivals, rows, cols, inner, k_per, HAS_BIAS=bias is not None,
                                   SPLIT=splits > 1, UPCAST=triton_attention._INTERPRETED, BLOCK_M=_BLOCK_M,
                                   BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages)
         return out

@@ -1,0 +1,77 @@
+"""Where the int8 draft's forward spends its GPU time, kernel by kernel: random weights at the
+0.5B draft's shapes, 512-token contexts, eager forwards under the torch profiler (kernel
+durations on the GPU; the gaps between them are what CUDA graphs remove), fused layers
+(kernels/triton_draft_layer.py) and unfused, and the same forwards' wall time under CUDA graphs.
+
+On a GPU, no models needed, PYTHONPATH with the bass build:
+    python bench/gpu/profiling/draft_kernels.py OUT.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from bass.app.bench.steps import StepTimer, random_transformer, shape_config
+
+
+def kernel_table(timer: StepTimer, forwards: int) -> list[dict]:
+    runner, states = timer.runner, timer.states
+    lengths = [runner.cache.length(s.slot) for s in states]
+
+    def once():
+        runner.forward([(s, []) for s in states], [1] * len(states))
+        for s, n in zip(states, lengths):
+            runner.cache.truncate(s.slot, n)
+
+    for _ in range(3):
+        once()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(forwards):
+            once()
+        torch.cuda.synchronize()
+    totals, counts = defaultdict(float), defaultdict(int)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name[:90]] += event.device_time_total if hasattr(event, "device_time_total") else event.cuda_time_total
+            counts[event.name[:90]] += 1
+    rows = [{"kernel": k, "us_per_forward": round(v / forwards, 2), "calls_per_forward": counts[k] / forwards,
+             "us_per_call": round(v / counts[k], 2)} for k, v in totals.items()]
+    return sorted(rows, key=lambda r: -r["us_per_forward"])
+
+
+def main() -> None:
+    model = random_transformer(shape_config("qwen2.5-coder-0.5b"), dtype="bfloat16", device="cuda",
+                               max_seq_len=600, attention="triton", int8_weights=True)
+    report = {"device": torch.cuda.get_device_name(), "batches": {}}
+    for batch in (1, 8):
+        for fused in (False, True):
+            model.fused_draft_layers = fused
+            eager = StepTimer(model, batch=batch, context=512, max_q=1, attention="triton", cuda_graphs=False,
+                              device="cuda")
+            table = kernel_table(eager, 20)
+            graphed = StepTimer(model, batch=batch, context=512, max_q=1, attention="triton", cuda_graphs=True,
+                                device="cuda")
+            entry = {"graph_ms": round(graphed.time_forward(1, 200).median_ms, 4),
+                     "eager_ms": round(eager.time_forward(1, 50).median_ms, 4),
+                     "kernel_us_sum": round(sum(r["us_per_forward"] for r in table), 1),
+                     "kernels_per_forward": sum(r["calls_per_forward"] for r in table), "kernels": table}
+            report["batches"][f"{batch}-{'fused' if fused else 'unfused'}"] = entry
+            print(f"batch {batch} fused={fused}: graph {entry['graph_ms']} ms, eager {entry['eager_ms']} ms, "
+                  f"kernels {entry['kernels_per_forward']:.0f} summing {entry['kernel_us_sum']} us", flush=True)
+            for r in table[:14]:
+                print(f"   {r['us_per_forward']:8.1f} us {r['calls_per_forward']:5.0f}x {r['us_per_call']:6.2f}  {r['kernel']}",
+                      flush=True)
+            del eager, graphed
+            torch.cuda.empty_cache()
+    json.dump(report, open(sys.argv[1], "w"), indent=1)
+
+
+if __name__ == "__main__":
+    with torch.inference_mode():
+        main()
