@@ -165,10 +165,6 @@ class Transformer:
                     setattr(layer, name, Int8Weight.quantize(getattr(layer, name)))
             weights.lm_head = Int8Weight.quantize(weights.lm_head)
             self.linear = Int8Linear(weights.embed.device)
-        # Few-row forwards of an int8 draft run each layer in seven launches, RoPE with the cache
-        # writes and SiLU * up riding on the products (kernels/triton_draft_layer.py). An
-        # attribute, not an option: benches turn it off to compare.
-        self.fused_draft_layers = self.int8_weights
         self.scale = config.head_dim ** -0.5
         device, dtype = weights.embed.device, weights.embed.dtype
         positions = torch.arange(max_seq_len, dtype=torch.float32, device=device)
@@ -205,8 +201,6 @@ class Transformer:
 
         The residual stream x and the normed input h of the next block travel together, so each
         residual add is fused with the norm that follows it."""
-        if self.fused_draft_layers and batch.num_tokens <= self.linear.max_rows:
-            return self._fused_draft_hidden(batch, cache)
         c, layers, eps = self.config, self.weights.layers, self.config.rms_norm_eps
         q_size = c.num_heads * c.head_dim
         cos, sin = self.cos[batch.positions], self.sin[batch.positions]
@@ -223,26 +217,6 @@ class Transformer:
         # The last residual add and the final norm, for the rows that need logits only. Through
         # add_norm (one program per row on the GPU), not a PyTorch reduction, whose split of the
         # work, and so its rounding, changes with the number of rows.
-        rows = batch.logit_rows
-        h, _ = self.add_norm(mlp[rows], x[rows], self.weights.final_norm, eps)
-        return h
-
-    def _fused_draft_hidden(self, batch: RaggedBatch, cache: KVCache) -> torch.Tensor:
-        """`hidden` for an int8 draft's few-row forward: seven launches a layer (`hidden` has nine)."""
-        from bass.kernels.triton_draft_layer import gate_up_silu, qkv_rope
-
-        c, layers, eps = self.config, self.weights.layers, self.config.rms_norm_eps
-        q_size = c.num_heads * c.head_dim
-        x = self.weights.embed[batch.input_ids]
-        h, x = self.add_norm(x, None, layers[0].input_norm, eps)
-        for i, layer in enumerate(layers):
-            q = qkv_rope(h, layer.qkv, layer.qkv_bias, self.cos, self.sin, cache.k[i], cache.v[i], batch.token_slots,
-                         batch.positions, c.num_heads, c.num_kv_heads)
-            attn = self.attend(q, cache.k[i], cache.v[i], batch, self.scale)
-            h, x = self.add_norm(self.linear(attn.reshape(-1, q_size), layer.o, layer.o_bias), x, layer.post_norm, eps)
-            mlp = self.linear(gate_up_silu(h, layer.gate_up), layer.down)
-            if i + 1 < len(layers):
-                h, x = self.add_norm(mlp, x, layers[i + 1].input_norm, eps)
         rows = batch.logit_rows
         h, _ = self.add_norm(mlp[rows], x[rows], self.weights.final_norm, eps)
         return h

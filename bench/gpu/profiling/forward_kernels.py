@@ -1,10 +1,10 @@
-"""Where the int8 draft's forward spends its GPU time, kernel by kernel: random weights at the
-0.5B draft's shapes, 512-token contexts, eager forwards under the torch profiler (kernel
-durations on the GPU; the gaps between them are what CUDA graphs remove), fused layers
-(kernels/triton_draft_layer.py) and unfused, and the same forwards' wall time under CUDA graphs.
+"""Where a forward spends its GPU time, kernel by kernel: the int8 0.5B draft and the bf16 1.5B
+target at random weights, one token a sequence, 512-token contexts. Eager forwards under the
+torch profiler give each kernel's duration on the GPU; the same forward's wall time under CUDA
+graphs, minus their sum, is what the boundaries between kernels cost.
 
 On a GPU, no models needed, PYTHONPATH with the bass build:
-    python bench/gpu/profiling/draft_kernels.py OUT.json
+    python bench/gpu/profiling/forward_kernels.py OUT.json
 """
 
 from __future__ import annotations
@@ -45,13 +45,15 @@ def kernel_table(timer: StepTimer, forwards: int) -> list[dict]:
     return sorted(rows, key=lambda r: -r["us_per_forward"])
 
 
+MODELS = {"draft": ("qwen2.5-coder-0.5b", True), "target": ("qwen2.5-coder-1.5b", False)}  # (shapes, int8)
+
+
 def main() -> None:
-    model = random_transformer(shape_config("qwen2.5-coder-0.5b"), dtype="bfloat16", device="cuda",
-                               max_seq_len=600, attention="triton", int8_weights=True)
-    report = {"device": torch.cuda.get_device_name(), "batches": {}}
-    for batch in (1, 8):
-        for fused in (False, True):
-            model.fused_draft_layers = fused
+    report = {"device": torch.cuda.get_device_name(), "forwards": {}}
+    for role, (shapes, int8) in MODELS.items():
+        model = random_transformer(shape_config(shapes), dtype="bfloat16", device="cuda", max_seq_len=600,
+                                   attention="triton", int8_weights=int8)
+        for batch in (1, 8):
             eager = StepTimer(model, batch=batch, context=512, max_q=1, attention="triton", cuda_graphs=False,
                               device="cuda")
             table = kernel_table(eager, 20)
@@ -61,14 +63,15 @@ def main() -> None:
                      "eager_ms": round(eager.time_forward(1, 50).median_ms, 4),
                      "kernel_us_sum": round(sum(r["us_per_forward"] for r in table), 1),
                      "kernels_per_forward": sum(r["calls_per_forward"] for r in table), "kernels": table}
-            report["batches"][f"{batch}-{'fused' if fused else 'unfused'}"] = entry
-            print(f"batch {batch} fused={fused}: graph {entry['graph_ms']} ms, eager {entry['eager_ms']} ms, "
+            report["forwards"][f"{role}-{batch}"] = entry
+            print(f"{role}, batch {batch}: graph {entry['graph_ms']} ms, eager {entry['eager_ms']} ms, "
                   f"kernels {entry['kernels_per_forward']:.0f} summing {entry['kernel_us_sum']} us", flush=True)
             for r in table[:14]:
                 print(f"   {r['us_per_forward']:8.1f} us {r['calls_per_forward']:5.0f}x {r['us_per_call']:6.2f}  {r['kernel']}",
                       flush=True)
             del eager, graphed
             torch.cuda.empty_cache()
+        del model
     json.dump(report, open(sys.argv[1], "w"), indent=1)
 
 
