@@ -298,6 +298,68 @@ def test_a_full_queue_is_429_and_a_down_coordinator_503(llama_target, llama_draf
         s.stop()
 
 
+def test_the_target_dying_mid_stream_ends_the_stream_with_an_error_event_then_503(llama_target, llama_draft):
+    """The target dies while a stream runs. The 200 and the first chunks are already sent, so the
+    error comes as one SSE event `data: {"error": ...}` (503's type and code) and the stream ends
+    with `[DONE]`: promptly, never a hang (the client's read timeout would fail this), and the
+    openai client raises APIError with that body. The coordinator's slots are freed. While the
+    target is down a new request is 503, streamed or not; once it is back, 200 again."""
+    s = start_services(llama_target, llama_draft, policy="3")
+    http = serve_http(HttpConfig(port=0, coordinator_address=s.address, tokenizer_dir=llama_target))
+    body = {"model": "m", "prompt": PROMPT, "n": 2, "max_tokens": 500, "ignore_eos": True, "stream": True}
+    before = metric(s, "bass_requests_total", outcome="unavailable")
+    try:
+        with httpx.Client(timeout=httpx.Timeout(60, read=15)) as c, \
+                c.stream("POST", f"{http.url}/completions", json=body) as r:
+            assert r.status_code == 200
+            events = (line[6:] for line in r.iter_lines() if line.startswith("data: "))
+            assert json.loads(next(events))["object"] == "text_completion"
+            assert wait_until(lambda: running(s)[0] == 2)
+            t0 = time.monotonic()
+            s.target.stop(grace_s=0)
+            rest = list(events)
+            assert time.monotonic() - t0 < 10
+        assert rest[-1] == "[DONE]"
+        error = json.loads(rest[-2])["error"]
+        assert error["type"] == "service_unavailable" and error["code"] == "unavailable", error
+        chunks = [json.loads(e) for e in rest[:-2]]
+        assert all(c["object"] == "text_completion" for c in chunks)
+        assert not any(c["choices"][0]["finish_reason"] for c in chunks)  # no sequence claims to have finished
+        assert metric(s, "bass_requests_total", outcome="unavailable") == before + 1
+        assert wait_until(lambda: metric(s, "bass_running_sequences") == 0)
+
+        with openai.OpenAI(base_url=http.url, api_key="x", max_retries=0, timeout=30) as client:
+            for stream in (False, True):  # the target is still down: refused before any chunk
+                with pytest.raises(openai.APIStatusError) as info:
+                    client.completions.create(model="m", prompt=PROMPT, max_tokens=4, stream=stream)
+                assert info.value.status_code == 503 and info.value.body["type"] == "service_unavailable"
+            s.restart_target()
+            # The openai client's own view of a mid-stream error: APIError with our body.
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    r = client.completions.create(model="m", prompt=PROMPT, max_tokens=4, temperature=0)
+                    break
+                except openai.APIStatusError as e:  # until the coordinator has reconnected
+                    assert e.status_code == 503 and time.monotonic() < deadline
+                    time.sleep(0.2)
+            assert r.usage.completion_tokens == 4
+            # The draft (never down) drops the failed stream's 2 sequences: it learns of them with
+            # its next call. What it holds then is at most the one just answered (freed lazily).
+            assert wait_until(lambda: client.completions.create(model="m", prompt=PROMPT, max_tokens=4)
+                              and running(s)[1] <= 1)
+            stream = client.completions.create(model="m", prompt=PROMPT, max_tokens=500, stream=True, **NO_EOS)
+            next(iter(stream))
+            s.target.stop(grace_s=0)
+            with pytest.raises(openai.APIError) as info:
+                list(stream)
+            assert info.value.body["type"] == "service_unavailable"
+        assert wait_until(lambda: metric(s, "bass_running_sequences") == 0)
+    finally:
+        http.stop(grace_s=0)
+        s.stop()
+
+
 def test_bass_serve_with_an_http_port_serves_openai_clients(llama_target, llama_draft, tmp_path):
     """`bass serve --http-port 0` with an [http] section: real processes, the front's ready line,
     completions and chat through the openai client, and SIGTERM stops every process."""
