@@ -3,7 +3,9 @@
 One placement group holds a bundle per service (GPUs and CPUs from the [ray] config section);
 its strategy decides whether the models share a node (PACK) or spread over nodes (SPREAD). With
 `colocate` (the default) the draft runs in the target's actor, on its GPUs (target_gpus; the
-bundle takes target_cpus + draft_cpus), and each speculative step is one call.
+bundle takes target_cpus + draft_cpus), and each speculative step is one call. With [http] port
+set, the OpenAI-compatible front is one more actor in the coordinator's bundle (which then takes
+coordinator_cpus + http_cpus), started once the coordinator serves.
 """
 
 from __future__ import annotations
@@ -67,8 +69,9 @@ def up(config: ServeConfig, echo=print) -> dict[str, str]:
     down(rc.namespace)
     with_draft = config.draft is not None and config.draft.model_dir is not None
     colocated = with_draft and config.colocate  # one actor for both models, on the target's GPUs
+    with_http = config.http.port is not None
     bundles = [{"GPU": rc.target_gpus, "CPU": rc.target_cpus + (rc.draft_cpus if colocated else 0)},
-               {"CPU": rc.coordinator_cpus}]
+               {"CPU": rc.coordinator_cpus + (rc.http_cpus if with_http else 0)}]
     if with_draft and not colocated:
         bundles.insert(1, {"GPU": rc.draft_gpus, "CPU": rc.draft_cpus})
     bundles = [{k: v for k, v in b.items() if v > 0} or {"CPU": 0.01} for b in bundles]
@@ -111,6 +114,11 @@ def up(config: ServeConfig, echo=print) -> dict[str, str]:
     coordinator = start("coordinator", len(bundles) - 1, coordinator_cfg, 0, rc.coordinator_cpus)
     addresses["coordinator"] = ray.get(coordinator.address.remote(), timeout=rc.ready_timeout_s)
     wait_serving(addresses["coordinator"], timeout_s=rc.ready_timeout_s)
+    if with_http:  # the front serves once it listens: it connects to the coordinator per request
+        http_cfg = replace(config.http, coordinator_address=config.http.coordinator_address or addresses["coordinator"],
+                           tokenizer_dir=config.http.tokenizer_dir or coordinator_cfg.tokenizer_dir)
+        http = start("http", len(bundles) - 1, http_cfg, 0, rc.http_cpus)
+        addresses["http"] = ray.get(http.address.remote(), timeout=rc.ready_timeout_s)
     return addresses
 
 
@@ -146,7 +154,8 @@ def placements(namespace: str) -> dict[str, dict]:
 def down(namespace: str) -> list[str]:
     """Stop and remove every service actor and the placement group; returns what was removed."""
     removed = []
-    for kind in ("coordinator", "draft", "target", "colocated"):  # the coordinator first: no calls to stopped workers
+    # The front, then the coordinator: no calls to a stopped coordinator or stopped workers.
+    for kind in ("http", "coordinator", "draft", "target", "colocated"):
         try:
             actor = ray.get_actor(ACTOR_NAMES[kind], namespace=namespace)
         except ValueError:
