@@ -106,12 +106,16 @@ def test_up_with_an_http_port_serves_openai_clients_beside_the_coordinator(clust
     it answers what gRPC answers, and `bass down` removes it first."""
     import openai
 
+    from bass.app.http.server import serve_http
+    from bass.core.errors import InvalidRequestError
     from bass.deploy import launcher
 
     port = fixed_port()
     cfg = config(llama_target, llama_draft, target_gpus=1, draft_gpus=1, colocate=True,
                  http=HttpConfig(port=port, model_name="tiny"))
-    addresses = launcher.up(cfg, echo=lambda *_: None)
+    with pytest.raises(InvalidRequestError, match="http.port"):  # deploy imports no front of its own
+        launcher.up(cfg, echo=lambda *_: None)
+    addresses = launcher.up(cfg, echo=lambda *_: None, serve_http=serve_http)
     try:
         assert addresses["http"] == f"127.0.0.1:{port}"
         where = launcher.placements(NAMESPACE)

@@ -20,7 +20,7 @@ ACTOR_NAMES = {"target": "bass-target", "draft": "bass-draft", "colocated": "bas
 
 @ray.remote
 class ServiceActor:
-    def __init__(self, kind: str, config_json: str):
+    def __init__(self, kind: str, config_json: str, serve_http=None):
         from pydantic import TypeAdapter
 
         from bass.core.config import CoordinatorConfig, HttpConfig, WorkerServiceConfig
@@ -34,9 +34,9 @@ class ServiceActor:
             config = TypeAdapter(CoordinatorConfig).validate_json(config_json)
             self.service = coordinator_server.serve(config)
             port = self.service.server.port
-        elif kind == "http":  # uvicorn on a thread of this actor (bass/app/http/server.py)
-            from bass.app.http.server import serve_http
-
+        elif kind == "http":
+            # serve_http: bass.app.http.server.serve_http (uvicorn on a thread of this actor), handed
+            # in by `bass up`: deploy sits below the application shell and imports nothing of it.
             config = TypeAdapter(HttpConfig).validate_json(config_json)
             self.service = serve_http(config)
             port = self.service.port

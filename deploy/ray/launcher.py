@@ -17,13 +17,14 @@ import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Callable
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from bass.core.config import ServeConfig
-from bass.core.errors import BassError, CapacityError
+from bass.core.errors import BassError, CapacityError, InvalidRequestError
 from bass.deploy.actors import ACTOR_NAMES, ServiceActor
 
 log = logging.getLogger(__name__)
@@ -63,13 +64,17 @@ def _json(config) -> str:
     return json.dumps(asdict(config), default=str)
 
 
-def up(config: ServeConfig, echo=print) -> dict[str, str]:
-    """Create (or replace) the services; returns their addresses once the coordinator serves."""
+def up(config: ServeConfig, echo=print, serve_http: Callable | None = None) -> dict[str, str]:
+    """Create (or replace) the services; returns their addresses once the coordinator serves (and
+    the HTTP front, with [http] port set: `serve_http` starts it in its actor, HttpConfig -> an
+    object with `port` and `stop(grace_s)`; `bass up` passes bass.app.http.server.serve_http)."""
     rc = config.ray
+    with_http = config.http.port is not None
+    if with_http and serve_http is None:
+        raise InvalidRequestError("http.port", "is set, but no HTTP front was given to serve it")
     down(rc.namespace)
     with_draft = config.draft is not None and config.draft.model_dir is not None
     colocated = with_draft and config.colocate  # one actor for both models, on the target's GPUs
-    with_http = config.http.port is not None
     bundles = [{"GPU": rc.target_gpus, "CPU": rc.target_cpus + (rc.draft_cpus if colocated else 0)},
                {"CPU": rc.coordinator_cpus + (rc.http_cpus if with_http else 0)}]
     if with_draft and not colocated:
@@ -85,15 +90,15 @@ def up(config: ServeConfig, echo=print) -> dict[str, str]:
     echo(f"waiting for resources: {bundles} ({rc.strategy})")
     ray.get(pg.ready(), timeout=rc.ready_timeout_s)
 
-    def start_json(kind: str, bundle: int, config_json: str, gpus: float, cpus: float):
+    def start_json(kind: str, bundle: int, config_json: str, gpus: float, cpus: float, *args):
         return ServiceActor.options(
             name=ACTOR_NAMES[kind], namespace=rc.namespace, lifetime="detached", max_restarts=rc.max_restarts,
             max_task_retries=0, num_gpus=gpus, num_cpus=cpus,
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=bundle),
-        ).remote(kind, config_json)
+        ).remote(kind, config_json, *args)
 
-    def start(kind: str, bundle: int, cfg, gpus: float, cpus: float):
-        return start_json(kind, bundle, _json(cfg), gpus, cpus)
+    def start(kind: str, bundle: int, cfg, gpus: float, cpus: float, *args):
+        return start_json(kind, bundle, _json(cfg), gpus, cpus, *args)
 
     target_cfg = replace(config.target, port=rc.target_port)
     if colocated:
@@ -117,7 +122,7 @@ def up(config: ServeConfig, echo=print) -> dict[str, str]:
     if with_http:  # the front serves once it listens: it connects to the coordinator per request
         http_cfg = replace(config.http, coordinator_address=config.http.coordinator_address or addresses["coordinator"],
                            tokenizer_dir=config.http.tokenizer_dir or coordinator_cfg.tokenizer_dir)
-        http = start("http", len(bundles) - 1, http_cfg, 0, rc.http_cpus)
+        http = start("http", len(bundles) - 1, http_cfg, 0, rc.http_cpus, serve_http)  # pickled by reference
         addresses["http"] = ray.get(http.address.remote(), timeout=rc.ready_timeout_s)
     return addresses
 

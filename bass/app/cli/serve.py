@@ -138,7 +138,9 @@ def up(ray_address, config_file, target_dir, draft_dir, num_gpus, http_port) -> 
         if not ray_address:
             launcher.start_local_ray(num_gpus)
         launcher.connect(ray_address, cfg.ray.namespace)
-        addresses = launcher.up(cfg, echo=lambda m: click.echo(m, err=True))
+        from bass.app.http.server import serve_http
+
+        addresses = launcher.up(cfg, echo=lambda m: click.echo(m, err=True), serve_http=serve_http)
     except BassError as e:
         fail(e)
     urls = {"http": f"http://{addresses['http']}/v1"} if "http" in addresses else {}
