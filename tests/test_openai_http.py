@@ -325,7 +325,8 @@ def test_the_target_dying_mid_stream_ends_the_stream_with_an_error_event_then_50
         chunks = [json.loads(e) for e in rest[:-2]]
         assert all(c["object"] == "text_completion" for c in chunks)
         assert not any(c["choices"][0]["finish_reason"] for c in chunks)  # no sequence claims to have finished
-        assert metric(s, "bass_requests_total", outcome="unavailable") == before + 1
+        # (counted just after the answer is handed over: wait for it)
+        assert wait_until(lambda: metric(s, "bass_requests_total", outcome="unavailable") == before + 1)
         assert wait_until(lambda: metric(s, "bass_running_sequences") == 0)
 
         with openai.OpenAI(base_url=http.url, api_key="x", max_retries=0, timeout=30) as client:
