@@ -467,6 +467,37 @@ def test_the_http_section_and_flag_reach_the_config(llama_target, tmp_path):
         load_config_file(config)
 
 
+def test_bass_up_takes_the_http_port_flag_and_hands_the_front_to_the_launcher(llama_target, llama_draft, tmp_path,
+                                                                               monkeypatch):
+    """`bass up --http-port` (over [http] in the file) reaches the launcher with the front's
+    server, and the printed lines give the front's url; Ray itself is replaced (test_ray_deploy.py
+    runs the launcher on a real cluster)."""
+    pytest.importorskip("ray")
+    from click.testing import CliRunner
+
+    from bass.app.http.server import serve_http as the_front
+    from bass.cli import main
+    from bass.deploy import launcher
+
+    seen = {}
+
+    def up(cfg, echo, serve_http=None):
+        seen.update(cfg=cfg, serve_http=serve_http)
+        return {"colocated": "127.0.0.1:1", "coordinator": "127.0.0.1:2", "http": f"127.0.0.1:{cfg.http.port}"}
+
+    monkeypatch.setattr(launcher, "connect", lambda *_: None)
+    monkeypatch.setattr(launcher, "up", up)
+    config = tmp_path / "bass.toml"
+    config.write_text('[target]\ndevice = "cpu"\n[http]\nport = 8001\nmodel_name = "m"\n')
+    result = CliRunner().invoke(main, ["up", "--ray-address", "127.0.0.1:1", "--config", str(config), "--target",
+                                       str(llama_target), "--draft", str(llama_draft), "--http-port", "8002"])
+    assert result.exit_code == 0, result.output
+    assert seen["serve_http"] is the_front
+    assert (seen["cfg"].http.port, seen["cfg"].http.model_name) == (8002, "m")
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert {"service": "http", "address": "127.0.0.1:8002", "url": "http://127.0.0.1:8002/v1"} in lines
+
+
 def test_continuous_usage_counts_the_tokens_of_every_chunk(front):
     body = {"model": "tiny", "prompt": PROMPT, "n": 2, "max_tokens": 15, "stream": True, "ignore_eos": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
