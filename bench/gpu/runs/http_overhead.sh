@@ -4,13 +4,14 @@
 # at most 0.2 ms p50 over gRPC at 8 requests/s on an H100). One `bass serve` on the real pair with
 # --http-port, then `bass bench serve` with the same seeded Poisson arrivals, HumanEval prompts,
 # 256 new tokens and greedy sampling, once through the coordinator's gRPC API (--address) and once
-# through the front (--openai: streamed /v1/completions), alternating grpc, http REPEATS times on
-# the one server so that drift on the machine hits both alike. Every run first sends each distinct
-# request alone and checks the answers under load against it (over its own protocol).
+# through the front (--openai: streamed /v1/completions), REPEATS pairs on the one server, the
+# order flipped from pair to pair, so that drift on the machine hits both alike. Every run first
+# sends each distinct request alone and checks the answers under load against it (over its own
+# protocol).
 # Writes DEST = ${OUT:-bench/results}/DATE-DEVICE-http-overhead/: {grpc,http}-rN/serve.{json,md}
 # and logs, and summary.json (per rate: the p50 TPOT and ITL of each run, their medians over the
 # repeats per protocol, and overhead_ms = http - grpc); run through the device tool, copy DEST
-# from $OUT into bench/results/. About 6 minutes on an H100 with the defaults. The overhead
+# from $OUT into bench/results/. Estimated (not yet run) at about 6 minutes on an H100. The overhead
 # includes the client's side too: the benchmark parses SSE JSON in Python where gRPC hands it
 # protobuf messages, which is what any OpenAI client pays.
 # Overrides: RATES (requests/s, default 8), DURATION (seconds of arrivals per run, 30), REPEATS (3),
@@ -51,9 +52,9 @@ run() {  # run PROTOCOL REPEAT
   tail -2 "$dest/$protocol-r$repeat.log"
 }
 
-for repeat in $(seq "$repeats"); do
-  run grpc "$repeat"
-  run http "$repeat"
+for repeat in $(seq "$repeats"); do  # grpc first in odd repeats, http first in even ones
+  if [ $((repeat % 2)) = 1 ]; then run grpc "$repeat"; run http "$repeat"
+  else run http "$repeat"; run grpc "$repeat"; fi
 done
 kill -INT $serve; wait $serve
 
