@@ -82,7 +82,7 @@ for path in sorted(dest.glob("*-r*/serve.json")):
 
 def median(runs, key):
     values = [r[key] for r in runs if r[key] is not None]
-    return statistics.median(values) if values else None
+    return round(statistics.median(values), 3) if values else None
 
 
 summary = {"benchmark": "http-overhead", "target_ms": 0.2, "gpu": environment.get("gpu_on_client_machine")
