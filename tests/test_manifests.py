@@ -77,7 +77,8 @@ PLAIN_BUILDS = [b for b in SERVING_BUILDS if b not in RAY_BUILDS]
 
 HEALTH_SERVICE = {"target": TARGET_WORKER, "draft": DRAFT_WORKER, "coordinator": GENERATION, "serve": GENERATION}
 SUBCOMMAND_ROLE = {"target-service": "target", "draft-service": "draft", "coordinator": "coordinator",
-                   "serve": "serve", "fetch-models": "fetch-models"}
+                   "serve": "serve", "http-front": "http", "fetch-models": "fetch-models"}
+HTTP_SERVICE = "bass-http"  # the public OpenAI-compatible endpoint
 MODEL_ROLES = {"target", "draft", "serve", "ray-worker"}  # containers that put a model on a GPU
 
 
@@ -630,7 +631,9 @@ def test_ray_head_has_no_gpu_and_the_worker_group_fits_the_placement(build):
     assert rc.target_gpus + rc.draft_gpus <= gpus(worker)
     assert all(g == 1 or g <= 0.5 for g in (rc.target_gpus, rc.draft_gpus))
     assert math.ceil(rc.target_gpus) + math.ceil(rc.draft_gpus) <= gpus(worker) or rc.target_gpus + rc.draft_gpus <= 1
-    assert rc.target_cpus + rc.draft_cpus + rc.coordinator_cpus <= cpu_cores(worker["resources"]["limits"]["cpu"])
+    http_cpus = rc.http_cpus if cfg.http.port is not None else 0
+    assert rc.target_cpus + rc.draft_cpus + rc.coordinator_cpus + http_cpus <= \
+        cpu_cores(worker["resources"]["limits"]["cpu"])
     ports = [p["containerPort"] for p in worker.get("ports", [])]
     assert {cfg.coordinator.port, rc.target_port, rc.draft_port} <= set(ports)
     assert cfg.target.host == cfg.draft.host == "0.0.0.0"
@@ -652,7 +655,8 @@ def test_rayjob_runs_bass_up_on_the_cluster(build):
 def _needed_models(role: str, cfg: ServeConfig) -> set[Path]:
     both = {cfg.target.model_dir, cfg.draft.model_dir}
     return {"target": {cfg.target.model_dir}, "draft": {cfg.draft.model_dir},
-            "coordinator": {cfg.coordinator.tokenizer_dir}, "serve": both, "ray-worker": both,
+            "coordinator": {cfg.coordinator.tokenizer_dir}, "http": {cfg.http.tokenizer_dir}, "serve": both,
+            "ray-worker": both,
             "ray-head": both}.get(role, set())  # `bass up` on the head checks both directories exist
 
 
@@ -858,3 +862,48 @@ def test_the_coordinators_metrics_port_is_declared_and_scraped(build):
         annotations = pod.template.get("metadata", {}).get("annotations", {})
         assert annotations.get("prometheus.io/scrape") == "true", pod
         assert annotations.get("prometheus.io/port") == str(port) and annotations.get("prometheus.io/path") == "/metrics"
+
+
+# -- the OpenAI-compatible HTTP front -------------------------------------------------------------
+def _arg(words: list[str], flag: str) -> str | None:
+    return words[words.index(flag) + 1] if flag in words else None
+
+
+@pytest.mark.parametrize("build", SERVING_BUILDS)
+def test_the_http_front_is_served_and_published(build):
+    """Every variant serves the OpenAI-compatible front (bass/app/http/) behind the ClusterIP
+    Service bass-http: plain, its own CPU-only Deployment (`bass http-front`) reaching the
+    coordinator through Service `bass`; KubeRay, an actor that `bass up` starts beside the
+    coordinator ([http] port), on the worker pod that both Services select."""
+    cfg = config(build)
+    assert cfg.http.host == "0.0.0.0", "the front must listen beyond loopback"
+    assert cfg.http.tokenizer_dir == cfg.target.model_dir
+    service = one(build, "Service", HTTP_SERVICE)
+    assert service["spec"].get("type", "ClusterIP") == "ClusterIP"
+    (port,) = service["spec"]["ports"]
+    selected = [p for p in pods(build) if selects(service["spec"]["selector"], p.labels)]
+    fronts = containers_with_role(build, "http")
+    if build in RAY_BUILDS:
+        assert not fronts and cfg.http.port == port["port"], "bass up starts the front from [http] port"
+        assert cfg.http.coordinator_address == "", "bass up points the front at the coordinator it started"
+        assert [p.where for p in selected] == [".worker[gpu]"]
+        assert cfg.ray.http_cpus > 0
+        return
+    public = one(build, "Service", "bass")
+    assert cfg.http.coordinator_address == f"{public['metadata']['name']}:{public['spec']['ports'][0]['port']}"
+    # No [http] port: the one-gpu pod's `bass serve` reads this file too and would start a second front.
+    assert cfg.http.port is None
+    assert fronts and {id(p) for p, _ in fronts} == {id(p) for p in selected}
+    for pod, c in fronts:
+        assert gpus(c) == 0 and pod.owner["kind"] == "Deployment"
+        front_port = int(_arg(c["args"], "--port"))
+        assert front_port == port["port"]
+        assert ("http", front_port) in [(p.get("name"), p["containerPort"]) for p in c.get("ports", [])]
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            get = c[probe]["httpGet"]
+            assert get["port"] in ("http", front_port), f"{pod}: {probe}"
+            # /health asks the coordinator: a coordinator restart must not restart or unpublish the fronts
+            assert get["path"] == "/v1/models", f"{pod}: {probe} should not depend on the coordinator"
+        stop = c["lifecycle"]["preStop"]["exec"]["command"]
+        pre_stop = int(stop[-1]) if stop[0] == "sleep" else 0
+        assert pod.spec["terminationGracePeriodSeconds"] >= pre_stop + cfg.http.shutdown_grace_s, pod

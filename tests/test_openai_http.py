@@ -298,6 +298,111 @@ def test_a_full_queue_is_429_and_a_down_coordinator_503(llama_target, llama_draf
         s.stop()
 
 
+def stream_until(url: str, started, kill) -> list[str]:
+    """Stream a long n = 2 completion; once its first chunk has come and started() holds, kill()
+    the target. Returns the events after the first, checked: the chunks so far (none claiming
+    its sequence finished), then one error event with 503's type and code, then `[DONE]`, all
+    promptly: the client's read timeout turns a hang into a failure."""
+    body = {"model": "m", "prompt": PROMPT, "n": 2, "max_tokens": 500, "ignore_eos": True, "stream": True}
+    with httpx.Client(timeout=httpx.Timeout(60, read=15)) as c, \
+            c.stream("POST", f"{url}/completions", json=body) as r:
+        assert r.status_code == 200
+        events = (line[6:] for line in r.iter_lines() if line.startswith("data: "))
+        assert json.loads(next(events))["object"] == "text_completion"
+        assert wait_until(started)
+        t0 = time.monotonic()
+        kill()
+        rest = list(events)
+        assert time.monotonic() - t0 < 10
+    assert rest[-1] == "[DONE]"
+    error = json.loads(rest[-2])["error"]
+    assert error["type"] == "service_unavailable" and error["code"] == "unavailable", error
+    chunks = [json.loads(e) for e in rest[:-2]]
+    assert all(c["object"] == "text_completion" for c in chunks)
+    assert not any(c["choices"][0]["finish_reason"] for c in chunks)  # no sequence claims to have finished
+    return rest
+
+
+def test_the_target_dying_mid_stream_ends_the_stream_with_an_error_event_then_503(llama_target, llama_draft):
+    """The target dies while a stream runs. The 200 and the first chunks are already sent, so the
+    error comes as one SSE event `data: {"error": ...}` (503's type and code) and the stream ends
+    with `[DONE]`: promptly, never a hang, and the openai client raises APIError with that body.
+    The coordinator's slots are freed. While the target is down a new request is 503, streamed
+    or not; once it is back, 200 again."""
+    s = start_services(llama_target, llama_draft, policy="3")
+    http = serve_http(HttpConfig(port=0, coordinator_address=s.address, tokenizer_dir=llama_target))
+    before = metric(s, "bass_requests_total", outcome="unavailable")
+    try:
+        stream_until(http.url, lambda: running(s)[0] == 2, lambda: s.target.stop(grace_s=0))
+        # (counted just after the answer is handed over: wait for it)
+        assert wait_until(lambda: metric(s, "bass_requests_total", outcome="unavailable") == before + 1)
+        assert wait_until(lambda: metric(s, "bass_running_sequences") == 0)
+
+        with openai.OpenAI(base_url=http.url, api_key="x", max_retries=0, timeout=30) as client:
+            for stream in (False, True):  # the target is still down: refused before any chunk
+                with pytest.raises(openai.APIStatusError) as info:
+                    client.completions.create(model="m", prompt=PROMPT, max_tokens=4, stream=stream)
+                assert info.value.status_code == 503 and info.value.body["type"] == "service_unavailable"
+            s.restart_target()
+            # The openai client's own view of a mid-stream error: APIError with our body.
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    r = client.completions.create(model="m", prompt=PROMPT, max_tokens=4, temperature=0)
+                    break
+                except openai.APIStatusError as e:  # until the coordinator has reconnected
+                    assert e.status_code == 503 and time.monotonic() < deadline
+                    time.sleep(0.2)
+            assert r.usage.completion_tokens == 4
+            # The draft (never down) drops the failed stream's 2 sequences: it learns of them with
+            # its next call. What it holds then is at most the one just answered (freed lazily).
+            assert wait_until(lambda: client.completions.create(model="m", prompt=PROMPT, max_tokens=4)
+                              and running(s)[1] <= 1)
+            stream = client.completions.create(model="m", prompt=PROMPT, max_tokens=500, stream=True, **NO_EOS)
+            next(iter(stream))
+            s.target.stop(grace_s=0)
+            with pytest.raises(openai.APIError) as info:
+                list(stream)
+            assert info.value.body["type"] == "service_unavailable"
+        assert wait_until(lambda: metric(s, "bass_running_sequences") == 0)
+    finally:
+        http.stop(grace_s=0)
+        s.stop()
+
+
+def test_the_target_process_killed_mid_stream_is_the_same_clean_error(llama_target, tmp_path):
+    """As above with the target a real process, SIGKILLed (no goodbye on its connections; regular
+    decoding keeps a call in flight): the same error event promptly, the slots freed, then 503."""
+    import signal
+    import subprocess
+
+    from bass.coordinator import server as coordinator_server
+    from bass.core.config import CoordinatorConfig
+    from test_serve_cli import bass_cmd
+
+    target = subprocess.Popen(bass_cmd("target-service", "--model", llama_target, "--device", "cpu", "--port", 0,
+                                       "--num-slots", 4, "--max-seq-len", 1024), stdout=subprocess.PIPE, text=True)
+    coordinator = http = None
+    try:
+        address = json.loads(target.stdout.readline())["address"]
+        coordinator = coordinator_server.serve(CoordinatorConfig(target_address=address, tokenizer_dir=llama_target,
+                                                                 port=0, reconnect_interval_s=0.2))
+        http = serve_http(HttpConfig(port=0, coordinator_address=coordinator.address, tokenizer_dir=llama_target))
+        gauge = coordinator.engine.metrics.registry.get_sample_value
+        stream_until(http.url, lambda: gauge("bass_running_sequences") == 2,
+                     lambda: target.send_signal(signal.SIGKILL))
+        assert wait_until(lambda: gauge("bass_running_sequences") == 0)
+        r = httpx.post(f"{http.url}/completions", json={"model": "m", "prompt": PROMPT, "max_tokens": 4}, timeout=30)
+        assert r.status_code == 503 and r.json()["error"]["type"] == "service_unavailable"
+    finally:
+        target.kill()
+        target.wait()
+        if http is not None:
+            http.stop(grace_s=0)
+        if coordinator is not None:
+            coordinator.stop(grace_s=0)
+
+
 def test_bass_serve_with_an_http_port_serves_openai_clients(llama_target, llama_draft, tmp_path):
     """`bass serve --http-port 0` with an [http] section: real processes, the front's ready line,
     completions and chat through the openai client, and SIGTERM stops every process."""
@@ -360,6 +465,37 @@ def test_the_http_section_and_flag_reach_the_config(llama_target, tmp_path):
     config.write_text('[http]\nprot = 8002\n')
     with pytest.raises(InvalidRequestError, match="http.prot"):
         load_config_file(config)
+
+
+def test_bass_up_takes_the_http_port_flag_and_hands_the_front_to_the_launcher(llama_target, llama_draft, tmp_path,
+                                                                               monkeypatch):
+    """`bass up --http-port` (over [http] in the file) reaches the launcher with the front's
+    server, and the printed lines give the front's url; Ray itself is replaced (test_ray_deploy.py
+    runs the launcher on a real cluster)."""
+    pytest.importorskip("ray")
+    from click.testing import CliRunner
+
+    from bass.app.http.server import serve_http as the_front
+    from bass.cli import main
+    from bass.deploy import launcher
+
+    seen = {}
+
+    def up(cfg, echo, serve_http=None):
+        seen.update(cfg=cfg, serve_http=serve_http)
+        return {"colocated": "127.0.0.1:1", "coordinator": "127.0.0.1:2", "http": f"127.0.0.1:{cfg.http.port}"}
+
+    monkeypatch.setattr(launcher, "connect", lambda *_: None)
+    monkeypatch.setattr(launcher, "up", up)
+    config = tmp_path / "bass.toml"
+    config.write_text('[target]\ndevice = "cpu"\n[http]\nport = 8001\nmodel_name = "m"\n')
+    result = CliRunner().invoke(main, ["up", "--ray-address", "127.0.0.1:1", "--config", str(config), "--target",
+                                       str(llama_target), "--draft", str(llama_draft), "--http-port", "8002"])
+    assert result.exit_code == 0, result.output
+    assert seen["serve_http"] is the_front
+    assert (seen["cfg"].http.port, seen["cfg"].http.model_name) == (8002, "m")
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert {"service": "http", "address": "127.0.0.1:8002", "url": "http://127.0.0.1:8002/v1"} in lines
 
 
 def test_continuous_usage_counts_the_tokens_of_every_chunk(front):

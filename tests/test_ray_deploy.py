@@ -8,8 +8,8 @@ ray = pytest.importorskip("ray")
 
 from bass.app.client import BassClient  # noqa: E402
 from bass.coordinator.requests import GenerationRequest  # noqa: E402
-from bass.core.config import (CoordinatorConfig, DraftLengthConfig, RayConfig, SchedulerConfig,  # noqa: E402
-                              ServeConfig, WorkerServiceConfig)
+from bass.core.config import (CoordinatorConfig, DraftLengthConfig, HttpConfig, RayConfig,  # noqa: E402
+                              SchedulerConfig, ServeConfig, WorkerServiceConfig)
 from conftest import build_scheduler  # noqa: E402
 from ports import fixed_port  # noqa: E402
 
@@ -38,7 +38,8 @@ def expected(llama_target):
     return r.sequences[0].token_ids
 
 
-def config(target, draft, *, target_gpus, draft_gpus, strategy="PACK", colocate=False, pipeline=0) -> ServeConfig:
+def config(target, draft, *, target_gpus, draft_gpus, strategy="PACK", colocate=False, pipeline=0,
+           http=HttpConfig()) -> ServeConfig:
     workers = dict(device="cpu", num_slots=8, max_seq_len=256, host="127.0.0.1")
     return ServeConfig(
         target=WorkerServiceConfig(model_dir=target, **workers), draft=WorkerServiceConfig(model_dir=draft, **workers),
@@ -48,7 +49,7 @@ def config(target, draft, *, target_gpus, draft_gpus, strategy="PACK", colocate=
         ray=RayConfig(namespace=NAMESPACE, strategy=strategy, target_gpus=target_gpus, draft_gpus=draft_gpus,
                       target_cpus=1, draft_cpus=1, coordinator_cpus=1, target_port=fixed_port(), draft_port=fixed_port(),
                       ready_timeout_s=180),
-        colocate=colocate)
+        http=http, colocate=colocate)
 
 
 def generate(address, **kw):
@@ -96,6 +97,41 @@ def test_up_colocates_the_models_in_one_actor_by_default(cluster, llama_target, 
         assert list(r.sequences[0].token_ids) == expected and r.stats.draft_tokens > 0
     finally:
         assert set(launcher.down(NAMESPACE)) == {"colocated", "coordinator"}
+    assert launcher.placements(NAMESPACE) == {}
+
+
+def test_up_with_an_http_port_serves_openai_clients_beside_the_coordinator(cluster, llama_target, llama_draft):
+    """[http] port set: `bass up` starts the OpenAI-compatible front as one more actor, in the
+    coordinator's bundle (CPUs only), pointed at the coordinator, with the target's tokenizer;
+    it answers what gRPC answers, and `bass down` removes it first."""
+    import openai
+
+    from bass.app.http.server import serve_http
+    from bass.core.errors import InvalidRequestError
+    from bass.deploy import launcher
+
+    port = fixed_port()
+    cfg = config(llama_target, llama_draft, target_gpus=1, draft_gpus=1, colocate=True,
+                 http=HttpConfig(port=port, model_name="tiny"))
+    with pytest.raises(InvalidRequestError, match="http.port"):  # deploy imports no front of its own
+        launcher.up(cfg, echo=lambda *_: None)
+    addresses = launcher.up(cfg, echo=lambda *_: None, serve_http=serve_http)
+    try:
+        assert addresses["http"] == f"127.0.0.1:{port}"
+        where = launcher.placements(NAMESPACE)
+        assert set(where) == {"colocated", "coordinator", "http"} and not where["http"]["gpu_ids"]
+        assert where["http"]["node_id"] == where["coordinator"]["node_id"]
+        table = ray.util.placement_group_table(ray.util.get_placement_group(launcher.PLACEMENT_GROUP))
+        assert table["bundles"][1] == {"CPU": cfg.ray.coordinator_cpus + cfg.ray.http_cpus}
+        with openai.OpenAI(base_url=f"http://{addresses['http']}/v1", api_key="unused", max_retries=0,
+                           timeout=60) as client:
+            assert [m.id for m in client.models.list()] == ["tiny"]
+            r = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=20, temperature=0,
+                                          extra_body={"ignore_eos": True})
+        assert r.choices[0].text == generate(addresses["coordinator"]).sequences[0].text
+        assert r.model_extra["bass"]["draft_tokens"] > 0
+    finally:
+        assert set(launcher.down(NAMESPACE)) == {"colocated", "coordinator", "http"}
     assert launcher.placements(NAMESPACE) == {}
 
 

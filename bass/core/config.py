@@ -322,13 +322,14 @@ class CoordinatorConfig:
 @dataclass(frozen=True)
 class HttpConfig:
     """The OpenAI-compatible HTTP front ([http]; bass/app/http/): a client of the coordinator's
-    public gRPC API that holds no engine state. `bass serve` starts it when `port` is set."""
+    public gRPC API that holds no engine state. `bass serve` and `bass up` start it when `port`
+    is set (`bass up` as an actor beside the coordinator's); `bass http-front` runs one alone."""
 
     __pydantic_config__ = {"extra": "forbid"}  # config files: unknown keys are errors
 
     port: int | None = None  # None = off (the default); 0 = any free port
     host: str = "127.0.0.1"
-    coordinator_address: str = ""  # host:port of the coordinator (`bass serve` sets it)
+    coordinator_address: str = ""  # host:port of the coordinator (`bass serve` and `bass up` set it)
     tokenizer_dir: Path | None = None  # the models' tokenizer (`bass serve`: the target's directory)
     model_name: str = ""  # the id /v1/models lists and answers carry; "" = the tokenizer directory's name
     chat_template: Path | None = None  # a Jinja file for /v1/chat/completions; None = the tokenizer's own
@@ -363,7 +364,9 @@ class RayConfig:
     a bundle of one placement group: target_gpus = draft_gpus = 0.5 with PACK puts both models
     on one GPU; 1 and 1 on two GPUs of a node (PACK) or of different nodes (SPREAD /
     STRICT_SPREAD). Actors restart on failure (max_restarts, -1 = always) on a fixed port each,
-    so the coordinator reconnects to the same address.
+    so the coordinator reconnects to the same address. With [http] port set, the OpenAI-compatible
+    front is one more actor (http_cpus) in the coordinator's bundle: beside the coordinator it
+    serves, on the node that the public endpoints point at.
     """
 
     __pydantic_config__ = {"extra": "forbid"}  # config files: unknown keys are errors
@@ -375,6 +378,7 @@ class RayConfig:
     target_cpus: float = 1.0
     draft_cpus: float = 1.0
     coordinator_cpus: float = 1.0
+    http_cpus: float = 1.0  # the HTTP front's actor, only with [http] port set
     target_port: int = 50061
     draft_port: int = 50062
     max_restarts: int = -1
@@ -383,7 +387,7 @@ class RayConfig:
     def __post_init__(self) -> None:
         _require(self.strategy in PLACEMENT_STRATEGIES, "ray.strategy",
                  f"must be one of {PLACEMENT_STRATEGIES}, got {self.strategy!r}")
-        for name in ("target_gpus", "draft_gpus", "target_cpus", "draft_cpus", "coordinator_cpus"):
+        for name in ("target_gpus", "draft_gpus", "target_cpus", "draft_cpus", "coordinator_cpus", "http_cpus"):
             value = getattr(self, name)
             _require(_finite(value) and value >= 0, f"ray.{name}", f"must be a number >= 0, got {value!r}")
         _require(self.max_restarts >= -1, "ray.max_restarts", f"must be >= -1, got {self.max_restarts}")

@@ -13,16 +13,17 @@ import logging
 import ray
 
 # "colocated": the target with the draft in its process (ServeConfig.colocate), in place of both.
+# "http": the OpenAI-compatible front, a client of the coordinator (only with [http] port set).
 ACTOR_NAMES = {"target": "bass-target", "draft": "bass-draft", "colocated": "bass-models",
-               "coordinator": "bass-coordinator"}
+               "coordinator": "bass-coordinator", "http": "bass-http"}
 
 
 @ray.remote
 class ServiceActor:
-    def __init__(self, kind: str, config_json: str):
+    def __init__(self, kind: str, config_json: str, serve_http=None):
         from pydantic import TypeAdapter
 
-        from bass.core.config import CoordinatorConfig, WorkerServiceConfig
+        from bass.core.config import CoordinatorConfig, HttpConfig, WorkerServiceConfig
         from bass.transport.grpc_server import freeze_startup_heap
 
         logging.basicConfig(level=logging.INFO)
@@ -33,6 +34,12 @@ class ServiceActor:
             config = TypeAdapter(CoordinatorConfig).validate_json(config_json)
             self.service = coordinator_server.serve(config)
             port = self.service.server.port
+        elif kind == "http":
+            # serve_http: bass.app.http.server.serve_http (uvicorn on a thread of this actor), handed
+            # in by `bass up`: deploy sits below the application shell and imports nothing of it.
+            config = TypeAdapter(HttpConfig).validate_json(config_json)
+            self.service = serve_http(config)
+            port = self.service.port
         elif kind == "colocated":  # config_json: {"target": ..., "draft": ...}
             from bass.target_service.colocated import serve as serve_colocated
 

@@ -3,7 +3,9 @@
 One placement group holds a bundle per service (GPUs and CPUs from the [ray] config section);
 its strategy decides whether the models share a node (PACK) or spread over nodes (SPREAD). With
 `colocate` (the default) the draft runs in the target's actor, on its GPUs (target_gpus; the
-bundle takes target_cpus + draft_cpus), and each speculative step is one call.
+bundle takes target_cpus + draft_cpus), and each speculative step is one call. With [http] port
+set, the OpenAI-compatible front is one more actor in the coordinator's bundle (which then takes
+coordinator_cpus + http_cpus), started once the coordinator serves.
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Callable
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from bass.core.config import ServeConfig
-from bass.core.errors import BassError, CapacityError
+from bass.core.errors import BassError, CapacityError, InvalidRequestError
 from bass.deploy.actors import ACTOR_NAMES, ServiceActor
 
 log = logging.getLogger(__name__)
@@ -61,14 +64,19 @@ def _json(config) -> str:
     return json.dumps(asdict(config), default=str)
 
 
-def up(config: ServeConfig, echo=print) -> dict[str, str]:
-    """Create (or replace) the services; returns their addresses once the coordinator serves."""
+def up(config: ServeConfig, echo=print, serve_http: Callable | None = None) -> dict[str, str]:
+    """Create (or replace) the services; returns their addresses once the coordinator serves (and
+    the HTTP front, with [http] port set: `serve_http` starts it in its actor, HttpConfig -> an
+    object with `port` and `stop(grace_s)`; `bass up` passes bass.app.http.server.serve_http)."""
     rc = config.ray
+    with_http = config.http.port is not None
+    if with_http and serve_http is None:
+        raise InvalidRequestError("http.port", "is set, but no HTTP front was given to serve it")
     down(rc.namespace)
     with_draft = config.draft is not None and config.draft.model_dir is not None
     colocated = with_draft and config.colocate  # one actor for both models, on the target's GPUs
     bundles = [{"GPU": rc.target_gpus, "CPU": rc.target_cpus + (rc.draft_cpus if colocated else 0)},
-               {"CPU": rc.coordinator_cpus}]
+               {"CPU": rc.coordinator_cpus + (rc.http_cpus if with_http else 0)}]
     if with_draft and not colocated:
         bundles.insert(1, {"GPU": rc.draft_gpus, "CPU": rc.draft_cpus})
     bundles = [{k: v for k, v in b.items() if v > 0} or {"CPU": 0.01} for b in bundles]
@@ -82,15 +90,15 @@ def up(config: ServeConfig, echo=print) -> dict[str, str]:
     echo(f"waiting for resources: {bundles} ({rc.strategy})")
     ray.get(pg.ready(), timeout=rc.ready_timeout_s)
 
-    def start_json(kind: str, bundle: int, config_json: str, gpus: float, cpus: float):
+    def start_json(kind: str, bundle: int, config_json: str, gpus: float, cpus: float, *args):
         return ServiceActor.options(
             name=ACTOR_NAMES[kind], namespace=rc.namespace, lifetime="detached", max_restarts=rc.max_restarts,
             max_task_retries=0, num_gpus=gpus, num_cpus=cpus,
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=bundle),
-        ).remote(kind, config_json)
+        ).remote(kind, config_json, *args)
 
-    def start(kind: str, bundle: int, cfg, gpus: float, cpus: float):
-        return start_json(kind, bundle, _json(cfg), gpus, cpus)
+    def start(kind: str, bundle: int, cfg, gpus: float, cpus: float, *args):
+        return start_json(kind, bundle, _json(cfg), gpus, cpus, *args)
 
     target_cfg = replace(config.target, port=rc.target_port)
     if colocated:
@@ -111,6 +119,11 @@ def up(config: ServeConfig, echo=print) -> dict[str, str]:
     coordinator = start("coordinator", len(bundles) - 1, coordinator_cfg, 0, rc.coordinator_cpus)
     addresses["coordinator"] = ray.get(coordinator.address.remote(), timeout=rc.ready_timeout_s)
     wait_serving(addresses["coordinator"], timeout_s=rc.ready_timeout_s)
+    if with_http:  # the front serves once it listens: it connects to the coordinator per request
+        http_cfg = replace(config.http, coordinator_address=config.http.coordinator_address or addresses["coordinator"],
+                           tokenizer_dir=config.http.tokenizer_dir or coordinator_cfg.tokenizer_dir)
+        http = start("http", len(bundles) - 1, http_cfg, 0, rc.http_cpus, serve_http)  # pickled by reference
+        addresses["http"] = ray.get(http.address.remote(), timeout=rc.ready_timeout_s)
     return addresses
 
 
@@ -146,7 +159,8 @@ def placements(namespace: str) -> dict[str, dict]:
 def down(namespace: str) -> list[str]:
     """Stop and remove every service actor and the placement group; returns what was removed."""
     removed = []
-    for kind in ("coordinator", "draft", "target", "colocated"):  # the coordinator first: no calls to stopped workers
+    # The front, then the coordinator: no calls to a stopped coordinator or stopped workers.
+    for kind in ("http", "coordinator", "draft", "target", "colocated"):
         try:
             actor = ray.get_actor(ACTOR_NAMES[kind], namespace=namespace)
         except ValueError:

@@ -113,8 +113,11 @@ def serve(ctx, **_) -> None:
 @click.option("--target", "target_dir", type=click.Path(file_okay=False), help="[the bundled 1.5B]")
 @click.option("--draft", "draft_dir", type=click.Path(file_okay=False), help="[the bundled 0.5B]; 'none' to skip")
 @click.option("--num-gpus", type=int, help="GPUs of the local Ray started when no --ray-address is given.")
-def up(ray_address, config_file, target_dir, draft_dir, num_gpus) -> None:
-    """Start target, draft and coordinator as Ray actors, placed as [ray] says; print the public address."""
+@click.option("--http-port", type=int, help="Also serve the OpenAI-compatible HTTP API on this port, as an actor "
+                                            "beside the coordinator (0 = any free port) [[http] port: off].")
+def up(ray_address, config_file, target_dir, draft_dir, num_gpus, http_port) -> None:
+    """Start target, draft and coordinator (and the HTTP front with --http-port or [http] port) as
+    Ray actors, placed as [ray] says; print the public addresses."""
     try:
         from bass.deploy import launcher
     except ImportError:
@@ -130,16 +133,21 @@ def up(ray_address, config_file, target_dir, draft_dir, num_gpus) -> None:
                             model_dir=_require_model(draft_dir or cfg.draft.model_dir or default_model_pair()[0], "draft"))
         # Hosts come from the config: 127.0.0.1 (the default) suits one node; set host = "0.0.0.0" in
         # each section for a cluster of several nodes (actors then advertise their node's address).
-        cfg = replace(cfg, target=target, draft=draft)
+        cfg = replace(cfg, target=target, draft=draft,
+                      http=cfg.http if http_port is None else replace(cfg.http, port=http_port))
         if not ray_address:
             launcher.start_local_ray(num_gpus)
         launcher.connect(ray_address, cfg.ray.namespace)
-        addresses = launcher.up(cfg, echo=lambda m: click.echo(m, err=True))
+        from bass.app.http.server import serve_http
+
+        addresses = launcher.up(cfg, echo=lambda m: click.echo(m, err=True), serve_http=serve_http)
     except BassError as e:
         fail(e)
+    urls = {"http": f"http://{addresses['http']}/v1"} if "http" in addresses else {}
     for kind, address in addresses.items():
-        click.echo(json.dumps({"service": kind, "address": address}))
-    click.echo(f"BASS is serving on {addresses['coordinator']} (stop it with `bass down`)", err=True)
+        click.echo(json.dumps({"service": kind, "address": address, **({"url": urls[kind]} if kind in urls else {})}))
+    where = addresses["coordinator"] + (f" and {urls['http']}" if urls else "")
+    click.echo(f"BASS is serving on {where} (stop it with `bass down`)", err=True)
 
 
 @click.command("down")

