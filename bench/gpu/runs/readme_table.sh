@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# On the GPU machine, after setup.sh: the README's speed table at the current build, one sampling
+# mode a call: `bass bench speed --services` (bass serve's default deployment: the coordinator in
+# its own process, the draft in the target's) on the real pair, regular decoding, k = 3 and
+# `auto`, at 1 / 8 / 64 sequences, 5 repeats (medians). Usage: readme_table.sh MODE [bench speed
+# args...], MODE greedy or t0.8-p0.95. Runs on the GPU CUDA_VISIBLE_DEVICES leaves first, so the
+# two modes can run side by side on two GPUs of one host. JSON and log under $OUT.
+set -uo pipefail
+mode=$1; shift
+cd /tmp  # so that the installed package, not the repo's bass/ folder, is imported
+export PYTHONPATH=${PYTHONPATH:-/tmp/site} PYTHONUNBUFFERED=1
+timeout ${LIMIT_S:-420} python3 -m bass.cli bench speed --target /tmp/models/qwen2.5-coder-1.5b-instruct \
+  --draft /tmp/models/qwen2.5-coder-0.5b-instruct --device cuda --dtype bfloat16 --max-seq-len 1024 \
+  --max-new-tokens 128 --problems 0:16 --peak-tflops 989 --batches ${BATCHES:-1,8,64} \
+  --policies ${POLICIES:-0,3,auto} --repeats ${REPEATS:-5} --mode $mode --services "$@" \
+  --out $OUT/readme-$mode.json > /dev/null 2> $OUT/readme-$mode.log
+python3 - $OUT/readme-$mode.json <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1]))["results"]:
+    b = r["step_stats"]["breakdown_ms_per_step"]
+    print(f"{r['mode']} batch {r['batch']} policy {r['policy']}: {r['ms_per_token_per_sequence']:.3f} ms/token/seq, "
+          f"{r['tokens_per_sequence_step']:.2f} tokens a sequence-step, step {b['step_ms']:.2f} ms")
+PY
