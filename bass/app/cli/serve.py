@@ -48,6 +48,8 @@ def serve_options(f):
         click.option("--batch-invariant", is_flag=True, default=None,
                      help="Target computes each row the same way whatever the batch: seeded and greedy "
                           "tokens do not move with load (slower)."),
+        click.option("--replicas", type=int, help="Copies of the model pair and coordinator (a GPU each) behind "
+                                                  "one router on --port [1: no router]."),
         click.option("--separate-draft", is_flag=True, default=None,
                      help="Run the draft in a process of its own (it can fail or restart alone; a "
                           "speculative step then makes two calls instead of one) [off: in the target's]."),
@@ -84,7 +86,8 @@ def serve_config(ctx: click.Context, default_port: int | None = None) -> ServeCo
     http = cfg.http if p.get("http_port") is None else replace(cfg.http, port=p["http_port"])
     # A draft on a device of its own runs in a process of its own (a co-located pair shares one).
     own_device = p["draft_device"] is not None and draft is not None and not same_device(draft.device, target.device)
-    return ServeConfig(target=target, draft=draft, coordinator=coord, http=http,
+    return ServeConfig(target=target, draft=draft, coordinator=coord, http=http, router=cfg.router,
+                       replicas=p["replicas"] or cfg.replicas,
                        colocate=cfg.colocate and not p["separate_draft"] and not own_device)
 
 
@@ -94,14 +97,14 @@ def serve_config(ctx: click.Context, default_port: int | None = None) -> ServeCo
 def serve(ctx, **_) -> None:
     """Start target, draft and coordinator locally and stop them together (the draft in the
     target's process unless --separate-draft)."""
-    from bass.app.launcher import launch, run_until_stopped
+    from bass.app.launcher import launch, public_address, run_until_stopped
 
     try:
         processes = launch(serve_config(ctx), echo=click.echo)
     except BassError as e:
         fail(e)
     served = {p.name: p for p in processes}
-    where = served["coordinator"].address + (f" and {served['http'].ready_message['url']}" if "http" in served else "")
+    where = public_address(processes) + (f" and {served['http'].ready_message['url']}" if "http" in served else "")
     click.echo(f"BASS is serving on {where} (Ctrl-C stops all services)", err=True)
     raise SystemExit(run_until_stopped(processes))
 
