@@ -446,6 +446,10 @@ class RayConfig:
     replica_coordinator_port: int = 50063
     replica_port_stride: int = 10
     router_cpus: float = 1.0
+    # A custom resource the router actor asks for (a sliver of it), to pin it to the nodes that
+    # have it: the KubeRay head declares "bass-router", so the router runs where the Service
+    # points. "" = anywhere with router_cpus free.
+    router_resource: str = ""
 
     def __post_init__(self) -> None:
         _require(self.strategy in PLACEMENT_STRATEGIES, "ray.strategy",
@@ -454,6 +458,10 @@ class RayConfig:
             value = getattr(self, name)
             _require(_finite(value) and value >= 0, f"ray.{name}", f"must be a number >= 0, got {value!r}")
         _require(self.max_restarts >= -1, "ray.max_restarts", f"must be >= -1, got {self.max_restarts}")
+        _require(self.replica_port_stride >= 1, "ray.replica_port_stride", f"must be >= 1, got {self.replica_port_stride}")
+
+    def check_replica_ports(self) -> None:
+        """With replicas: every replica's three ports apart from every other replica's."""
         ports = (self.target_port, self.draft_port, self.replica_coordinator_port)
         _require(len(set(ports)) == 3 and max(ports) - min(ports) < self.replica_port_stride, "ray.replica_port_stride",
                  f"must exceed the spread of target_port, draft_port and replica_coordinator_port {ports} "
@@ -489,6 +497,8 @@ class ServeConfig:
     def __post_init__(self) -> None:
         _require(isinstance(self.replicas, int) and not isinstance(self.replicas, bool) and 1 <= self.replicas <= 256,
                  "replicas", f"must be an integer in [1, 256], got {self.replicas!r}")
+        if self.replicas > 1:
+            self.ray.check_replica_ports()
         _require(self.target.int8_weights is not True, "target.int8_weights",
                  "the target's numbers are the output: int8 weights are for the draft only")
         if self.colocate and self.draft is not None:

@@ -15,6 +15,12 @@ import ray
 # "colocated": the target with the draft in its process (ServeConfig.colocate), in place of both.
 ACTOR_NAMES = {"target": "bass-target", "draft": "bass-draft", "colocated": "bass-models",
                "coordinator": "bass-coordinator"}
+ROUTER_NAME = "bass-router"  # with replicas: the router in front of them
+
+
+def replica_actor_name(kind: str, index: int) -> str:
+    """Replica `index`'s actor of that kind (ServeConfig.replicas > 1), e.g. bass-models-0."""
+    return f"{ACTOR_NAMES[kind]}-{index}"
 
 
 @ray.remote
@@ -22,7 +28,7 @@ class ServiceActor:
     def __init__(self, kind: str, config_json: str):
         from pydantic import TypeAdapter
 
-        from bass.core.config import CoordinatorConfig, WorkerServiceConfig
+        from bass.core.config import CoordinatorConfig, RouterConfig, WorkerServiceConfig
         from bass.transport.grpc_server import freeze_startup_heap
 
         logging.basicConfig(level=logging.INFO)
@@ -32,6 +38,12 @@ class ServiceActor:
 
             config = TypeAdapter(CoordinatorConfig).validate_json(config_json)
             self.service = coordinator_server.serve(config)
+            port = self.service.server.port
+        elif kind == "router":
+            from bass.coordinator import router
+
+            config = TypeAdapter(RouterConfig).validate_json(config_json)
+            self.service = router.serve(config)
             port = self.service.server.port
         elif kind == "colocated":  # config_json: {"target": ..., "draft": ...}
             from bass.target_service.colocated import serve as serve_colocated

@@ -116,7 +116,9 @@ def serve(ctx, **_) -> None:
 @click.option("--target", "target_dir", type=click.Path(file_okay=False), help="[the bundled 1.5B]")
 @click.option("--draft", "draft_dir", type=click.Path(file_okay=False), help="[the bundled 0.5B]; 'none' to skip")
 @click.option("--num-gpus", type=int, help="GPUs of the local Ray started when no --ray-address is given.")
-def up(ray_address, config_file, target_dir, draft_dir, num_gpus) -> None:
+@click.option("--replicas", type=int, help="Copies of the model pair and coordinator, a placement group each, "
+                                           "behind one router on the coordinator's port [the config's, 1].")
+def up(ray_address, config_file, target_dir, draft_dir, num_gpus, replicas) -> None:
     """Start target, draft and coordinator as Ray actors, placed as [ray] says; print the public address."""
     try:
         from bass.deploy import launcher
@@ -133,7 +135,7 @@ def up(ray_address, config_file, target_dir, draft_dir, num_gpus) -> None:
                             model_dir=_require_model(draft_dir or cfg.draft.model_dir or default_model_pair()[0], "draft"))
         # Hosts come from the config: 127.0.0.1 (the default) suits one node; set host = "0.0.0.0" in
         # each section for a cluster of several nodes (actors then advertise their node's address).
-        cfg = replace(cfg, target=target, draft=draft)
+        cfg = replace(cfg, target=target, draft=draft, replicas=replicas or cfg.replicas)
         if not ray_address:
             launcher.start_local_ray(num_gpus)
         launcher.connect(ray_address, cfg.ray.namespace)
@@ -142,7 +144,8 @@ def up(ray_address, config_file, target_dir, draft_dir, num_gpus) -> None:
         fail(e)
     for kind, address in addresses.items():
         click.echo(json.dumps({"service": kind, "address": address}))
-    click.echo(f"BASS is serving on {addresses['coordinator']} (stop it with `bass down`)", err=True)
+    public = addresses.get("router") or addresses["coordinator"]
+    click.echo(f"BASS is serving on {public} (stop it with `bass down`)", err=True)
 
 
 @click.command("down")
