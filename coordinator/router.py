@@ -186,12 +186,14 @@ class Router:
         return self.server.address
 
     def update_health(self) -> None:
+        """bass.v1.Generation's health follows the replicas (a Kubernetes readiness probe);
+        the server's own ("") stays SERVING while the process runs (a liveness probe must not
+        restart the router because its replicas are loading)."""
         serving = bool(self.replicas.serving())
         if serving != self._serving:
             self._serving = serving
             status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-            for name in ("", SERVICE_NAME):
-                self.server.health.set(name, status)
+            self.server.health.set(SERVICE_NAME, status)
 
     def stop(self, grace_s: float | None = None) -> None:
         """Health NOT_SERVING, no new calls, forwarded ones get grace_s (default the config's
