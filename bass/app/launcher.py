@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict, replace
-from typing import IO, Callable
+from typing import Callable
 
 from bass.core.config import ServeConfig
 from bass.core.errors import CapacityError
