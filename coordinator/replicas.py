@@ -1,11 +1,12 @@
 """The replicas behind a router: where each is, whether it serves, how loaded it is.
 
 Each replica is a coordinator with its own model workers (a whole `bass serve` stack on one
-GPU). A thread per replica polls its `Replica/Load` every `poll_interval_s` on one long-lived
-channel; between polls the router adds what it forwarded since (and takes off what came back),
-so a burst of requests spreads over the replicas instead of piling onto the one that looked
-idle at the last poll. A replica is a candidate only while its last poll said it serves: a
-failed poll, or a forwarded call that failed with UNAVAILABLE, takes it out at once, and the
+GPU). A thread per replica polls its `Replica/Load` every `poll_interval_s` on a long-lived
+channel of its own; between polls the router adds what it forwarded since (and takes off what
+came back), so a burst of requests spreads over the replicas instead of piling onto the one that
+looked idle at the last poll. A replica is a candidate only while it serves: a poll that cannot
+connect, or a forwarded call that failed with UNAVAILABLE, takes it out at once; polls that time
+out take it out at the second in a row (a replica busy enough to answer late is not dead); the
 next poll that finds it serving puts it back, whether it was restarted or never left.
 """
 
@@ -38,20 +39,22 @@ CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconn
                    ("grpc.max_send_message_length", 64 * 1024 * 1024)]
 
 
+TIMEOUTS_TO_OUT = 2  # polls in a row that time out before a replica is out
+
+
 class Replica:
     """One replica as the router sees it. `serving`, `load` and the in-flight counts change
-    under `lock`; the forwarding stubs are used from any thread."""
+    under `lock`. The router forwards on channels of its own (its event loop's); this one is
+    for the polls."""
 
     def __init__(self, address: str, config: RouterConfig, on_change: Callable[["Replica"], None]):
         self.address = address
         self.config = config
         self._on_change = on_change
         self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-        # No serializers: requests and answers pass through as bytes, never decoded here.
-        self.generate = self.channel.unary_unary(GENERATE)
-        self.generate_stream = self.channel.unary_stream(GENERATE_STREAM)
         self._load = self.channel.unary_unary(LOAD, request_serializer=pb.LoadRequest.SerializeToString,
                                               response_deserializer=pb.LoadResponse.FromString)
+        self._timeouts = 0  # polls in a row that timed out
         self.lock = threading.Lock()
         self.serving = False
         self.load: pb.LoadResponse | None = None
@@ -60,7 +63,7 @@ class Replica:
         self.down_since: float | None = time.monotonic()  # unknown until the first poll
         self.polled = threading.Event()  # set once the first poll has an answer, either way
         self.removed = False
-        self._calls: set = set()  # upstream calls in flight, cancelled if the replica is lost
+        self._calls: set = set()  # how to cancel each upstream call in flight (if the replica is lost)
         self.lost = False  # no answer for lost_after_s: its calls were cancelled
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll_loop, name=f"bass-replica-{address}", daemon=True)
@@ -74,9 +77,7 @@ class Replica:
         self._thread.join(self.config.probe_timeout_s + 1)
         with self.lock:
             self.removed = True
-            idle = self.in_flight == 0
-        if idle:
-            self.channel.close()
+        self.channel.close()
 
     # -- choosing ------------------------------------------------------------------------------------
     def score(self, n: int) -> float:
@@ -93,26 +94,24 @@ class Replica:
 
     # -- forwarding ----------------------------------------------------------------------------------
     @contextmanager
-    def forwarding(self, n: int) -> Iterator[Callable[[object], None]]:
-        """Count n sequences in flight while the block runs; the block registers its upstream
-        call with the function it is given, so that losing the replica cancels it."""
-        calls: list = []
+    def forwarding(self, n: int) -> Iterator[Callable[[Callable[[], None]], None]]:
+        """Count n sequences in flight while the block runs; the block registers how to cancel
+        its upstream call (any thread may call it) with the function it is given, so that losing
+        the replica cancels the call."""
+        cancels: list = []
         with self.lock:
             self.in_flight += n
 
-        def register(call) -> None:
+        def register(cancel: Callable[[], None]) -> None:
             with self.lock:
-                self._calls.add(call)
-                calls.append(call)
+                self._calls.add(cancel)
+                cancels.append(cancel)
         try:
             yield register
         finally:
             with self.lock:
                 self.in_flight -= n
-                self._calls.difference_update(calls)
-                close = self.removed and self.in_flight == 0
-            if close:
-                self.channel.close()
+                self._calls.difference_update(cancels)
 
     def failed(self, reason: str) -> None:
         """A forwarded call found the replica unavailable: no new request until a poll finds it
@@ -129,9 +128,12 @@ class Replica:
         try:
             load = self._load(pb.LoadRequest(), timeout=self.config.probe_timeout_s)
         except grpc.RpcError as exc:
-            self._set_serving(False, f"{exc.code().name}: {exc.details()}")
+            self._timeouts = self._timeouts + 1 if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED else 0
+            if self._timeouts == 0 or self._timeouts >= TIMEOUTS_TO_OUT:
+                self._set_serving(False, f"{exc.code().name}: {exc.details()}")
             self._maybe_lost()
         else:
+            self._timeouts = 0
             with self.lock:
                 self.load = load
                 self._in_flight_at_poll = self.in_flight
@@ -165,8 +167,8 @@ class Replica:
         if calls:
             log.error("replica %s has not answered for %.1f s: cancelling its %d calls in flight", self.address,
                       self.config.lost_after_s, len(calls))
-        for call in calls:
-            call.cancel()
+        for cancel in calls:
+            cancel()
 
 
 class ReplicaSet:

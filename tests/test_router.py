@@ -181,7 +181,7 @@ def test_a_deadline_travels_and_a_cancel_reaches_the_replica(replicas, router):
         wait_until(lambda: a.received)
         stream.cancel()
     assert a.cancelled.wait(5), "the replica's call was not cancelled"
-    assert 1.0 < a.deadlines[0] <= 2.0
+    assert 1.0 < a.deadlines[0] <= 2.1  # the client's 2 s (gRPC rounds a timeout up on the wire)
     a.hold.set()
 
 

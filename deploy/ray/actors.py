@@ -44,7 +44,7 @@ class ServiceActor:
 
             config = TypeAdapter(RouterConfig).validate_json(config_json)
             self.service = router.serve(config)
-            port = self.service.server.port
+            port = self.service.port
         elif kind == "colocated":  # config_json: {"target": ..., "draft": ...}
             from bass.target_service.colocated import serve as serve_colocated
 

@@ -193,7 +193,7 @@ def router(ctx, **_) -> None:
     except BassError as e:
         fail(e)
     metrics = {"metrics": running.metrics_server.address} if running.metrics_server else {}
-    click.echo(ready_line("router", f"{cfg.host}:{running.server.port}", **metrics))
+    click.echo(ready_line("router", f"{cfg.host}:{running.port}", **metrics))
     running.wait_for_signal()
 
 
