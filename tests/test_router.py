@@ -2,7 +2,7 @@
 
 Most tests put it in front of stand-in replicas: small gRPC servers that speak
 bass.v1.Generation and bass.v1.Replica, whose load, answers and failures each test sets, so
-that routing by load, retries and rejoins can be checked exactly. The last ones put it in front
+that routing by load, retries and rejoins can be checked exactly. The last one puts it in front
 of real coordinators over tiny models (in this process); tests/test_serve_replicas.py runs
 `bass serve --replicas` as processes, tests/test_ray_deploy.py `bass up` with replicas.
 """
@@ -299,3 +299,39 @@ def test_config_is_checked():
         RouterConfig(poll_interval_s=0)
     with pytest.raises(InvalidRequestError, match="router.replicas"):
         router_module.serve(RouterConfig(port=0))
+
+
+# -- in front of real coordinators (tiny models, in this process) ---------------------------------
+@pytest.fixture(scope="module")
+def real(llama_target, llama_draft):
+    from services import start_services
+
+    stacks = [start_services(llama_target, llama_draft, colocate=True, num_slots=8, max_batch_size=8,
+                             policy="fixed") for _ in range(2)]
+    router = router_module.serve(RouterConfig(replicas=tuple(s.address for s in stacks), port=0,
+                                              poll_interval_s=POLL_S))
+    yield router, stacks
+    router.stop(0)
+    for s in stacks:
+        s.stop()
+
+
+def replica_load(address: str) -> pb.LoadResponse:
+    with grpc.insecure_channel(address) as channel:
+        return generation_pb2_grpc.ReplicaStub(channel).Load(pb.LoadRequest(), timeout=5)
+
+
+def test_real_replicas_report_their_load_and_a_cancel_frees_the_slots(real):
+    router, stacks = real
+    idle = [replica_load(s.address) for s in stacks]
+    assert all(x.serving and x.kv_slots == 8 and x.running_sequences == 0 and x.max_batch_size == 8 for x in idle)
+    with BassClient(stacks[0].address, timeout_s=60) as direct:
+        want = [list(s.token_ids) for s in direct.generate([5, 17, 33], n=2, max_new_tokens=10, ignore_eos=True).sequences]
+    with BassClient(router.address, timeout_s=60) as c:
+        got = [list(s.token_ids) for s in c.generate([5, 17, 33], n=2, max_new_tokens=10, ignore_eos=True).sequences]
+        assert got == want  # greedy: the same text whichever replica ran it
+        stream = c.stub.GenerateStream(build_request([5, 17, 33], n=3, max_new_tokens=400, ignore_eos=True), timeout=60)
+        next(stream)
+        wait_until(lambda: sorted(replica_load(s.address).running_sequences for s in stacks) == [0, 3])
+        stream.cancel()
+        wait_until(lambda: all(replica_load(s.address).running_sequences == 0 for s in stacks))
