@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import grpc
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1._async import HealthServicer
+from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -264,7 +264,7 @@ class Router:
     metrics: RouterMetrics
     forwarder: GenerationRouter
     _server: grpc.aio.Server
-    _health: HealthServicer
+    _health: health_aio.HealthServicer
     _loop: _LoopThread
     metrics_server: MetricsServer | None = None
     _serving: bool | None = field(default=None, repr=False)
@@ -320,7 +320,7 @@ async def _start_server(forwarder: GenerationRouter, config: RouterConfig):
     server = grpc.aio.server(options=server_options(config.max_request_bytes),
                              maximum_concurrent_rpcs=config.max_concurrent_rpcs)
     server.add_generic_rpc_handlers((forwarder.handler(),))
-    health = HealthServicer()
+    health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection((SERVICE_NAME, "grpc.health.v1.Health", reflection.SERVICE_NAME), server)
     port = server.add_insecure_port(f"{config.host}:{config.port}")

@@ -1,6 +1,7 @@
 """`bass serve --replicas 2` as a user runs it: real processes on the CPU over tiny models, the
 router in front of two replicas; routing by load, a request's n sequences on one replica, a
-replica killed mid-stream and started again, rejoining the router."""
+replica's coordinator killed mid-stream and a replica's model process killed, each started
+again and rejoining the router."""
 
 import json
 import os
@@ -147,6 +148,22 @@ def test_two_replicas_behind_the_router(llama_target, llama_draft, tmp_path, exp
             for _ in range(4):  # equal loads take turns
                 c.generate(list(PROMPT), max_new_tokens=4)
             assert served_by(metrics, [busy])[0] > before
+
+            # The other replica's model process (target with its draft) is killed: its coordinator
+            # stays up but says it is not serving, so requests go to the first one; bass serve
+            # starts the models again, the coordinator reconnects, the router takes it back.
+            model = next(m for m in lines if m["service"] == "target" and m["replica"] == replicas.index(idle))
+            victim = listening_pid(int(model["address"].rpartition(":")[2]), children_of(proc.pid))
+            os.kill(victim, signal.SIGKILL)
+            wait_until(lambda: not load(idle).serving, timeout_s=30)
+            before = served_by(metrics, [busy, idle])
+            for _ in range(3):
+                assert list(c.generate(list(PROMPT), max_new_tokens=12, ignore_eos=True).sequences[0].token_ids) \
+                    == expected
+            after = served_by(metrics, [busy, idle])
+            assert [a - b for a, b in zip(after, before)] == [3, 0]
+            wait_until(lambda: scrape(metrics)[("bass_replica_up", (("replica", idle),))] == 1, timeout_s=120)
+            assert load(idle).serving and len(children_of(proc.pid)) == 5
 
         # Concurrent requests all complete with the right text.
         outs, errors = [], []

@@ -87,7 +87,7 @@ def serve_config(ctx: click.Context, default_port: int | None = None) -> ServeCo
     # A draft on a device of its own runs in a process of its own (a co-located pair shares one).
     own_device = p["draft_device"] is not None and draft is not None and not same_device(draft.device, target.device)
     return ServeConfig(target=target, draft=draft, coordinator=coord, http=http, router=cfg.router,
-                       replicas=p["replicas"] or cfg.replicas,
+                       replicas=cfg.replicas if p["replicas"] is None else p["replicas"],
                        colocate=cfg.colocate and not p["separate_draft"] and not own_device)
 
 
@@ -135,7 +135,7 @@ def up(ray_address, config_file, target_dir, draft_dir, num_gpus, replicas) -> N
                             model_dir=_require_model(draft_dir or cfg.draft.model_dir or default_model_pair()[0], "draft"))
         # Hosts come from the config: 127.0.0.1 (the default) suits one node; set host = "0.0.0.0" in
         # each section for a cluster of several nodes (actors then advertise their node's address).
-        cfg = replace(cfg, target=target, draft=draft, replicas=replicas or cfg.replicas)
+        cfg = replace(cfg, target=target, draft=draft, replicas=cfg.replicas if replicas is None else replicas)
         if not ray_address:
             launcher.start_local_ray(num_gpus)
         launcher.connect(ray_address, cfg.ray.namespace)
