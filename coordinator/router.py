@@ -28,6 +28,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import grpc
 import grpc.aio
@@ -181,7 +182,8 @@ class GenerationRouter:
             raise WorkerUnavailableError(reason)
         return reason
 
-    def _cancel_from_any_thread(self, call) -> callable:
+    def _cancel_from_any_thread(self, call) -> Callable[[], None]:
+        """How the replica set, on a poller thread, cancels a call of this loop."""
         return lambda: self.loop.call_soon_threadsafe(call.cancel)
 
     @_status_on_error("/bass.v1.Generation/Generate")
