@@ -211,3 +211,21 @@ def test_more_replicas_than_gpus_is_a_clear_error(cluster, llama_target, llama_d
 
     with pytest.raises(CapacityError, match="3 replicas .*need 3 GPUs .* has 2"):
         launcher.up(replicas_config(llama_target, llama_draft, 3), echo=lambda *_: None)
+
+
+def test_replicas_that_cannot_be_placed_fail_naming_the_group_and_leave_nothing(cluster, llama_target, llama_draft):
+    """The cluster has the resources in total but no placement fits (STRICT_SPREAD wants a node
+    per bundle; this cluster is one node): the error names the group and the nodes' room, and
+    nothing is left pending."""
+    from dataclasses import replace
+
+    from bass.core.errors import CapacityError
+    from bass.deploy import launcher
+
+    cfg = replicas_config(llama_target, llama_draft, 2)
+    cfg = replace(cfg, ray=replace(cfg.ray, strategy="STRICT_SPREAD", ready_timeout_s=3))
+    with pytest.raises(CapacityError, match=r"placement group bass-bass-test-replica-0 .* not placed within 3 s"):
+        launcher.up(cfg, echo=lambda *_: None)
+    assert launcher.placements(NAMESPACE) == {}
+    assert not [t for t in ray.util.placement_group_table().values()
+                if t["name"].startswith(f"bass-{NAMESPACE}-replica-") and t["state"] != "REMOVED"]

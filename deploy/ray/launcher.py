@@ -111,7 +111,11 @@ def up(config: ServeConfig, echo=print) -> dict[str, str]:
     rc = config.ray
     down(rc.namespace)
     if config.replicas > 1:
-        return _up_replicas(config, echo)
+        try:
+            return _up_replicas(config, echo)
+        except BaseException:  # leave no group pending for resources nor half the replicas running
+            down(rc.namespace)
+            raise
     with_draft = config.draft is not None and config.draft.model_dir is not None
     colocated = with_draft and config.colocate  # one actor for both models, on the target's GPUs
     bundles = _bundles(config)

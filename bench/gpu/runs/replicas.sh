@@ -12,8 +12,9 @@
 # replica count (saturation throughput: target N replicas >= 3.6 x one replica's, speculative and
 # regular). Targets: bench/results "replicas", with the GPU, the commit and this command.
 # Usage: bash bench/gpu/runs/replicas.sh [N]      (N: replicas, default 4; N GPUs needed)
-# Overrides: PARTS (default "alone router replicas kill"; one call runs at most 10 minutes, so
-# split: PARTS="alone router" then PARTS=replicas, PARTS=kill), RATES (per replica, requests/s;
+# Overrides: PARTS (default "alone router replicas kill"; a part takes about 4-6 minutes with
+# COMPARE_REGULAR and one call runs at most 10, so run one part per call: PARTS=alone, then
+# PARTS=router, PARTS=replicas, PARTS=kill, on the same warm machine), RATES (per replica, requests/s;
 # default 9,18,27,36), CONCURRENCY (per replica, default 64), DURATION (s of arrivals per rate,
 # default 8), PROBLEMS (default 0:64), COMPARE_REGULAR (default 1: regular decoding on the same
 # arrivals too), BATCH_INVARIANT (1: --batch-invariant for the kill part).
@@ -58,6 +59,22 @@ bench() {  # NAME REPLICAS: open loop at RATES x REPLICAS, then closed loop at C
   tail -4 $W/replicas-$name-closed.log
 }
 
+listening_pid() {  # PORT: the process listening on it (from /proc: its socket's inode among the fds)
+  python3 - "$1" <<'EOT'
+import os, sys
+port = int(sys.argv[1])
+inodes = {row.split()[9] for t in ("/proc/net/tcp", "/proc/net/tcp6") for row in open(t).read().splitlines()[1:]
+          if int(row.split()[1].rsplit(":", 1)[1], 16) == port and row.split()[3] == "0A"}
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        if any(os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1] in inodes for fd in os.listdir(f"/proc/{pid}/fd")):
+            print(pid)
+            break
+    except OSError:
+        continue
+EOT
+}
+
 stop() {  # PID...: SIGINT, as Ctrl-C would (each stops its children), then wait
   kill -INT "$@" 2> /dev/null; wait "$@" 2> /dev/null
 }
@@ -100,7 +117,7 @@ for part in $parts; do
         sleep 1
       done
       victim=$(grep -m1 '"service": "replica"' $W/serve-kill.log | python3 -c "import json, sys; print(json.loads(sys.stdin.read())['address'].rsplit(':', 1)[1])")
-      pid=$(ss -ltnpH "sport = :$victim" | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2)
+      pid=$(listening_pid $victim)
       echo "killing the coordinator of replica 0 (port $victim, pid $pid) at $(date +%T)" | tee $W/kill.txt
       kill -KILL $pid
       wait $b
