@@ -458,7 +458,8 @@ class RayConfig:
             value = getattr(self, name)
             _require(_finite(value) and value >= 0, f"ray.{name}", f"must be a number >= 0, got {value!r}")
         _require(self.max_restarts >= -1, "ray.max_restarts", f"must be >= -1, got {self.max_restarts}")
-        _require(self.replica_port_stride >= 1, "ray.replica_port_stride", f"must be >= 1, got {self.replica_port_stride}")
+        _require(self.replica_port_stride >= 1, "ray.replica_port_stride",
+                 f"must be >= 1, got {self.replica_port_stride}")
 
     def check_replica_ports(self) -> None:
         """With replicas: every replica's three ports apart from every other replica's."""

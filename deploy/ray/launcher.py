@@ -186,11 +186,11 @@ def _up_replicas(config: ServeConfig, echo) -> dict[str, str]:
     rc, n = config.ray, config.replicas
     bundles = _bundles(config)
     _check_capacity(bundles, n, rc.router_cpus)
-    groups = [placement_group(bundles, strategy=rc.strategy, name=REPLICA_PLACEMENT_GROUP.format(namespace=rc.namespace, index=i),
-                              lifetime="detached") for i in range(n)]
+    names = [REPLICA_PLACEMENT_GROUP.format(namespace=rc.namespace, index=i) for i in range(n)]
+    groups = [placement_group(bundles, strategy=rc.strategy, name=name, lifetime="detached") for name in names]
     echo(f"waiting for resources: {n} replicas x {bundles} ({rc.strategy} within each)")
-    for i, pg in enumerate(groups):
-        _wait_placed(pg, REPLICA_PLACEMENT_GROUP.format(namespace=rc.namespace, index=i), bundles, rc.ready_timeout_s)
+    for name, pg in zip(names, groups):
+        _wait_placed(pg, name, bundles, rc.ready_timeout_s)
     models = [_start_replica_models(config, i, pg) for i, pg in enumerate(groups)]  # all load at once
     echo(f"loading the models of {n} replicas...")
     addresses: dict[str, str] = {}
@@ -209,7 +209,8 @@ def _up_replicas(config: ServeConfig, echo) -> dict[str, str]:
         coordinators.append(ServiceActor.options(
             name=replica_actor_name("coordinator", i), namespace=rc.namespace, lifetime="detached",
             max_restarts=rc.max_restarts, max_task_retries=0, num_cpus=rc.coordinator_cpus,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(groups[i], placement_group_bundle_index=len(bundles) - 1),
+            scheduling_strategy=PlacementGroupSchedulingStrategy(groups[i],
+                                                                 placement_group_bundle_index=len(bundles) - 1),
         ).remote("coordinator", _json(coordinator_cfg)))
     for i, actor in enumerate(coordinators):
         addresses[f"replica-{i}"] = ray.get(actor.address.remote(), timeout=rc.ready_timeout_s)
