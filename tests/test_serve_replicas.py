@@ -187,3 +187,22 @@ def test_two_replicas_behind_the_router(llama_target, llama_draft, tmp_path, exp
         except subprocess.TimeoutExpired:
             proc.kill()
     assert proc.returncode == 0
+
+
+def test_bench_serve_through_two_replicas(llama_target, llama_draft, tmp_path):
+    """`bass bench serve --serve --replicas 2` (what bench/gpu/runs/replicas.sh measures, in
+    small): the load goes through the router, and every answer under load equals the same
+    request sent alone, whichever replica ran either."""
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        bass_cmd("bench", "serve", "--serve", "--replicas", 2, "--target", llama_target, "--draft", llama_draft,
+                 "--device", "cpu", "--num-slots", 8, "--max-seq-len", 1024, "--draft-length", 3,
+                 "--rates", "inf", "--num-requests", 8, "--problems", "0:4", "--max-new-tokens", 8,
+                 "--no-progress", "--out", out),
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "serve.json").read_text())
+    assert result["server"]["replicas"] == 2
+    (run,) = result["runs"]
+    assert run["completed"] == 8 and run["correctness"]["mismatches"] == 0
+    assert '"service": "router"' in proc.stderr and proc.stderr.count('"service": "replica"') == 2

@@ -365,7 +365,7 @@ def bench_serve(ctx, address, openai_url, start_server, rates, concurrency, num_
             environment["gpu_on_client_machine"] = torch.cuda.get_device_name(0)
     result = {"benchmark": "serve", "environment": environment, "address": openai_url or address,
               "protocol": "openai" if openai_url else "grpc",
-              "server": json.loads(json.dumps({k: asdict(server)[k] for k in ("target", "draft", "coordinator")},
+              "server": json.loads(json.dumps({k: asdict(server)[k] for k in ("target", "draft", "coordinator", "replicas")},
                                               default=str)) if server else None,
               "prompts": {"source": prompts_file or f"HumanEval {problems or 'all'}", "count": len(prompts)},
               **result}
