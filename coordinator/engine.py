@@ -50,6 +50,20 @@ class Failed:
 Event = Union[Delta, Done, Failed]
 
 
+@dataclass(frozen=True)
+class Load:
+    """What a router balances replicas by (`Replica/Load`): how full the batch and the queue are
+    against what the replica can hold. Read from counters kept anyway, never from the loop."""
+
+    serving: bool  # the target is connected and new requests are accepted
+    running_sequences: int  # in the batch after the last step (each holds a KV slot)
+    queued_sequences: int  # of requests accepted and not yet admitted
+    queued_requests: int
+    kv_slots: int  # the target's slots (0 while it is unknown)
+    max_batch_size: int
+    max_waiting: int
+
+
 @dataclass
 class RequestHandle:
     run: RequestRun
@@ -58,6 +72,10 @@ class RequestHandle:
     sent_chars: dict[int, int] = field(default_factory=dict)
     closed: bool = False  # a terminal event was sent
     queued: bool = True  # holds a place in the queue (until admitted into the batch, or answered)
+
+    @property
+    def n(self) -> int:
+        return self.run.request.n
 
     def __iter__(self):
         """Events until (and including) the terminal one."""
@@ -82,6 +100,8 @@ class CoordinatorEngine:
         # Shared with handler threads (see the module docstring).
         self._lock = threading.Condition()
         self._queued = 0  # requests accepted and not yet admitted into the batch (<= max_waiting)
+        self._queued_sequences = 0  # their sequences (a router's measure of the queue)
+        self._running = 0  # sequences in the batch after the last step (written by the loop only)
         self._open = 0  # requests accepted and not yet answered
         self._accepting = True
         # The most UTF-8 bytes one token stands for (None: unknown): bounds a text prompt's
@@ -152,12 +172,14 @@ class CoordinatorEngine:
             if self._queued >= self.config.max_waiting:
                 raise CapacityError(f"the queue is full ({self.config.max_waiting} requests waiting); retry later")
             self._queued += 1
+            self._queued_sequences += request.n
             self._open += 1
         try:
             handle = RequestHandle(run=scheduler.prepare(request), stream=stream)
         except BaseException:
             with self._lock:
                 self._queued -= 1
+                self._queued_sequences -= request.n
                 self._open -= 1
                 self._lock.notify_all()
             raise
@@ -165,6 +187,16 @@ class CoordinatorEngine:
         if self._stop.is_set():  # stop() may have drained the commands before this one arrived
             self._close(handle, Failed(WorkerUnavailableError("the coordinator is shutting down")))
         return handle
+
+    def load(self) -> Load:
+        """The replica's load now; any thread (a router polls it several times a second)."""
+        scheduler = self.scheduler
+        with self._lock:
+            queued, sequences, accepting = self._queued, self._queued_sequences, self._accepting
+        return Load(serving=scheduler is not None and accepting, running_sequences=self._running,
+                    queued_sequences=sequences, queued_requests=queued,
+                    kv_slots=scheduler.slot_capacity if scheduler is not None else 0,
+                    max_batch_size=self.config.scheduler.max_batch_size, max_waiting=self.config.max_waiting)
 
     def cancel(self, handle: RequestHandle) -> None:
         if not handle.closed:
@@ -182,6 +214,7 @@ class CoordinatorEngine:
             if not scheduler.has_work:
                 self._guarded(scheduler, scheduler.flush_releases)  # free slots while idle
                 scheduler.check_draft()
+                self._running = 0
                 self.metrics.batch(0, 0, scheduler.draft_up)
                 continue
             before = replace(scheduler.step_stats)
@@ -191,6 +224,7 @@ class CoordinatorEngine:
                 self._publish(scheduler, finished)
             self._leave_queue_if_admitted()
             self._waiting = len(scheduler.waiting)
+            self._running = len(scheduler.running)
             self.metrics.batch(len(scheduler.running), self._waiting, scheduler.draft_up)
 
     def _guarded(self, scheduler: Scheduler, call):
@@ -201,11 +235,13 @@ class CoordinatorEngine:
             log.error("target failed: %s; failing in-flight requests", exc)
             self._fail(scheduler.fail_all(), exc)
             self.scheduler = None
+            self._running = 0
             self.metrics.target_available.set(0)
         except Exception as exc:  # noqa: BLE001 - a bug must not kill the service
             log.exception("step failed; failing in-flight requests")
             self._fail(scheduler.fail_all(), BassError(f"internal error: {exc}"))
             self.scheduler = None  # reconnecting resets both workers
+            self._running = 0
         return None
 
     def _connect_target(self) -> None:
@@ -295,6 +331,7 @@ class CoordinatorEngine:
                     if handle.queued:
                         handle.queued = False
                         self._queued -= 1
+                        self._queued_sequences -= handle.n
 
     def _close(self, handle: RequestHandle, event: Event) -> None:
         # Called from the loop, and from stop() and submit() on other threads: the lock makes
@@ -306,6 +343,7 @@ class CoordinatorEngine:
             if handle.queued:
                 handle.queued = False
                 self._queued -= 1
+                self._queued_sequences -= handle.n
             self._open -= 1
             self._lock.notify_all()
         handle.events.put(event)

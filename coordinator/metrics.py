@@ -120,8 +120,9 @@ class MetricsServer:
         self._thread.join(5)
 
 
-def serve_metrics(metrics: CoordinatorMetrics, host: str, port: int) -> MetricsServer:
-    """Serve `metrics` at http://host:port/metrics (port 0: any free port)."""
+def serve_metrics(metrics, host: str, port: int) -> MetricsServer:
+    """Serve `metrics` (CoordinatorMetrics, or anything else with a `registry`: the router's)
+    at http://host:port/metrics (port 0: any free port)."""
     httpd, thread = start_http_server(port, addr=host, registry=metrics.registry)
     bound = httpd.server_address[1]
     log.info("metrics at http://%s:%d/metrics", host, bound)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from bass.coordinator.engine import CoordinatorEngine
 from bass.coordinator.metrics import MetricsServer, serve_metrics
-from bass.coordinator.servicer import SERVICE_NAME, GenerationServicer
+from bass.coordinator.servicer import REPLICA_SERVICE_NAME, SERVICE_NAME, GenerationServicer, ReplicaServicer
 from bass.coordinator.tokenizer import load_codec
 from bass.core.config import CoordinatorConfig
 from bass.core.errors import InvalidRequestError
@@ -60,7 +60,8 @@ def serve(config: CoordinatorConfig) -> Coordinator:
     target = RemoteTargetWorker(config.target_address, draft=draft)
     engine = CoordinatorEngine(target, draft, load_codec(config.tokenizer_dir), config).start()
     servicer = GenerationServicer(engine)
-    server = start_server([servicer.register], [SERVICE_NAME], host=config.host, port=config.port,
+    server = start_server([servicer.register, ReplicaServicer(engine).register], [SERVICE_NAME, REPLICA_SERVICE_NAME],
+                          host=config.host, port=config.port,
                           max_workers=config.max_concurrent_rpcs, engine=engine,
                           max_receive_bytes=config.max_request_bytes)
     coordinator = Coordinator(server=server, engine=engine)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from bass.coordinator.engine import CoordinatorEngine, Delta, Done, Failed
+from bass.coordinator.engine import CoordinatorEngine, Delta, Done, Failed, Load
 from bass.coordinator.requests import FinishReason, GenerationRequest, GenerationResult, RequestStats
 from bass.core.config import SamplingParams
 from bass.core.errors import BassError, InvalidRequestError
@@ -12,6 +12,7 @@ from bass.v1 import generation_pb2 as pb
 from bass.v1 import generation_pb2_grpc
 
 SERVICE_NAME = "bass.v1.Generation"
+REPLICA_SERVICE_NAME = "bass.v1.Replica"
 DEFAULT_MAX_NEW_TOKENS = 128
 
 FINISH_REASONS = {FinishReason.STOP: pb.FINISH_REASON_STOP, FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
@@ -85,3 +86,22 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
 
     def register(self, server) -> None:
         generation_pb2_grpc.add_GenerationServicer_to_server(self, server)
+
+
+def load_to_proto(load: Load) -> pb.LoadResponse:
+    return pb.LoadResponse(serving=load.serving, running_sequences=load.running_sequences,
+                           queued_sequences=load.queued_sequences, queued_requests=load.queued_requests,
+                           kv_slots=load.kv_slots, max_batch_size=load.max_batch_size, max_waiting=load.max_waiting)
+
+
+class ReplicaServicer(generation_pb2_grpc.ReplicaServicer):
+    """bass.v1.Replica: the load a router in front of several coordinators balances by."""
+
+    def __init__(self, engine: CoordinatorEngine):
+        self.engine = engine
+
+    def Load(self, request, context):
+        return load_to_proto(self.engine.load())
+
+    def register(self, server) -> None:
+        generation_pb2_grpc.add_ReplicaServicer_to_server(self, server)

@@ -55,7 +55,7 @@ def torch_default_threads():
 XDIST_UNITS = {"test_ray_deploy.py": "ray", "test_ray_cli.py": "ray"}
 XDIST_FIRST = ("test_real_models.py", "test_triton_int8.py", "ray", "test_bench_serve.py", "test_cli.py",
                "test_serve_cli.py")  # about a minute or more each on 2 cores, then 15-30 s
-XDIST_LAST = ("test_service_failures.py", "test_hardening.py")
+XDIST_LAST = ("test_service_failures.py", "test_hardening.py", "test_router.py")
 
 
 def xdist_unit(nodeid: str) -> str:

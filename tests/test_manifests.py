@@ -70,14 +70,17 @@ BUILDS = {
     "overlays/one-gpu": 1,
     "kuberay": 2,
     "overlays/kuberay-one-gpu": 1,
+    "overlays/replicas": 4,
+    "overlays/kuberay-replicas": 4,
 }
 SERVING_BUILDS = [b for b in BUILDS if b != "common"]
 RAY_BUILDS = [b for b in SERVING_BUILDS if "kuberay" in b]
 PLAIN_BUILDS = [b for b in SERVING_BUILDS if b not in RAY_BUILDS]
 
-HEALTH_SERVICE = {"target": TARGET_WORKER, "draft": DRAFT_WORKER, "coordinator": GENERATION, "serve": GENERATION}
+HEALTH_SERVICE = {"target": TARGET_WORKER, "draft": DRAFT_WORKER, "coordinator": GENERATION, "serve": GENERATION,
+                  "router": GENERATION}
 SUBCOMMAND_ROLE = {"target-service": "target", "draft-service": "draft", "coordinator": "coordinator",
-                   "serve": "serve", "http-front": "http", "fetch-models": "fetch-models"}
+                   "serve": "serve", "router": "router", "http-front": "http", "fetch-models": "fetch-models"}
 HTTP_SERVICE = "bass-http"  # the public OpenAI-compatible endpoint
 MODEL_ROLES = {"target", "draft", "serve", "ray-worker"}  # containers that put a model on a GPU
 
@@ -122,8 +125,9 @@ def _parse_config(text: str) -> ServeConfig:
 class Pod:
     """A pod template of some workload, with the labels its pods will carry."""
 
-    def __init__(self, owner: dict, where: str, template: dict, extra_labels: dict | None = None):
+    def __init__(self, owner: dict, where: str, template: dict, extra_labels: dict | None = None, count: int = 1):
         self.owner, self.where, self.template = owner, where, template
+        self.count = count  # pods made from this template (a Deployment's or worker group's replicas)
         self.spec = template["spec"]
         self.labels = {**template.get("metadata", {}).get("labels", {}), **(extra_labels or {})}
 
@@ -162,7 +166,9 @@ def pods(build: str) -> tuple[Pod, ...]:
     out = []
     for d in render(build):
         kind = d["kind"]
-        if kind in ("Deployment", "Job", "StatefulSet", "DaemonSet"):
+        if kind in ("Deployment", "StatefulSet"):
+            out.append(Pod(d, "", d["spec"]["template"], count=d["spec"].get("replicas", 1)))
+        elif kind in ("Job", "DaemonSet"):
             out.append(Pod(d, "", d["spec"]["template"]))
         elif kind == "RayCluster":
             cluster = {"ray.io/cluster": d["metadata"]["name"]}
@@ -170,7 +176,8 @@ def pods(build: str) -> tuple[Pod, ...]:
                            {**cluster, "ray.io/node-type": "head", "ray.io/group": "headgroup"}))
             for g in d["spec"].get("workerGroupSpecs", []):
                 out.append(Pod(d, f".worker[{g['groupName']}]", g["template"],
-                               {**cluster, "ray.io/node-type": "worker", "ray.io/group": g["groupName"]}))
+                               {**cluster, "ray.io/node-type": "worker", "ray.io/group": g["groupName"]},
+                               count=g.get("replicas", 1)))
         elif kind == "RayJob" and "submitterPodTemplate" in d["spec"]:
             out.append(Pod(d, ".submitter", d["spec"]["submitterPodTemplate"]))
     return tuple(out)
@@ -486,7 +493,12 @@ def test_config_file_is_mounted_where_services_read_it(build):
 
 # -- probes, ports, shutdown --------------------------------------------------------------------
 def _config_port(cfg: ServeConfig, role: str) -> int:
-    return {"target": cfg.target.port, "draft": cfg.draft.port}.get(role, cfg.coordinator.port)
+    return {"target": cfg.target.port, "draft": cfg.draft.port, "router": cfg.router.port}.get(role, cfg.coordinator.port)
+
+
+# The router's startup and liveness probes ask for the server's own health (""): its
+# bass.v1.Generation health follows the replicas, which may load for minutes (readiness only).
+PROBE_SERVICE = {"router": {"startupProbe": "", "livenessProbe": ""}}
 
 
 @pytest.mark.parametrize("build", PLAIN_BUILDS)
@@ -506,15 +518,18 @@ def test_services_have_grpc_probes_with_their_health_service_names(build):
                 grpc = c[probe].get("grpc")
                 assert grpc, f"{pod}: {probe} must use Kubernetes' native grpc probe"
                 assert grpc["port"] == port, f"{pod}: {probe} probes port {grpc['port']}, the service listens on {port}"
-                assert grpc.get("service") == HEALTH_SERVICE[role], f"{pod}: {probe} service name"
-            # the startup budget must cover loading and warming up a model
+                want = PROBE_SERVICE.get(role, {}).get(probe, HEALTH_SERVICE[role])
+                assert grpc.get("service", "") == want, f"{pod}: {probe} service name"
+            # the startup budget must cover loading and warming up a model (the router loads none)
             startup = c["startupProbe"]
-            assert startup.get("periodSeconds", 10) * startup.get("failureThreshold", 3) >= 300, pod
+            assert startup.get("periodSeconds", 10) * startup.get("failureThreshold", 3) >= (30 if role == "router"
+                                                                                              else 300), pod
             # graceful shutdown: the servers give in-flight calls 5 s, `bass serve` up to 10 s per child
             grace = pod.spec.get("terminationGracePeriodSeconds")
             assert grace is not None and grace >= (30 if role == "serve" else 10), \
                 f"{pod}: terminationGracePeriodSeconds"
-    expected = {"serve"} if build == "overlays/one-gpu" else {"target", "draft", "coordinator"}
+    expected = {"overlays/one-gpu": {"serve"}, "overlays/replicas": {"serve", "router"}}.get(
+        build, {"target", "draft", "coordinator"})
     assert roles_seen == expected
 
 
@@ -543,7 +558,10 @@ def test_public_service_reaches_the_coordinator(build):
     assert public["spec"].get("type", "ClusterIP") in ("ClusterIP", "LoadBalancer")
     selected = [p for p in pods(build) if selects(public["spec"]["selector"], p.labels)]
     roles = {p.role(c) for p in selected for c in p.containers(init=False)}
-    assert roles in ({"coordinator"}, {"serve"}, {"ray-worker"}), roles
+    if cfg.replicas > 1 or "replica" in build:  # the router is the public endpoint
+        assert roles in ({"router"}, {"ray-head"}), roles
+    else:
+        assert roles in ({"coordinator"}, {"serve"}, {"ray-worker"}), roles
     assert len(selected) == 1
 
 
@@ -608,8 +626,7 @@ def test_gpus_exactly_where_models_run(build):
                 assert gpus(c, "requests") in (0, gpus(c)), f"{build}: {pod} {c['name']}"
                 assert any(t.get("key") == "nvidia.com/gpu" for t in pod.spec.get("tolerations", [])), \
                     f"{build}: {pod} should tolerate the usual nvidia.com/gpu taint"
-                replicas = pod.owner["spec"].get("replicas", 1) if pod.owner["kind"] == "Deployment" else 1
-                total += gpus(c) * replicas
+                total += gpus(c) * pod.count
             else:
                 assert gpus(c) == 0 and gpus(c, "requests") == 0, f"{build}: {pod} {c['name']} ({role}) needs no GPU"
     assert total == BUILDS[build]
@@ -623,10 +640,18 @@ def test_ray_head_has_no_gpu_and_the_worker_group_fits_the_placement(build):
     assert head["rayStartParams"].get("num-cpus") == "0", "no actor may land on the head"
     assert all(gpus(c) == 0 for c in head["template"]["spec"]["containers"])
     (group,) = cluster["spec"]["workerGroupSpecs"]
-    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 1, \
-        "the public Service selects the one worker pod that holds the coordinator"
-    worker = group["template"]["spec"]["containers"][0]  # KubeRay: the first container runs Ray
     rc = cfg.ray
+    if cfg.replicas > 1:
+        # A replica per worker pod, and the router on the head: only it asks for the head's resource.
+        assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == cfg.replicas
+        assert rc.router_resource and f'\\"{rc.router_resource}\\": 1' in head["rayStartParams"]["resources"]
+        assert rc.router_cpus == 0, "the head offers Ray no CPUs"
+        head_ports = [p["containerPort"] for p in head["template"]["spec"]["containers"][0].get("ports", [])]
+        assert cfg.coordinator.port in head_ports
+    else:
+        assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 1, \
+            "the public Service selects the one worker pod that holds the coordinator"
+    worker = group["template"]["spec"]["containers"][0]  # KubeRay: the first container runs Ray
     assert rc.strategy in ("PACK", "STRICT_PACK")
     assert rc.target_gpus + rc.draft_gpus <= gpus(worker)
     assert all(g == 1 or g <= 0.5 for g in (rc.target_gpus, rc.draft_gpus))
@@ -852,9 +877,14 @@ def test_installed_package_carries_the_generated_grpc_code():
 def test_the_coordinators_metrics_port_is_declared_and_scraped(build):
     """The pod that runs the coordinator declares [coordinator] metrics_port and tells
     Prometheus' pod discovery to scrape it there."""
-    port = config(build).coordinator.metrics_port
+    cfg = config(build)
+    port = cfg.coordinator.metrics_port
     assert port is not None, f"{build}: the coordinator should serve /metrics"
-    roles = {"coordinator", "serve", "ray-worker"}
+    # With replicas the router's metrics carry each replica's load: on the router's pod (the
+    # Ray head's, where its actor runs); plain replica pods also serve their coordinator's.
+    roles = {"coordinator", "serve", "router"} | ({"ray-head"} if cfg.replicas > 1 else {"ray-worker"})
+    if any(p.role(c) == "router" for p in pods(build) for c in p.containers(init=False)):
+        assert cfg.router.metrics_port == port
     found = [(pod, c) for pod in pods(build) for c in pod.containers(init=False) if pod.role(c) in roles]
     assert found
     for pod, c in found:
@@ -885,9 +915,14 @@ def test_the_http_front_is_served_and_published(build):
     fronts = containers_with_role(build, "http")
     if build in RAY_BUILDS:
         assert not fronts and cfg.http.port == port["port"], "bass up starts the front from [http] port"
-        assert cfg.http.coordinator_address == "", "bass up points the front at the coordinator it started"
-        assert [p.where for p in selected] == [".worker[gpu]"]
-        assert cfg.ray.http_cpus > 0
+        assert cfg.http.coordinator_address == "", "bass up points the front at the coordinator (or router) it started"
+        if cfg.replicas > 1:  # beside the router, on the head (the one node offering [ray] router_resource)
+            assert [p.where for p in selected] == [".head"] and cfg.ray.router_resource
+            (head,) = selected
+            assert port["targetPort"] in [p["containerPort"] for p in head.containers(init=False)[0].get("ports", [])]
+        else:
+            assert [p.where for p in selected] == [".worker[gpu]"]
+            assert cfg.ray.http_cpus > 0
         return
     public = one(build, "Service", "bass")
     assert cfg.http.coordinator_address == f"{public['metadata']['name']}:{public['spec']['ports'][0]['port']}"
@@ -907,3 +942,47 @@ def test_the_http_front_is_served_and_published(build):
         stop = c["lifecycle"]["preStop"]["exec"]["command"]
         pre_stop = int(stop[-1]) if stop[0] == "sleep" else 0
         assert pod.spec["terminationGracePeriodSeconds"] >= pre_stop + cfg.http.shutdown_grace_s, pod
+
+
+# -- replicas (issue #37) -----------------------------------------------------------------------
+def test_the_router_finds_the_replicas_through_a_headless_service():
+    build = "overlays/replicas"
+    cfg = config(build)
+    assert cfg.replicas == 1, "each replica pod runs one stack; the router is a Deployment of its own"
+    host, _, port = cfg.router.replica_dns.rpartition(":")
+    name, namespace, rest = host.split(".", 2)
+    assert namespace == NAMESPACE and rest == "svc.cluster.local"
+    headless = one(build, "Service", name)
+    assert headless["spec"]["clusterIP"] == "None", "its DNS name must resolve to each pod, not a virtual IP"
+    assert [p["port"] for p in headless["spec"]["ports"]] == [int(port)] == [cfg.coordinator.port]
+    selected = [p for p in pods(build) if selects(headless["spec"]["selector"], p.labels)]
+    assert [{p.role(c) for c in p.containers(init=False)} for p in selected] == [{"serve"}]
+    (serve,) = selected
+    assert serve.count == BUILDS[build] and serve.owner["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0, \
+        "a rolling update must not ask for a GPU more than the replicas hold"
+    (router_pod,) = [p for p, _ in containers_with_role(build, "router")]
+    assert router_pod.count >= 2 and cfg.router.host == "0.0.0.0"
+    assert _needed_models("router", cfg) == set() and not router_pod.mount(router_pod.containers()[0], MODELS_MOUNT)
+
+
+def test_only_the_router_reaches_the_replicas_api():
+    build = "overlays/replicas"
+    cfg = config(build)
+    (np,) = [n for n in objects(build, "NetworkPolicy")]
+    (serve,) = [p for p, _ in containers_with_role(build, "serve")]
+    (router_pod,) = [p for p, _ in containers_with_role(build, "router")]
+    assert selects(np["spec"]["podSelector"], serve.labels) and not selects(np["spec"]["podSelector"], router_pod.labels)
+    api = [r for r in np["spec"]["ingress"] if cfg.coordinator.port in [p["port"] for p in r.get("ports", [])]]
+    assert len(api) == 1 and api[0]["from"]
+    admitted = [p for p in pods(build) if any(selects(peer["podSelector"], p.labels) for peer in api[0]["from"])]
+    assert admitted == [router_pod]
+    open_rules = [r for r in np["spec"]["ingress"] if not r.get("from")]
+    assert all([p["port"] for p in r["ports"]] == [cfg.coordinator.metrics_port] for r in open_rules)
+
+
+def test_kuberay_replicas_ports_do_not_collide():
+    cfg = config("overlays/kuberay-replicas")
+    used = [p for i in range(cfg.replicas) for p in cfg.ray.replica_ports(i)]
+    used += [cfg.coordinator.port, cfg.coordinator.metrics_port] + [cfg.coordinator.metrics_port + 1 + i
+                                                                     for i in range(cfg.replicas)]
+    assert len(used) == len(set(used))

@@ -163,3 +163,117 @@ def test_too_few_resources_is_a_clear_error(cluster, llama_target, llama_draft):
 
     with pytest.raises(CapacityError, match="need 3 GPUs"):
         launcher.up(config(llama_target, llama_draft, target_gpus=2, draft_gpus=1), echo=lambda *_: None)
+
+
+def replicas_config(target, draft, replicas: int) -> ServeConfig:
+    """`replicas` copies of the co-located pair, a logical GPU each, behind the router (with
+    metrics, which show each replica's load)."""
+    from dataclasses import replace
+
+    from bass.core.config import RouterConfig
+
+    base = config(target, draft, target_gpus=1, draft_gpus=1, colocate=True)
+    stride = 10
+    while True:  # replica i's ports are these plus i * stride: all must be free
+        first = fixed_port()
+        ports = [first + i * stride + d for i in range(replicas) for d in range(3)]
+        if all(p < 65536 for p in ports) and all(_free(p) for p in ports):
+            break
+    return replace(base, replicas=replicas,
+                   coordinator=replace(base.coordinator, metrics_port=fixed_port()),
+                   router=RouterConfig(poll_interval_s=0.05),
+                   ray=replace(base.ray, target_port=first, draft_port=first + 1, replica_coordinator_port=first + 2,
+                               replica_port_stride=stride, target_cpus=0.5, draft_cpus=0.5, coordinator_cpus=0.5,
+                               router_cpus=0.5))
+
+
+def _free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_up_with_replicas_places_a_group_each_behind_the_router(cluster, llama_target, llama_draft, expected):
+    """Two replicas, each its own placement group and logical GPU, behind the router, and the
+    HTTP front beside the router: the text is the target's, over gRPC and over HTTP; a killed
+    replica coordinator leaves the other serving, Ray restarts it on its address and the router
+    takes it back."""
+    from dataclasses import replace
+
+    import openai
+    from test_metrics import scrape
+
+    from bass.app.http.server import serve_http
+    from bass.deploy import launcher
+
+    cfg = replicas_config(llama_target, llama_draft, 2)
+    cfg = replace(cfg, http=HttpConfig(port=fixed_port(), model_name="tiny"))
+    addresses = launcher.up(cfg, echo=lambda *_: None, serve_http=serve_http)
+    try:
+        where = launcher.placements(NAMESPACE)
+        assert set(where) == {"colocated-0", "colocated-1", "coordinator-0", "coordinator-1", "router", "http"}
+        assert not where["http"]["gpu_ids"]
+        with openai.OpenAI(base_url=f"http://{addresses['http']}/v1", api_key="unused", max_retries=0,
+                           timeout=60) as client:
+            r = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=20, temperature=0,
+                                          extra_body={"ignore_eos": True})
+        assert r.choices[0].text == generate(addresses["router"]).sequences[0].text
+        gpus = [where[f"colocated-{i}"]["gpu_ids"] for i in range(2)]
+        assert all(gpus) and gpus[0] != gpus[1] and not where["router"]["gpu_ids"]
+        for i in range(2):
+            name = launcher.REPLICA_PLACEMENT_GROUP.format(namespace=NAMESPACE, index=i)
+            table = ray.util.placement_group_table(ray.util.get_placement_group(name))
+            assert table["bundles"][0] == {"GPU": 1.0, "CPU": 1.0} and table["state"] == "CREATED"
+        router = addresses["router"]
+        assert router.endswith(f":{cfg.coordinator.port}")
+        metrics = f"127.0.0.1:{cfg.coordinator.metrics_port}"
+        r = generate(router, n=2)
+        assert [list(s.token_ids) for s in r.sequences] == [expected] * 2 and r.stats.draft_tokens > 0
+
+        victim = addresses["replica-0"]
+        ray.kill(ray.get_actor("bass-coordinator-0", namespace=NAMESPACE), no_restart=False)
+        for _ in range(3):  # served meanwhile, by the other replica
+            assert list(generate(router).sequences[0].token_ids) == expected
+        deadline = time.monotonic() + 120
+        while scrape(metrics).get(("bass_replica_up", (("replica", victim),))) != 1:
+            assert time.monotonic() < deadline, "the restarted replica did not rejoin"
+            time.sleep(0.5)
+        assert ray.get(ray.get_actor("bass-coordinator-0", namespace=NAMESPACE).address.remote()) == victim
+        assert list(generate(router).sequences[0].token_ids) == expected
+    finally:
+        removed = launcher.down(NAMESPACE)
+    assert set(removed) == {"http", "router", "coordinator-0", "coordinator-1", "colocated-0", "colocated-1"}
+    assert launcher.placements(NAMESPACE) == {}
+    assert not [t for t in ray.util.placement_group_table().values()
+                if t["name"].startswith(f"bass-{NAMESPACE}-replica-") and t["state"] != "REMOVED"]
+
+
+def test_more_replicas_than_gpus_is_a_clear_error(cluster, llama_target, llama_draft):
+    from bass.core.errors import CapacityError
+    from bass.deploy import launcher
+
+    with pytest.raises(CapacityError, match="3 replicas .*need 3 GPUs .* has 2"):
+        launcher.up(replicas_config(llama_target, llama_draft, 3), echo=lambda *_: None)
+
+
+def test_replicas_that_cannot_be_placed_fail_naming_the_group_and_leave_nothing(cluster, llama_target, llama_draft):
+    """The cluster has the resources in total but no placement fits (STRICT_SPREAD wants a node
+    per bundle; this cluster is one node): the error names the group and the nodes' room, and
+    nothing is left pending."""
+    from dataclasses import replace
+
+    from bass.core.errors import CapacityError
+    from bass.deploy import launcher
+
+    cfg = replicas_config(llama_target, llama_draft, 2)
+    cfg = replace(cfg, ray=replace(cfg.ray, strategy="STRICT_SPREAD", ready_timeout_s=3))
+    with pytest.raises(CapacityError, match=r"placement group bass-bass-test-replica-0 .* not placed within 3 s"):
+        launcher.up(cfg, echo=lambda *_: None)
+    assert launcher.placements(NAMESPACE) == {}
+    assert not [t for t in ray.util.placement_group_table().values()
+                if t["name"].startswith(f"bass-{NAMESPACE}-replica-") and t["state"] != "REMOVED"]

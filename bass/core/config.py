@@ -352,6 +352,66 @@ class HttpConfig:
         return self.model_name or (self.tokenizer_dir.name if self.tokenizer_dir is not None else "bass")
 
 
+@dataclass(frozen=True)
+class RouterConfig:
+    """`bass router` ([router]; coordinator/router.py): one public address in front of several
+    replicas, each a coordinator with its own model workers. Each request goes whole (all n
+    sequences) to the least-loaded replica that serves; the router polls every replica's
+    `Replica/Load` and forwards the request's bytes without decoding the answers.
+
+    `bass serve` / `bass up` with `replicas` > 1 start it themselves: it then listens on the
+    coordinator's `host`, `port` and `metrics_port` (the public address stays what it was) and
+    is given the replicas' addresses; `replicas` and `replica_dns` are for `bass router` alone.
+    """
+
+    __pydantic_config__ = {"extra": "forbid"}  # config files: unknown keys are errors
+
+    replicas: tuple[str, ...] = ()  # host:port of each replica's coordinator
+    # host:port whose host resolves to every replica (a Kubernetes headless Service): looked up
+    # again every discovery_interval_s, so replicas that scale up or down join or leave.
+    replica_dns: str = ""
+    discovery_interval_s: float = 5.0
+    host: str = "127.0.0.1"
+    port: int = 50051
+    metrics_port: int | None = None  # Prometheus /metrics (per-replica load); None = off, 0 = any free port
+    # Every replica's load is read this often; a replica that fails a poll (or a forwarded call
+    # with UNAVAILABLE) gets no new request until a poll finds it serving again. Together with
+    # probe_timeout_s it bounds how long new requests can still go to a dead replica.
+    poll_interval_s: float = 0.1
+    probe_timeout_s: float = 0.5
+    # A replica that answers no poll for this long is lost (a node gone: no connection reset
+    # ends its calls), and its calls in flight are cancelled: answered UNAVAILABLE, or retried.
+    lost_after_s: float = 5.0
+    # A request whose replica failed with UNAVAILABLE before anything reached the client (a
+    # stream's first message, a unary call's answer) is sent to another replica, at most this
+    # many times; mid-stream failures reach the client as UNAVAILABLE.
+    max_retries: int = 2
+    max_concurrent_rpcs: int = 512
+    max_request_bytes: int = 4 * 1024 * 1024  # as CoordinatorConfig's: refused before it is forwarded
+    shutdown_grace_s: float = 20.0  # SIGTERM: forwarded calls get this long, then they are cut
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "replicas", tuple(self.replicas))
+        for address in self.replicas + ((self.replica_dns,) if self.replica_dns else ()):
+            host, _, port = address.rpartition(":")
+            _require(bool(host) and port.isdigit() and 0 < int(port) < 65536, "router.replicas",
+                     f"each address must be host:port, got {address!r}")
+        _require(0 <= self.port < 65536, "router.port", f"must be in [0, 65535], got {self.port}")
+        _require(self.metrics_port is None or 0 <= self.metrics_port < 65536, "router.metrics_port",
+                 f"must be in [0, 65535], got {self.metrics_port}")
+        for name in ("poll_interval_s", "probe_timeout_s", "lost_after_s", "discovery_interval_s"):
+            value = getattr(self, name)
+            _require(_finite(value) and value > 0, f"router.{name}", f"must be > 0, got {value!r}")
+        _require(_finite(self.shutdown_grace_s) and self.shutdown_grace_s >= 0, "router.shutdown_grace_s",
+                 f"must be a number >= 0, got {self.shutdown_grace_s!r}")
+        _require(isinstance(self.max_retries, int) and self.max_retries >= 0, "router.max_retries",
+                 f"must be an integer >= 0, got {self.max_retries!r}")
+        _require(self.max_concurrent_rpcs >= 1, "router.max_concurrent_rpcs",
+                 f"must be >= 1, got {self.max_concurrent_rpcs}")
+        _require(1024 <= self.max_request_bytes <= 1 << 30, "router.max_request_bytes",
+                 f"must be in [1024, 2**30], got {self.max_request_bytes}")
+
+
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 
@@ -383,14 +443,40 @@ class RayConfig:
     draft_port: int = 50062
     max_restarts: int = -1
     ready_timeout_s: float = 900.0
+    # With replicas > 1: each replica is a placement group of its own (its model actor and its
+    # coordinator, placed by `strategy`), and replica i's actors listen on target_port,
+    # draft_port and replica_coordinator_port plus i * replica_port_stride (fixed ports: an actor
+    # Ray restarts comes back on its address and rejoins). The router takes the coordinator's port.
+    replica_coordinator_port: int = 50063
+    replica_port_stride: int = 10
+    router_cpus: float = 1.0
+    # A custom resource the router actor asks for (a sliver of it), to pin it to the nodes that
+    # have it: the KubeRay head declares "bass-router", so the router runs where the Service
+    # points. "" = anywhere with router_cpus free.
+    router_resource: str = ""
 
     def __post_init__(self) -> None:
         _require(self.strategy in PLACEMENT_STRATEGIES, "ray.strategy",
                  f"must be one of {PLACEMENT_STRATEGIES}, got {self.strategy!r}")
-        for name in ("target_gpus", "draft_gpus", "target_cpus", "draft_cpus", "coordinator_cpus", "http_cpus"):
+        for name in ("target_gpus", "draft_gpus", "target_cpus", "draft_cpus", "coordinator_cpus", "http_cpus",
+                     "router_cpus"):
             value = getattr(self, name)
             _require(_finite(value) and value >= 0, f"ray.{name}", f"must be a number >= 0, got {value!r}")
         _require(self.max_restarts >= -1, "ray.max_restarts", f"must be >= -1, got {self.max_restarts}")
+        _require(self.replica_port_stride >= 1, "ray.replica_port_stride",
+                 f"must be >= 1, got {self.replica_port_stride}")
+
+    def check_replica_ports(self) -> None:
+        """With replicas: every replica's three ports apart from every other replica's."""
+        ports = (self.target_port, self.draft_port, self.replica_coordinator_port)
+        _require(len(set(ports)) == 3 and max(ports) - min(ports) < self.replica_port_stride, "ray.replica_port_stride",
+                 f"must exceed the spread of target_port, draft_port and replica_coordinator_port {ports} "
+                 f"(each replica's ports must not meet the next one's), got {self.replica_port_stride}")
+
+    def replica_ports(self, index: int) -> tuple[int, int, int]:
+        """Replica `index`'s (target, draft, coordinator) ports."""
+        offset = index * self.replica_port_stride
+        return self.target_port + offset, self.draft_port + offset, self.replica_coordinator_port + offset
 
 
 @dataclass(frozen=True)
@@ -404,6 +490,10 @@ class ServeConfig:
     coordinator: CoordinatorConfig = field(default_factory=CoordinatorConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     http: HttpConfig = field(default_factory=HttpConfig)  # the OpenAI-compatible front (off by default)
+    # Copies of the whole model pair (each a target with its draft and a coordinator, on a GPU of
+    # its own), behind one router on the coordinator's port (`[router]`). 1: no router.
+    replicas: int = 1
+    router: RouterConfig = field(default_factory=RouterConfig)
     # `bass serve`: the draft in the target's process, on its device, both services on the
     # target's address (draft.host and draft.port unused). A speculative step is then one call
     # and the draft's tokens never leave the GPU before they are verified (issue #13). False:
@@ -411,6 +501,10 @@ class ServeConfig:
     colocate: bool = True
 
     def __post_init__(self) -> None:
+        _require(isinstance(self.replicas, int) and not isinstance(self.replicas, bool) and 1 <= self.replicas <= 256,
+                 "replicas", f"must be an integer in [1, 256], got {self.replicas!r}")
+        if self.replicas > 1:
+            self.ray.check_replica_ports()
         _require(self.target.int8_weights is not True, "target.int8_weights",
                  "the target's numbers are the output: int8 weights are for the draft only")
         if self.colocate and self.draft is not None:

@@ -42,3 +42,12 @@ class WorkerUnavailableError(BassError):
 
 class RequestCancelled(BassError):
     """The client cancelled the call or its deadline passed (the coordinator frees its slots)."""
+
+
+class ForwardedError(BassError):
+    """A status another server answered, passed on unchanged by a proxy (the router): `code` is
+    the gRPC status code's name (e.g. "INVALID_ARGUMENT"), the message its details."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code

@@ -20,7 +20,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from bass.core.errors import (CapacityError, InvalidRequestError, PreconditionError, RequestCancelled,
+from bass.core.errors import (CapacityError, ForwardedError, InvalidRequestError, PreconditionError, RequestCancelled,
                               UnknownSequenceError, WorkerUnavailableError)
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,9 @@ SERVER_OPTIONS = server_options()
 
 
 def status_for(exc: BaseException) -> grpc.StatusCode:
+    if isinstance(exc, ForwardedError):  # another server's status, passed on as it was
+        code = getattr(grpc.StatusCode, exc.code, grpc.StatusCode.INTERNAL)
+        return code if code != grpc.StatusCode.OK else grpc.StatusCode.INTERNAL
     if isinstance(exc, InvalidRequestError):
         return grpc.StatusCode.INVALID_ARGUMENT
     if isinstance(exc, CapacityError):
@@ -102,7 +105,7 @@ def report_failure(method: str, exc: Exception) -> grpc.StatusCode:
     """The status an exception from a handler maps to, logged: a traceback only for INTERNAL
     (a bug), one info line for the rest (the caller's error or a known condition)."""
     code = status_for(exc)
-    if code == grpc.StatusCode.INTERNAL:
+    if code == grpc.StatusCode.INTERNAL and not isinstance(exc, ForwardedError):
         log.exception("%s failed", method, exc_info=exc)
     else:
         log.info("%s: %s: %s", method, code.name, exc)

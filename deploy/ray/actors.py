@@ -16,6 +16,12 @@ import ray
 # "http": the OpenAI-compatible front, a client of the coordinator (only with [http] port set).
 ACTOR_NAMES = {"target": "bass-target", "draft": "bass-draft", "colocated": "bass-models",
                "coordinator": "bass-coordinator", "http": "bass-http"}
+ROUTER_NAME = "bass-router"  # with replicas: the router in front of them
+
+
+def replica_actor_name(kind: str, index: int) -> str:
+    """Replica `index`'s actor of that kind (ServeConfig.replicas > 1), e.g. bass-models-0."""
+    return f"{ACTOR_NAMES[kind]}-{index}"
 
 
 @ray.remote
@@ -23,7 +29,7 @@ class ServiceActor:
     def __init__(self, kind: str, config_json: str, serve_http=None):
         from pydantic import TypeAdapter
 
-        from bass.core.config import CoordinatorConfig, HttpConfig, WorkerServiceConfig
+        from bass.core.config import CoordinatorConfig, HttpConfig, RouterConfig, WorkerServiceConfig
         from bass.transport.grpc_server import freeze_startup_heap
 
         logging.basicConfig(level=logging.INFO)
@@ -39,6 +45,12 @@ class ServiceActor:
             # in by `bass up`: deploy sits below the application shell and imports nothing of it.
             config = TypeAdapter(HttpConfig).validate_json(config_json)
             self.service = serve_http(config)
+            port = self.service.port
+        elif kind == "router":
+            from bass.coordinator import router
+
+            config = TypeAdapter(RouterConfig).validate_json(config_json)
+            self.service = router.serve(config)
             port = self.service.port
         elif kind == "colocated":  # config_json: {"target": ..., "draft": ...}
             from bass.target_service.colocated import serve as serve_colocated

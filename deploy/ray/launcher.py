@@ -6,6 +6,14 @@ its strategy decides whether the models share a node (PACK) or spread over nodes
 bundle takes target_cpus + draft_cpus), and each speculative step is one call. With [http] port
 set, the OpenAI-compatible front is one more actor in the coordinator's bundle (which then takes
 coordinator_cpus + http_cpus), started once the coordinator serves.
+
+With `replicas` = N > 1, each replica (its model actor or actors and its coordinator) is a
+placement group of its own, so Ray puts the N on whichever nodes have the GPUs, one node or
+several; a router actor outside them takes the public port and sends each request to the
+least-loaded replica (coordinator/router.py); the HTTP front, where asked for, sits beside the
+router (http_cpus) and sends its requests through it. Every actor listens on a fixed port, so one that
+Ray restarts, on its node or on another after a node is lost, comes back on its address and its
+coordinator (or the router) takes it back.
 """
 
 from __future__ import annotations
@@ -25,11 +33,12 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from bass.core.config import ServeConfig
 from bass.core.errors import BassError, CapacityError, InvalidRequestError
-from bass.deploy.actors import ACTOR_NAMES, ServiceActor
+from bass.deploy.actors import ACTOR_NAMES, ROUTER_NAME, ServiceActor, replica_actor_name
 
 log = logging.getLogger(__name__)
 
 PLACEMENT_GROUP = "bass-services"
+REPLICA_PLACEMENT_GROUP = "bass-{namespace}-replica-{index}"  # the namespace: `bass down` removes only its own
 
 
 def connect(address: str | None, namespace: str) -> None:
@@ -64,31 +73,66 @@ def _json(config) -> str:
     return json.dumps(asdict(config), default=str)
 
 
+def _bundles(config: ServeConfig, front_cpus: float = 0.0) -> list[dict[str, float]]:
+    """One stack's bundles: the models (one, co-located, or target and draft), then the
+    coordinator (with `front_cpus` more for an HTTP front beside it)."""
+    rc = config.ray
+    with_draft = config.draft is not None and config.draft.model_dir is not None
+    colocated = with_draft and config.colocate  # one actor for both models, on the target's GPUs
+    bundles = [{"GPU": rc.target_gpus, "CPU": rc.target_cpus + (rc.draft_cpus if colocated else 0)},
+               {"CPU": rc.coordinator_cpus + front_cpus}]
+    if with_draft and not colocated:
+        bundles.insert(1, {"GPU": rc.draft_gpus, "CPU": rc.draft_cpus})
+    return [{k: v for k, v in b.items() if v > 0} or {"CPU": 0.01} for b in bundles]
+
+
+def _check_capacity(bundles: list[dict[str, float]], copies: int, extra_cpus: float = 0.0) -> None:
+    """Fail at once, saying what is missing, where the cluster cannot hold `copies` stacks."""
+    have = ray.cluster_resources()
+    for resource in ("CPU", "GPU"):
+        need = copies * sum(b.get(resource, 0) for b in bundles) + (extra_cpus if resource == "CPU" else 0)
+        if need > have.get(resource, 0):
+            what = "the services need" if copies == 1 else f"{copies} replicas (and the router) need"
+            raise CapacityError(f"{what} {need:g} {resource}s ([ray] section) but the Ray cluster has "
+                                f"{have.get(resource, 0):g}")
+
+
+def _wait_placed(pg, name: str, bundles, timeout_s: float) -> None:
+    """Wait for a placement group, or say why it is not placed: the whole cluster may have the
+    resources while no single node has what a bundle (or a STRICT_PACK group) needs."""
+    try:
+        ray.get(pg.ready(), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        nodes = [{k: v for k, v in n.get("Resources", {}).items() if k in ("CPU", "GPU")}
+                 for n in ray.nodes() if n.get("Alive")]
+        raise CapacityError(f"placement group {name} ({bundles}) was not placed within {timeout_s:.0f} s: no room "
+                            f"for it on the nodes alive now, {nodes} (nodes lost, or GPUs held by something else?)"
+                            ) from None
+
+
 def up(config: ServeConfig, echo=print, serve_http: Callable | None = None) -> dict[str, str]:
-    """Create (or replace) the services; returns their addresses once the coordinator serves (and
-    the HTTP front, with [http] port set: `serve_http` starts it in its actor, HttpConfig -> an
-    object with `port` and `stop(grace_s)`; `bass up` passes bass.app.http.server.serve_http)."""
+    """Create (or replace) the services; returns their addresses once the coordinator (or, with
+    replicas, the router) serves, and the HTTP front with [http] port set: `serve_http` starts it
+    in its actor, HttpConfig -> an object with `port` and `stop(grace_s)`; `bass up` passes
+    bass.app.http.server.serve_http (deploy sits below the application shell)."""
     rc = config.ray
     with_http = config.http.port is not None
     if with_http and serve_http is None:
         raise InvalidRequestError("http.port", "is set, but no HTTP front was given to serve it")
     down(rc.namespace)
+    if config.replicas > 1:
+        try:
+            return _up_replicas(config, echo, serve_http if with_http else None)
+        except BaseException:  # leave no group pending for resources nor half the replicas running
+            down(rc.namespace)
+            raise
     with_draft = config.draft is not None and config.draft.model_dir is not None
     colocated = with_draft and config.colocate  # one actor for both models, on the target's GPUs
-    bundles = [{"GPU": rc.target_gpus, "CPU": rc.target_cpus + (rc.draft_cpus if colocated else 0)},
-               {"CPU": rc.coordinator_cpus + (rc.http_cpus if with_http else 0)}]
-    if with_draft and not colocated:
-        bundles.insert(1, {"GPU": rc.draft_gpus, "CPU": rc.draft_cpus})
-    bundles = [{k: v for k, v in b.items() if v > 0} or {"CPU": 0.01} for b in bundles]
-    have = ray.cluster_resources()
-    for resource in ("CPU", "GPU"):
-        need = sum(b.get(resource, 0) for b in bundles)
-        if need > have.get(resource, 0):
-            raise CapacityError(f"the services need {need:g} {resource}s ([ray] section) but the Ray cluster has "
-                                f"{have.get(resource, 0):g}")
+    bundles = _bundles(config, rc.http_cpus if with_http else 0.0)
+    _check_capacity(bundles, 1)
     pg = placement_group(bundles, strategy=rc.strategy, name=PLACEMENT_GROUP, lifetime="detached")
     echo(f"waiting for resources: {bundles} ({rc.strategy})")
-    ray.get(pg.ready(), timeout=rc.ready_timeout_s)
+    _wait_placed(pg, PLACEMENT_GROUP, bundles, rc.ready_timeout_s)
 
     def start_json(kind: str, bundle: int, config_json: str, gpus: float, cpus: float, *args):
         return ServiceActor.options(
@@ -120,9 +164,96 @@ def up(config: ServeConfig, echo=print, serve_http: Callable | None = None) -> d
     addresses["coordinator"] = ray.get(coordinator.address.remote(), timeout=rc.ready_timeout_s)
     wait_serving(addresses["coordinator"], timeout_s=rc.ready_timeout_s)
     if with_http:  # the front serves once it listens: it connects to the coordinator per request
-        http_cfg = replace(config.http, coordinator_address=config.http.coordinator_address or addresses["coordinator"],
-                           tokenizer_dir=config.http.tokenizer_dir or coordinator_cfg.tokenizer_dir)
-        http = start("http", len(bundles) - 1, http_cfg, 0, rc.http_cpus, serve_http)  # pickled by reference
+        http = start("http", len(bundles) - 1, _http_config(config, addresses["coordinator"]), 0, rc.http_cpus,
+                     serve_http)  # pickled by reference
+        addresses["http"] = ray.get(http.address.remote(), timeout=rc.ready_timeout_s)
+    return addresses
+
+
+def _http_config(config: ServeConfig, public_address: str):
+    """The front's config: pointed at the public gRPC address (the coordinator, or the router)."""
+    return replace(config.http, coordinator_address=config.http.coordinator_address or public_address,
+                   tokenizer_dir=config.http.tokenizer_dir or config.coordinator.tokenizer_dir
+                   or config.target.model_dir)
+
+
+def _start_replica_models(config: ServeConfig, index: int, pg) -> dict[str, object]:
+    """Replica `index`'s model actors (loading), on their fixed ports: {"colocated": actor} or
+    {"target": ..., "draft": ...}."""
+    rc = config.ray
+    target_port, draft_port, _ = rc.replica_ports(index)
+    with_draft = config.draft is not None and config.draft.model_dir is not None
+    target_cfg = replace(config.target, port=target_port)
+
+    def start(kind: str, bundle: int, config_json: str, gpus: float, cpus: float):
+        return ServiceActor.options(
+            name=replica_actor_name(kind, index), namespace=rc.namespace, lifetime="detached",
+            max_restarts=rc.max_restarts, max_task_retries=0, num_gpus=gpus, num_cpus=cpus,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=bundle),
+        ).remote(kind, config_json)
+
+    if with_draft and config.colocate:
+        both = json.dumps({"target": asdict(target_cfg), "draft": asdict(config.draft)}, default=str)
+        return {"colocated": start("colocated", 0, both, rc.target_gpus, rc.target_cpus + rc.draft_cpus)}
+    actors = {"target": start("target", 0, _json(target_cfg), rc.target_gpus, rc.target_cpus)}
+    if with_draft:
+        actors["draft"] = start("draft", 1, _json(replace(config.draft, port=draft_port)), rc.draft_gpus,
+                                rc.draft_cpus)
+    return actors
+
+
+def _up_replicas(config: ServeConfig, echo, serve_http: Callable | None) -> dict[str, str]:
+    """N stacks, a placement group each, the router in front, and the HTTP front beside it where
+    `serve_http` is given (see the module docstring)."""
+    rc, n = config.ray, config.replicas
+    bundles = _bundles(config)
+    _check_capacity(bundles, n, rc.router_cpus + (rc.http_cpus if serve_http is not None else 0))
+    names = [REPLICA_PLACEMENT_GROUP.format(namespace=rc.namespace, index=i) for i in range(n)]
+    groups = [placement_group(bundles, strategy=rc.strategy, name=name, lifetime="detached") for name in names]
+    echo(f"waiting for resources: {n} replicas x {bundles} ({rc.strategy} within each)")
+    for name, pg in zip(names, groups):
+        _wait_placed(pg, name, bundles, rc.ready_timeout_s)
+    models = [_start_replica_models(config, i, pg) for i, pg in enumerate(groups)]  # all load at once
+    echo(f"loading the models of {n} replicas...")
+    addresses: dict[str, str] = {}
+    coordinators = []
+    for i, actors in enumerate(models):
+        found = {kind: ray.get(a.address.remote(), timeout=rc.ready_timeout_s) for kind, a in actors.items()}
+        target = found.get("colocated") or found["target"]
+        draft = found.get("colocated") or found.get("draft", "")
+        for kind, address in found.items():
+            addresses[f"{kind}-{i}"] = address
+        metrics = config.coordinator.metrics_port
+        coordinator_cfg = replace(config.coordinator, target_address=target, draft_address=draft,
+                                  port=rc.replica_ports(i)[2],
+                                  metrics_port=None if metrics is None else (metrics + 1 + i if metrics else 0),
+                                  tokenizer_dir=config.coordinator.tokenizer_dir or config.target.model_dir)
+        coordinators.append(ServiceActor.options(
+            name=replica_actor_name("coordinator", i), namespace=rc.namespace, lifetime="detached",
+            max_restarts=rc.max_restarts, max_task_retries=0, num_cpus=rc.coordinator_cpus,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(groups[i],
+                                                                 placement_group_bundle_index=len(bundles) - 1),
+        ).remote("coordinator", _json(coordinator_cfg)))
+    for i, actor in enumerate(coordinators):
+        addresses[f"replica-{i}"] = ray.get(actor.address.remote(), timeout=rc.ready_timeout_s)
+    c = config.coordinator
+    router_cfg = replace(config.router, replicas=tuple(addresses[f"replica-{i}"] for i in range(n)), replica_dns="",
+                         host=c.host, port=c.port, metrics_port=c.metrics_port)
+    router = ServiceActor.options(
+        name=ROUTER_NAME, namespace=rc.namespace, lifetime="detached", max_restarts=rc.max_restarts,
+        max_task_retries=0, num_cpus=rc.router_cpus,
+        resources={rc.router_resource: 0.001} if rc.router_resource else None,
+    ).remote("router", _json(router_cfg))
+    addresses["router"] = ray.get(router.address.remote(), timeout=rc.ready_timeout_s)
+    for i in range(n):  # every replica serves before `bass up` says the service does
+        wait_serving(addresses[f"replica-{i}"], timeout_s=rc.ready_timeout_s)
+    wait_serving(addresses["router"], timeout_s=rc.ready_timeout_s)
+    if serve_http is not None:
+        http = ServiceActor.options(
+            name=ACTOR_NAMES["http"], namespace=rc.namespace, lifetime="detached", max_restarts=rc.max_restarts,
+            max_task_retries=0, num_cpus=rc.http_cpus,
+            resources={rc.router_resource: 0.001} if rc.router_resource else None,
+        ).remote("http", _json(_http_config(config, addresses["router"])), serve_http)
         addresses["http"] = ray.get(http.address.remote(), timeout=rc.ready_timeout_s)
     return addresses
 
@@ -146,23 +277,40 @@ def wait_serving(address: str, timeout_s: float, service: str = "bass.v1.Generat
             time.sleep(0.5)
 
 
+def _our_actors(namespace: str) -> dict[str, str]:
+    """{kind: actor name} of every BASS actor in the namespace; kinds of a replica's actors end
+    in -i ("coordinator-0", "colocated-1"), the router's is "router"."""
+    names = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == namespace}
+    found = {kind: name for kind, name in ACTOR_NAMES.items() if name in names}
+    if ROUTER_NAME in names:
+        found["router"] = ROUTER_NAME
+    for kind in ACTOR_NAMES:
+        for name in names:
+            prefix = ACTOR_NAMES[kind] + "-"
+            if name.startswith(prefix) and name[len(prefix):].isdigit():
+                found[f"{kind}-{name[len(prefix):]}"] = name
+    return found
+
+
 def placements(namespace: str) -> dict[str, dict]:
     out = {}
-    for kind, name in ACTOR_NAMES.items():
+    for kind, name in _our_actors(namespace).items():
         try:
             out[kind] = ray.get(ray.get_actor(name, namespace=namespace).placement.remote(), timeout=30)
-        except ValueError:  # no such actor
+        except ValueError:  # gone meanwhile
             pass
     return out
 
 
 def down(namespace: str) -> list[str]:
-    """Stop and remove every service actor and the placement group; returns what was removed."""
+    """Stop and remove every service actor and the placement groups; returns what was removed."""
     removed = []
-    # The front, then the coordinator: no calls to a stopped coordinator or stopped workers.
-    for kind in ("http", "coordinator", "draft", "target", "colocated"):
+    actors = _our_actors(namespace)
+    # The HTTP front and the router first, then coordinators: no calls to stopped services.
+    order = {"http": 0, "router": 1, "coordinator": 2, "draft": 3, "target": 4, "colocated": 5}
+    for kind in sorted(actors, key=lambda k: (order[k.split("-")[0]], k)):
         try:
-            actor = ray.get_actor(ACTOR_NAMES[kind], namespace=namespace)
+            actor = ray.get_actor(actors[kind], namespace=namespace)
         except ValueError:
             continue
         try:
@@ -171,8 +319,13 @@ def down(namespace: str) -> list[str]:
             pass
         ray.kill(actor, no_restart=True)
         removed.append(kind)
-    try:
-        remove_placement_group(ray.util.get_placement_group(PLACEMENT_GROUP))
-    except ValueError:
-        pass
+    groups = [PLACEMENT_GROUP] + sorted(t["name"] for t in ray.util.placement_group_table().values()
+                                        if t.get("name", "").startswith(REPLICA_PLACEMENT_GROUP.split("{index}")[0]
+                                                                        .format(namespace=namespace))
+                                        and t["state"] != "REMOVED")
+    for name in dict.fromkeys(groups):
+        try:
+            remove_placement_group(ray.util.get_placement_group(name))
+        except ValueError:
+            pass
     return removed

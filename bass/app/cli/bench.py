@@ -325,7 +325,7 @@ def bench_serve(ctx, address, openai_url, start_server, rates, concurrency, num_
     from bass.app.bench.serve_report import markdown_table, plot
     from bass.app.bench.serve_stats import Slo
     from bass.app.bench.serve_workload import load_prompts
-    from bass.app.launcher import launch, stop_all
+    from bass.app.launcher import launch, public_address, stop_all
 
     if sum(map(bool, (address, openai_url, start_server))) != 1:
         raise click.UsageError("give exactly one of --address, --openai or --serve")
@@ -349,7 +349,7 @@ def bench_serve(ctx, address, openai_url, start_server, rates, concurrency, num_
                 processes = launch(server, echo=lambda m: click.echo(m, err=True))
             except BassError as e:
                 fail(e)
-            address = next(p.address for p in processes if p.name == "coordinator")
+            address = public_address(processes)
             device = server.target.device
         result = run(openai_url or address, config, prompts, show_progress=progress,
                      log=lambda m: click.echo(m, err=True), protocol="openai" if openai_url else "grpc")
@@ -365,7 +365,7 @@ def bench_serve(ctx, address, openai_url, start_server, rates, concurrency, num_
             environment["gpu_on_client_machine"] = torch.cuda.get_device_name(0)
     result = {"benchmark": "serve", "environment": environment, "address": openai_url or address,
               "protocol": "openai" if openai_url else "grpc",
-              "server": json.loads(json.dumps({k: asdict(server)[k] for k in ("target", "draft", "coordinator")},
+              "server": json.loads(json.dumps({k: asdict(server)[k] for k in ("target", "draft", "coordinator", "replicas")},
                                               default=str)) if server else None,
               "prompts": {"source": prompts_file or f"HumanEval {problems or 'all'}", "count": len(prompts)},
               **result}

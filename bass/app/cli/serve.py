@@ -48,6 +48,8 @@ def serve_options(f):
         click.option("--batch-invariant", is_flag=True, default=None,
                      help="Target computes each row the same way whatever the batch: seeded and greedy "
                           "tokens do not move with load (slower)."),
+        click.option("--replicas", type=int, help="Copies of the model pair and coordinator (a GPU each) behind "
+                                                  "one router on --port [1: no router]."),
         click.option("--separate-draft", is_flag=True, default=None,
                      help="Run the draft in a process of its own (it can fail or restart alone; a "
                           "speculative step then makes two calls instead of one) [off: in the target's]."),
@@ -84,7 +86,8 @@ def serve_config(ctx: click.Context, default_port: int | None = None) -> ServeCo
     http = cfg.http if p.get("http_port") is None else replace(cfg.http, port=p["http_port"])
     # A draft on a device of its own runs in a process of its own (a co-located pair shares one).
     own_device = p["draft_device"] is not None and draft is not None and not same_device(draft.device, target.device)
-    return ServeConfig(target=target, draft=draft, coordinator=coord, http=http,
+    return ServeConfig(target=target, draft=draft, coordinator=coord, http=http, router=cfg.router,
+                       replicas=cfg.replicas if p["replicas"] is None else p["replicas"],
                        colocate=cfg.colocate and not p["separate_draft"] and not own_device)
 
 
@@ -94,14 +97,14 @@ def serve_config(ctx: click.Context, default_port: int | None = None) -> ServeCo
 def serve(ctx, **_) -> None:
     """Start target, draft and coordinator locally and stop them together (the draft in the
     target's process unless --separate-draft)."""
-    from bass.app.launcher import launch, run_until_stopped
+    from bass.app.launcher import launch, public_address, run_until_stopped
 
     try:
         processes = launch(serve_config(ctx), echo=click.echo)
     except BassError as e:
         fail(e)
     served = {p.name: p for p in processes}
-    where = served["coordinator"].address + (f" and {served['http'].ready_message['url']}" if "http" in served else "")
+    where = public_address(processes) + (f" and {served['http'].ready_message['url']}" if "http" in served else "")
     click.echo(f"BASS is serving on {where} (Ctrl-C stops all services)", err=True)
     raise SystemExit(run_until_stopped(processes))
 
@@ -115,9 +118,12 @@ def serve(ctx, **_) -> None:
 @click.option("--num-gpus", type=int, help="GPUs of the local Ray started when no --ray-address is given.")
 @click.option("--http-port", type=int, help="Also serve the OpenAI-compatible HTTP API on this port, as an actor "
                                             "beside the coordinator (0 = any free port) [[http] port: off].")
-def up(ray_address, config_file, target_dir, draft_dir, num_gpus, http_port) -> None:
-    """Start target, draft and coordinator (and the HTTP front with --http-port or [http] port) as
-    Ray actors, placed as [ray] says; print the public addresses."""
+@click.option("--replicas", type=int, help="Copies of the model pair and coordinator, a placement group each, "
+                                           "behind one router on the coordinator's port [the config's, 1].")
+def up(ray_address, config_file, target_dir, draft_dir, num_gpus, http_port, replicas) -> None:
+    """Start target, draft and coordinator (N replicas of them behind a router with --replicas;
+    the HTTP front with --http-port or [http] port) as Ray actors, placed as [ray] says; print the
+    public addresses."""
     try:
         from bass.deploy import launcher
     except ImportError:
@@ -133,7 +139,7 @@ def up(ray_address, config_file, target_dir, draft_dir, num_gpus, http_port) -> 
                             model_dir=_require_model(draft_dir or cfg.draft.model_dir or default_model_pair()[0], "draft"))
         # Hosts come from the config: 127.0.0.1 (the default) suits one node; set host = "0.0.0.0" in
         # each section for a cluster of several nodes (actors then advertise their node's address).
-        cfg = replace(cfg, target=target, draft=draft,
+        cfg = replace(cfg, target=target, draft=draft, replicas=cfg.replicas if replicas is None else replicas,
                       http=cfg.http if http_port is None else replace(cfg.http, port=http_port))
         if not ray_address:
             launcher.start_local_ray(num_gpus)
@@ -146,7 +152,8 @@ def up(ray_address, config_file, target_dir, draft_dir, num_gpus, http_port) -> 
     urls = {"http": f"http://{addresses['http']}/v1"} if "http" in addresses else {}
     for kind, address in addresses.items():
         click.echo(json.dumps({"service": kind, "address": address, **({"url": urls[kind]} if kind in urls else {})}))
-    where = addresses["coordinator"] + (f" and {urls['http']}" if urls else "")
+    public = addresses.get("router") or addresses["coordinator"]
+    where = public + (f" and {urls['http']}" if urls else "")
     click.echo(f"BASS is serving on {where} (stop it with `bass down`)", err=True)
 
 

@@ -1,6 +1,7 @@
 """One service per process: `bass target-service`, `bass draft-service`, `bass coordinator`
-(what `bass serve`, the Ray actors and the Kubernetes pods run), and `bass http-front` (the
-OpenAI-compatible HTTP front over a running coordinator)."""
+(what `bass serve`, the Ray actors and the Kubernetes pods run), `bass router` (one address in
+front of several coordinators) and `bass http-front` (the OpenAI-compatible HTTP front over a
+running coordinator or router)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from dataclasses import replace
 import click
 
 from bass.app.cli.options import explicit, fail, load_config, scheduler_options, with_scheduler_options
-from bass.core.config import (ATTENTION_BACKENDS, DTYPES, CoordinatorConfig, HttpConfig, WorkerServiceConfig,
-                              resolve_device, resolve_dtype)
+from bass.core.config import (ATTENTION_BACKENDS, DTYPES, CoordinatorConfig, HttpConfig, RouterConfig,
+                              WorkerServiceConfig, resolve_device, resolve_dtype)
 from bass.core.errors import BassError
 
 
@@ -162,6 +163,40 @@ def coordinator(ctx, **_) -> None:
     os._exit(0)
 
 
+@click.command("router")
+@click.option("--replica", "replicas", multiple=True,
+              help="host:port of a replica's coordinator (repeat for each replica).")
+@click.option("--replica-dns", help="host:port whose host resolves to every replica (e.g. a Kubernetes headless "
+                                    "Service), looked up again every few seconds.")
+@click.option("--host", help="Interface to listen on [127.0.0.1].")
+@click.option("--port", type=int, help="Port of the public Generation service [50051].")
+@click.option("--metrics-port", type=int, help="Serve Prometheus metrics (per-replica load) at "
+                                               "http://HOST:PORT/metrics [off].")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
+              help="TOML file; its [router] section is used.")
+@click.option("--config-json", hidden=True)
+@click.pass_context
+def router(ctx, **_) -> None:
+    """Serve the public Generation API in front of several replicas (coordinators), sending each
+    request to the least-loaded one."""
+    from bass.app.launcher import ready_line
+    from bass.coordinator.router import serve
+
+    p = ctx.params
+    try:
+        cfg = load_config(p["config_file"], p["config_json"], RouterConfig, "router")
+        given = explicit(ctx, ["replica_dns", "host", "port", "metrics_port"])
+        if p["replicas"]:
+            given["replicas"] = tuple(p["replicas"])
+        cfg = replace(cfg, **given)
+        running = serve(cfg)
+    except BassError as e:
+        fail(e)
+    metrics = {"metrics": running.metrics_server.address} if running.metrics_server else {}
+    click.echo(ready_line("router", f"{cfg.host}:{running.port}", **metrics))
+    running.wait_for_signal()
+
+
 DEFAULT_HTTP_PORT = 8000
 
 
@@ -200,4 +235,4 @@ def http_front(ctx, **_) -> None:
     running.stop()
 
 
-COMMANDS = [target_service, draft_service, coordinator, http_front]
+COMMANDS = [target_service, draft_service, coordinator, router, http_front]
