@@ -32,7 +32,8 @@ D=/tmp/models/qwen2.5-coder-0.5b-instruct
 models=(--target $T --draft $D --device cuda)
 regular=(); [ "${COMPARE_REGULAR:-1}" = 1 ] && regular=(--compare-regular)
 nvidia-smi --query-gpu=index,name,memory.total --format=csv > $W/gpus.csv; cat $W/gpus.csv
-git -C $R rev-parse HEAD > $W/commit 2>/dev/null || cp $R/.whl/COMMIT $W/commit 2>/dev/null
+# The wheel is what runs (the GPU machine's copy of .git may be stale: it said 1af62b6 for 7852345).
+cp $R/.whl/COMMIT $W/commit 2>/dev/null || git -C $R rev-parse HEAD > $W/commit 2>/dev/null
 
 wait_serving() {  # ADDRESS LOG: until a one-token request through ADDRESS answers (10 minutes at most)
   for _ in $(seq 600); do
