@@ -25,6 +25,7 @@ each capture, so every tail reuses the same blocks; only its small outputs stay.
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 from dataclasses import dataclass, replace
 from typing import Callable, Protocol
@@ -121,8 +122,17 @@ def capture(pool, warm_up: Callable[[], object], body: Callable[[], object]) -> 
             warm_up()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        out = body()
+    # No garbage collection while capturing: torch.cuda.graph collects once on entry, but an
+    # allocation inside the capture (Triton's scratch, say) can trigger another, and freeing an
+    # unreachable CUDA graph (a failed request's, a test's) mid-capture aborts the process.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph, pool=pool):
+            out = body()
+    finally:
+        if collecting:
+            gc.enable()
     return graph, out
 
 
