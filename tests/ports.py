@@ -26,7 +26,7 @@ def _ephemeral_low() -> int:
         return 32768
 
 
-def _bindable(port: int) -> bool:
+def bindable(port: int) -> bool:
     with socket.socket() as s:
         try:
             s.bind(("127.0.0.1", port))
@@ -54,7 +54,7 @@ def fixed_port() -> int:
     low, high = _this_workers_share(low, high)
     for _ in range(200):
         port = _rng.randint(low, high)
-        if port not in _handed_out and _bindable(port):
+        if port not in _handed_out and bindable(port):
             _handed_out.add(port)
             return port
     raise RuntimeError(f"no free port in [{low}, {high}] after 200 tries")

@@ -11,7 +11,7 @@ from bass.coordinator.requests import GenerationRequest  # noqa: E402
 from bass.core.config import (CoordinatorConfig, DraftLengthConfig, HttpConfig, RayConfig,  # noqa: E402
                               SchedulerConfig, ServeConfig, WorkerServiceConfig)
 from conftest import build_scheduler  # noqa: E402
-from ports import fixed_port  # noqa: E402
+from ports import bindable, fixed_port  # noqa: E402
 
 NAMESPACE = "bass-test"
 PROMPT = [5, 17, 33, 200]
@@ -177,7 +177,7 @@ def replicas_config(target, draft, replicas: int) -> ServeConfig:
     while True:  # replica i's ports are these plus i * stride: all must be free
         first = fixed_port()
         ports = [first + i * stride + d for i in range(replicas) for d in range(3)]
-        if all(p < 65536 for p in ports) and all(_free(p) for p in ports):
+        if all(p < 65536 for p in ports) and all(bindable(p) for p in ports):
             break
     return replace(base, replicas=replicas,
                    coordinator=replace(base.coordinator, metrics_port=fixed_port()),
@@ -185,17 +185,6 @@ def replicas_config(target, draft, replicas: int) -> ServeConfig:
                    ray=replace(base.ray, target_port=first, draft_port=first + 1, replica_coordinator_port=first + 2,
                                replica_port_stride=stride, target_cpus=0.5, draft_cpus=0.5, coordinator_cpus=0.5,
                                router_cpus=0.5))
-
-
-def _free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def test_up_with_replicas_places_a_group_each_behind_the_router(cluster, llama_target, llama_draft, expected):
