@@ -8,6 +8,11 @@ looked idle at the last poll. A replica is a candidate only while it serves: a p
 connect, or a forwarded call that failed with UNAVAILABLE, takes it out at once; polls that time
 out take it out at the second in a row (a replica busy enough to answer late is not dead); the
 next poll that finds it serving puts it back, whether it was restarted or never left.
+
+A replica whose queue is full (a forwarded call answered RESOURCE_EXHAUSTED, or its last poll
+showed `max_waiting` requests queued) stays a candidate but is chosen last: the router's next
+requests go to replicas with room, and a full one is still asked when all are full (its queue
+may have moved since). The mark from a call lasts until the next poll, which says how full it is.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ class Replica:
         self.removed = False
         self._calls: set = set()  # how to cancel each upstream call in flight (if the replica is lost)
         self.lost = False  # no answer for lost_after_s: its calls were cancelled
+        self._refused = False  # a call was answered RESOURCE_EXHAUSTED (its queue full) since the last poll
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll_loop, name=f"bass-replica-{address}", daemon=True)
 
@@ -80,6 +86,14 @@ class Replica:
         self.channel.close()
 
     # -- choosing ------------------------------------------------------------------------------------
+    @property
+    def full(self) -> bool:
+        """Its queue is full: a call was refused RESOURCE_EXHAUSTED since the last poll, or
+        that poll showed max_waiting requests queued (0: a replica that does not say)."""
+        with self.lock:
+            load = self.load
+            return self._refused or (load is not None and 0 < load.max_waiting <= load.queued_requests)
+
     def score(self, n: int) -> float:
         """How full this replica would be with n more sequences: the sequences it runs and
         queues (its last load, plus what was forwarded since) over what it holds at once (its
@@ -118,6 +132,14 @@ class Replica:
         serving (the next poll, poll_interval_s away, if it does)."""
         self._set_serving(False, reason)
 
+    def refused(self, reason: str) -> None:
+        """A forwarded call was answered RESOURCE_EXHAUSTED (the replica's queue is full): it is
+        chosen after every replica with room until the next poll."""
+        with self.lock:
+            already, self._refused = self._refused, True
+        if not already:
+            log.info("replica %s is full until its next poll: %s", self.address, reason)
+
     # -- polling -------------------------------------------------------------------------------------
     def _poll_loop(self) -> None:
         while not self._stop.is_set():
@@ -138,6 +160,7 @@ class Replica:
                 self.load = load
                 self._in_flight_at_poll = self.in_flight
                 self.lost = False
+                self._refused = False  # the load says how full it is now
             self._set_serving(load.serving, "its coordinator is not serving (target down or shutting down)")
         self.polled.set()
 
@@ -238,10 +261,11 @@ class ReplicaSet:
 
     def choose(self, n: int, exclude: Iterable[Replica] = ()) -> Replica | None:
         """The serving replica with the lowest score for a request of n sequences (ties go
-        round the replicas in turn), or None if none serves."""
+        round the replicas in turn), a full one only if every candidate is full, or None if
+        none serves."""
         skip = {id(r) for r in exclude}
         candidates = [r for r in self.serving() if id(r) not in skip]
         if not candidates:
             return None
         start = next(self._rotation) % len(candidates)
-        return min(candidates[start:] + candidates[:start], key=lambda r: r.score(n))
+        return min(candidates[start:] + candidates[:start], key=lambda r: (r.full, r.score(n)))

@@ -7,12 +7,28 @@ once, for its n, and forwarded as the bytes that came in; answers and stream mes
 as the bytes that came out, never decoded. The router holds no request state beyond the call
 in flight, so any number of routers can front the same replicas.
 
-Failures: a replica that fails a call with UNAVAILABLE before anything reached the client (a
-unary answer, or a stream's first message) is taken out, and the request goes to the next
-best replica (at most max_retries times); a stream cut after its first message ends with the
-replica's UNAVAILABLE. A client's cancel or deadline cancels the upstream call, which frees the
-replica's KV slots as a direct call would. Health: bass.v1.Generation SERVING while any replica
-serves.
+Failures: a replica's answer is passed on as it is, with two exceptions, for the statuses
+that say "not this replica, not now" rather than anything about the request: UNAVAILABLE (the
+replica is down or shutting down; it is taken out until a poll finds it serving) and
+RESOURCE_EXHAUSTED (its queue is full, max_waiting, or its server's concurrent-call limit; it
+is chosen after every replica with room until its next poll). A call failed with one of them
+before anything reached the client (a unary answer, or a stream's first message) goes to the
+next best replica, never one already tried for this request, at most max_retries times. When
+none is left: RESOURCE_EXHAUSTED if every replica tried said its queue was full (the message
+says so, and what each said), UNAVAILABLE otherwise. A stream cut after its first message ends
+with the replica's own status: tokens reached the client, and a second replica would start over.
+Every other status is the request's or the replica's answer to it, the same on any replica:
+INVALID_ARGUMENT (the request's fault), DEADLINE_EXCEEDED and CANCELLED (the client's deadline
+or cancel), INTERNAL and UNKNOWN (a bug; retrying a request that crashes a replica would crash
+the next), and RESOURCE_EXHAUSTED for a message over a size limit ("larger than max"): passed
+on at once. A client's cancel or deadline cancels the upstream call, which frees the replica's
+KV slots as a direct call would. Health: bass.v1.Generation SERVING while any replica serves.
+
+Metadata: the client's (a request id, any x-... key, binary -bin keys) goes to the replica, and
+the replica's initial and trailing metadata come back, all but what belongs to one hop: HTTP/2
+pseudo headers (":path", ...), the keys gRPC keeps for itself ("grpc-...": each channel sets
+grpc-timeout, grpc-encoding, ... for its own call) and the transport's own headers (user-agent,
+te, content-type, ...). The deadline goes up as the upstream call's timeout: what is left of it.
 
 The router is asyncio gRPC (grpc.aio) on a thread of its own: a message passed through costs
 a callback on one event loop, where a thread per stream (the synchronous server) cost two
@@ -41,7 +57,7 @@ from bass.coordinator.metrics import MetricsServer, serve_metrics
 from bass.coordinator.replicas import CHANNEL_OPTIONS, GENERATE, GENERATE_STREAM, Replica, ReplicaSet
 from bass.coordinator.servicer import SERVICE_NAME
 from bass.core.config import RouterConfig
-from bass.core.errors import ForwardedError, InvalidRequestError, WorkerUnavailableError
+from bass.core.errors import CapacityError, ForwardedError, InvalidRequestError, WorkerUnavailableError
 from bass.transport.grpc_server import report_failure, server_options, wait_for_stop_signal
 from bass.v1 import generation_pb2 as pb
 
@@ -66,7 +82,7 @@ class RouterMetrics:
                                 "(lower-case gRPC code: ok, unavailable, invalid_argument, ...)",
                                 ["replica", "code"], registry=r)
         self.retries = Counter("bass_router_retries", "Requests sent to another replica after this one failed "
-                               "with UNAVAILABLE before answering", label, registry=r)
+                               "with UNAVAILABLE or RESOURCE_EXHAUSTED before answering", label, registry=r)
         self.no_replica = Counter("bass_router_no_replica", "Requests answered UNAVAILABLE: no replica served",
                                   registry=r)
 
@@ -87,6 +103,40 @@ class RouterMetrics:
             self.running.labels(*labels).set(load.running_sequences)
             self.queued.labels(*labels).set(load.queued_sequences)
             self.kv_slots.labels(*labels).set(load.kv_slots)
+
+
+# Statuses that say "not this replica, not now": the request goes to another (module docstring).
+RETRY_ELSEWHERE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+
+# Metadata keys of one hop, never forwarded either way (any key starting ":" or "grpc-" too): the
+# transport's own headers, which each channel sets for itself. (grpc.aio hands a server user-agent
+# among the client's keys; the others are refused or replaced by a channel if passed, or are
+# HTTP/1 hop-by-hop headers a proxy drops.)
+HOP_KEYS = frozenset({"user-agent", "te", "content-type", "content-length", "host", "connection", "keep-alive",
+                      "proxy-connection", "transfer-encoding", "upgrade"})
+
+
+def forwardable(metadata) -> tuple[tuple[str, str | bytes], ...]:
+    """The pairs of a call's metadata that travel past this hop."""
+    return tuple((key, value) for key, value in (metadata or ())
+                 if not key.startswith((":", "grpc-")) and key not in HOP_KEYS)
+
+
+def _too_large(code: grpc.StatusCode, details: str) -> bool:
+    """gRPC's own RESOURCE_EXHAUSTED for a message over a size limit: the message's, not a full queue."""
+    return code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in details
+
+
+async def _pass_back(call, context, initial: bool) -> None:
+    """The replica's initial metadata (before the first answer) or trailing metadata, to the client."""
+    if initial:
+        metadata = forwardable(await call.initial_metadata())
+        if metadata:
+            await context.send_initial_metadata(metadata)
+    else:
+        metadata = forwardable(await call.trailing_metadata())
+        if metadata:
+            context.set_trailing_metadata(metadata)
 
 
 def _timeout(context) -> float | None:
@@ -149,38 +199,53 @@ class GenerationRouter:
         except Exception as exc:  # noqa: BLE001 - any parse failure is the client's malformed message
             raise InvalidRequestError("request", f"cannot be decoded as a GenerateRequest ({exc})") from None
 
-    def _next(self, n: int, tried: list[Replica], last_error: str) -> Replica:
+    def _next(self, n: int, tried: list[Replica], refusals: list[tuple[grpc.StatusCode, str]]) -> Replica:
+        """The replica to send the request to next; raises the status to answer when none is
+        left (none serves, every serving one was tried, or max_retries is spent)."""
         replica = self.replicas.choose(n, exclude=tried) if len(tried) <= self.config.max_retries else None
         if replica is None:
+            known = len(self.replicas.replicas)
             if not tried:
                 self.metrics.no_replica.inc()
-                known = len(self.replicas.replicas)
                 raise WorkerUnavailableError(f"no replica is serving ({known} known); retry later")
-            raise WorkerUnavailableError(last_error)
+            said = "; ".join(reason for _, reason in refusals)
+            if all(code == grpc.StatusCode.RESOURCE_EXHAUSTED for code, _ in refusals):
+                raise CapacityError(f"every replica tried is full ({len(tried)} of {known} known); retry later: {said}")
+            raise WorkerUnavailableError(said)
         if tried:
             self.metrics.retries.labels(tried[-1].address).inc()
-            log.info("retrying on %s after %s: %s", replica.address, tried[-1].address, last_error)
+            log.info("retrying on %s after %s: %s", replica.address, tried[-1].address, refusals[-1][1])
         tried.append(replica)
         return replica
 
-    def _failure(self, replica: Replica, exc: BaseException, context, answered: bool) -> str:
-        """The retry reason for a failed upstream call; raises to pass its status on instead.
+    def _failure(self, replica: Replica, exc: BaseException, context, answered: bool,
+                 refusals: list[tuple[grpc.StatusCode, str]]) -> None:
+        """Note why a replica did not take the request, to try the next one; raises to pass its
+        status on instead (any status but RETRY_ELSEWHERE's, or once the client has an answer).
         A call cancelled while this handler was not (CancelledError) was cancelled by the
         replica set: the replica stopped answering."""
+        trailing: tuple = ()
         if isinstance(exc, asyncio.CancelledError):
             if asyncio.current_task().cancelling() or not replica.lost:
                 raise exc  # the client left (or the server stops): nothing to answer
             code, details = grpc.StatusCode.UNAVAILABLE, f"no answer for {self.config.lost_after_s:g} s"
         else:
-            code, details = exc.code(), exc.details()
+            code, details = exc.code(), exc.details() or ""
+            trailing = forwardable(exc.trailing_metadata())
         self.metrics.requests.labels(replica.address, code.name.lower()).inc()
-        if code != grpc.StatusCode.UNAVAILABLE:
+        retry = code in RETRY_ELSEWHERE and not _too_large(code, details)
+        if code == grpc.StatusCode.UNAVAILABLE:
+            replica.failed(f"a call failed: {details}")
+        elif retry and not answered:
+            replica.refused(details)  # a full queue refuses a request before its first answer
+        if not retry or answered or context.done():
+            if trailing:
+                context.set_trailing_metadata(trailing)
+            if code == grpc.StatusCode.UNAVAILABLE:
+                raise WorkerUnavailableError(f"replica {replica.address} failed: {details or 'unavailable'}")
             raise ForwardedError(code.name, details or code.name)
-        replica.failed(f"a call failed: {details}")
-        reason = f"replica {replica.address} failed: {details or 'unavailable'}"
-        if answered or context.done():
-            raise WorkerUnavailableError(reason)
-        return reason
+        said = "failed" if code == grpc.StatusCode.UNAVAILABLE else "is full"
+        refusals.append((code, f"replica {replica.address} {said}: {details or code.name}"))
 
     def _cancel_from_any_thread(self, call) -> Callable[[], None]:
         """How the replica set, on a poller thread, cancels a call of this loop."""
@@ -189,46 +254,55 @@ class GenerationRouter:
     @_status_on_error("/bass.v1.Generation/Generate")
     async def generate(self, raw: bytes, context) -> bytes:
         n = self._sequences(raw)
+        metadata = forwardable(context.invocation_metadata())
         tried: list[Replica] = []
-        reason = ""
+        refusals: list[tuple[grpc.StatusCode, str]] = []
         while True:
-            replica = self._next(n, tried, reason)
+            replica = self._next(n, tried, refusals)
             unary, _ = self._stubs(replica)
             with replica.forwarding(n) as register:
-                call = unary(raw, timeout=_timeout(context))
+                call = unary(raw, timeout=_timeout(context), metadata=metadata)
                 register(self._cancel_from_any_thread(call))
                 try:
                     answer = await call
                 except (grpc.aio.AioRpcError, asyncio.CancelledError) as exc:
-                    reason = self._failure(replica, exc, context, answered=False)
+                    self._failure(replica, exc, context, answered=False, refusals=refusals)
                     continue
                 finally:
                     call.cancel()  # a no-op once it ended; frees the replica's slots if the client left
             self.metrics.requests.labels(replica.address, "ok").inc()
+            await _pass_back(call, context, initial=True)
+            await _pass_back(call, context, initial=False)
             return answer
 
     @_status_on_error("/bass.v1.Generation/GenerateStream")
     async def generate_stream(self, raw: bytes, context):
         n = self._sequences(raw)
+        metadata = forwardable(context.invocation_metadata())
         tried: list[Replica] = []
-        reason = ""
+        refusals: list[tuple[grpc.StatusCode, str]] = []
         while True:
-            replica = self._next(n, tried, reason)
+            replica = self._next(n, tried, refusals)
             _, stream = self._stubs(replica)
             sent = 0
             with replica.forwarding(n) as register:
-                call = stream(raw, timeout=_timeout(context))
+                call = stream(raw, timeout=_timeout(context), metadata=metadata)
                 register(self._cancel_from_any_thread(call))
                 try:
                     async for message in call:
+                        if not sent:  # this replica answers: its initial metadata goes first
+                            await _pass_back(call, context, initial=True)
                         sent += 1
                         yield message
                 except (grpc.aio.AioRpcError, asyncio.CancelledError) as exc:
-                    reason = self._failure(replica, exc, context, answered=sent > 0)
+                    self._failure(replica, exc, context, answered=sent > 0, refusals=refusals)
                     continue
                 finally:
                     call.cancel()
             self.metrics.requests.labels(replica.address, "ok").inc()
+            if not sent:
+                await _pass_back(call, context, initial=True)
+            await _pass_back(call, context, initial=False)
             return
 
     def handler(self) -> grpc.GenericRpcHandler:

@@ -29,9 +29,11 @@ POLL_S = 0.05
 
 class FakeReplica(generation_pb2_grpc.GenerationServicer, generation_pb2_grpc.ReplicaServicer):
     """A stand-in replica: answers every request with its name as the text of n sequences and
-    records what it got; `load`, `serving`, `hold` (block each call until released), `fail`
-    (UNAVAILABLE before answering) and `cut_after` (a stream fails after that many messages)
-    are set by the test."""
+    records what it got (requests, deadlines, invocation metadata); `load`, `serving`, `hold`
+    (block each call until released), `fail` (UNAVAILABLE before answering), `full`
+    (RESOURCE_EXHAUSTED before answering, as a coordinator at max_waiting) and `cut_after` (a
+    stream fails after that many messages) are set by the test. Every call's trailing metadata
+    names the replica (x-served-by), and an answer's initial metadata too (x-replica)."""
 
     def __init__(self, name: str, port: int = 0, kv_slots: int = 8):
         self.name, self.kv_slots = name, kv_slots
@@ -39,12 +41,14 @@ class FakeReplica(generation_pb2_grpc.GenerationServicer, generation_pb2_grpc.Re
         self.serving = True
         self.load_delay_s = 0.0  # answer Load this late (past the probe timeout: as if gone)
         self.fail = False
+        self.full = False
         self.cut_after: int | None = None
         self.hold = threading.Event()
         self.hold.set()
         self.received: list[pb.GenerateRequest] = []
         self.cancelled = threading.Event()
         self.deadlines: list[float | None] = []
+        self.metadata: list[tuple] = []
         self.lock = threading.Lock()
         self.server = grpc.server(futures.ThreadPoolExecutor(16))
         generation_pb2_grpc.add_GenerationServicer_to_server(self, self.server)
@@ -70,12 +74,18 @@ class FakeReplica(generation_pb2_grpc.GenerationServicer, generation_pb2_grpc.Re
         with self.lock:
             self.received.append(request)
             self.deadlines.append(context.time_remaining())
+            self.metadata.append(tuple(context.invocation_metadata()))
         context.add_callback(self.cancelled.set)
+        context.set_trailing_metadata((("x-served-by", self.name),))
         if self.fail:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.name}: target down")
+        if self.full:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{self.name}: the queue is full (16 requests waiting); "
+                                                              "retry later")
         if request.prompt == "invalid":
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "temperature: must be a finite number >= 0")
         self.hold.wait(30)
+        context.send_initial_metadata((("x-replica", self.name),))
 
     def Generate(self, request, context):
         self._enter(request, context)
@@ -100,8 +110,8 @@ def replicas():
 
 
 def start_router(replicas, **options):
-    config = RouterConfig(replicas=tuple(r.address for r in replicas), port=0, metrics_port=0,
-                          poll_interval_s=POLL_S, probe_timeout_s=0.3, **options)
+    config = RouterConfig(**{"replicas": tuple(r.address for r in replicas), "port": 0, "metrics_port": 0,
+                             "poll_interval_s": POLL_S, "probe_timeout_s": 0.3, **options})
     return router_module.serve(config)
 
 
@@ -169,6 +179,10 @@ def test_streams_pass_through_and_statuses_keep_their_code_and_message(replicas,
             c.generate("invalid")
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert info.value.details() == "temperature: must be a finite number >= 0"
+    # The request's fault: asked once, not again elsewhere; the replica's trailing metadata comes along.
+    assert sum(m.prompt == "invalid" for r in replicas for m in r.received) == 1
+    assert ("x-served-by", [r.name for r in replicas if any(m.prompt == "invalid" for m in r.received)][0]) \
+        in tuple(info.value.trailing_metadata())
 
 
 def test_a_deadline_travels_and_a_cancel_reaches_the_replica(replicas, router):
@@ -208,6 +222,129 @@ def test_a_stream_cut_after_its_first_message_fails_unavailable(replicas, router
             got.append(m)
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE and "a: target failed" in info.value.details()
     assert len(got) == 1 and len(a.received) == 1  # not sent again: the client already has tokens
+
+
+def test_a_full_replica_sends_the_request_elsewhere_and_is_avoided_until_its_next_poll(replicas):
+    """a looks better but its queue is full (RESOURCE_EXHAUSTED): the request goes to b, the
+    client sees only b's answer, and the next requests skip a though it has room again, until a
+    poll of a (called here: the router polls every 30 s in this test) says so."""
+    a, b = replicas
+    b.running = 5
+    a.full = True
+    router = start_router(replicas, poll_interval_s=30.0)
+    try:
+        assert who(router.address) == "b"
+        assert len(a.received) == 1 and len(b.received) == 1
+        with BassClient(router.address) as c:  # a stream: a is not asked again, nothing of a's streamed
+            stream = c.stream_raw("p")
+            messages = list(stream)
+            assert [d.text for m in messages for d in m.deltas] == ["b0", "b1", "b2"]
+            assert ("x-replica", "b") in stream.initial_metadata()
+            assert ("x-served-by", "b") in stream.trailing_metadata()  # b's trailers, not a's refusal's
+        a.full = False
+        assert [who(router.address) for _ in range(3)] == ["b"] * 3
+        assert len(a.received) == 1
+        metrics = scrape(router.metrics_server.address)
+        assert metrics[("bass_router_requests_total", (("code", "resource_exhausted"), ("replica", a.address)))] == 1
+        assert metrics[("bass_router_retries_total", (("replica", a.address),))] == 1
+        router.replicas.replicas[a.address].poll()  # a poll finds room: a is a candidate as before
+        assert who(router.address) == "a"
+    finally:
+        router.stop(0)
+
+
+def test_a_full_stream_is_retried_before_its_first_message(replicas, router):
+    a, b = replicas
+    b.running = 5
+    time.sleep(3 * POLL_S)
+    a.full = True
+    with BassClient(router.address) as c:
+        got = [d.text for m in c.stream_raw("p") for d in m.deltas]
+    assert got == ["b0", "b1", "b2"] and len(a.received) == 1 and len(b.received) == 1
+
+
+def test_all_replicas_full_is_resource_exhausted_saying_so(replicas):
+    a, b = replicas
+    a.full = b.full = True
+    router = start_router(replicas, max_retries=5)
+    try:
+        for call in ("generate", "stream"):
+            with BassClient(router.address) as c, pytest.raises(grpc.RpcError) as info:
+                if call == "generate":
+                    c.generate("p")
+                else:
+                    assert list(c.stream_raw("p")) == []
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            details = info.value.details()
+            assert details.startswith("every replica tried is full (2 of 2 known); retry later")
+            assert f"replica {a.address} is full: a: the queue is full" in details
+            assert f"replica {b.address} is full: b: the queue is full" in details
+        # Each asked once a request, never twice, though max_retries would allow it.
+        assert len(a.received) == 2 and len(b.received) == 2
+    finally:
+        router.stop(0)
+
+
+def test_a_full_replica_and_a_failing_one_is_unavailable(replicas):
+    """Only when every replica tried said its queue was full is the answer RESOURCE_EXHAUSTED."""
+    a, b = replicas
+    a.full, b.fail = True, True
+    router = start_router(replicas)
+    try:
+        with pytest.raises(grpc.RpcError) as info:
+            who(router.address)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "is full: a: the queue is full" in info.value.details()
+        assert "failed: b: target down" in info.value.details()
+    finally:
+        router.stop(0)
+
+
+def test_a_message_over_a_size_limit_is_not_retried(replicas):
+    """gRPC's own RESOURCE_EXHAUSTED for a message too large is the message's, not a full queue:
+    passed on at once, and the replica is not marked full. (A replica that takes smaller
+    messages than the router: its server refuses the request.)"""
+    small = FakeReplica("small")
+    small.server.stop(0).wait()
+    small.server = grpc.server(futures.ThreadPoolExecutor(4), options=[("grpc.max_receive_message_length", 2048)])
+    generation_pb2_grpc.add_GenerationServicer_to_server(small, small.server)
+    generation_pb2_grpc.add_ReplicaServicer_to_server(small, small.server)
+    small.port = small.server.add_insecure_port("127.0.0.1:0")
+    small.server.start()
+    router = start_router([small, replicas[1]])
+    try:
+        replicas[1].running = 7  # small looks better
+        time.sleep(3 * POLL_S)
+        with pytest.raises(grpc.RpcError) as info:
+            who(router.address, prompt="x" * 4000)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in info.value.details()
+        assert replicas[1].received == [] and not router.replicas.replicas[small.address].full
+    finally:
+        router.stop(0)
+        small.stop()
+
+
+def test_the_clients_metadata_reaches_the_replica_and_the_replicas_comes_back(replicas, router):
+    """Custom keys (text and -bin) travel both ways; hop keys the client sends (grpc-..., host,
+    connection) are not forwarded and do not break the call; the deadline still does."""
+    a, b = replicas
+    b.serving = False
+    time.sleep(3 * POLL_S)
+    sent = (("x-request-id", "req-42"), ("x-tenant", "t1"), ("trace-bin", b"\x00\xff\x01"),
+            ("grpc-custom", "hop"), ("host", "elsewhere"), ("connection", "close"))
+    with BassClient(router.address) as c:
+        reply, call = c.stub.Generate.with_call(build_request("p"), metadata=sent, timeout=5)
+        assert reply.sequences[0].text == "a"
+        assert ("x-replica", "a") in call.initial_metadata()
+        assert ("x-served-by", "a") in call.trailing_metadata()
+        stream = c.stub.GenerateStream(build_request("p"), metadata=sent, timeout=5)
+        assert len(list(stream)) == 4
+    for got in a.metadata:
+        keys = dict(got)
+        assert keys["x-request-id"] == "req-42" and keys["x-tenant"] == "t1" and keys["trace-bin"] == b"\x00\xff\x01"
+        assert not {"grpc-custom", "host", "connection"} & set(keys)
+        assert keys["user-agent"].startswith("grpc-python-asyncio")  # the router's own, not the client's
+    assert len(a.metadata) == 2 and all(d is not None and 3.0 < d <= 5.1 for d in a.deadlines)
 
 
 def test_a_killed_replica_loses_traffic_within_a_second_and_rejoins(replicas, router):

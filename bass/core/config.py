@@ -382,9 +382,10 @@ class RouterConfig:
     # A replica that answers no poll for this long is lost (a node gone: no connection reset
     # ends its calls), and its calls in flight are cancelled: answered UNAVAILABLE, or retried.
     lost_after_s: float = 5.0
-    # A request whose replica failed with UNAVAILABLE before anything reached the client (a
-    # stream's first message, a unary call's answer) is sent to another replica, at most this
-    # many times; mid-stream failures reach the client as UNAVAILABLE.
+    # A request whose replica failed with UNAVAILABLE (down) or RESOURCE_EXHAUSTED (queue full)
+    # before anything reached the client (a stream's first message, a unary call's answer) is
+    # sent to another replica, never one already tried, at most this many times; other statuses
+    # are the request's own and pass on at once, as do mid-stream failures (router.py says why).
     max_retries: int = 2
     max_concurrent_rpcs: int = 512
     max_request_bytes: int = 4 * 1024 * 1024  # as CoordinatorConfig's: refused before it is forwarded
