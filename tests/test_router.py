@@ -472,3 +472,42 @@ def test_real_replicas_report_their_load_and_a_cancel_frees_the_slots(real):
         wait_until(lambda: sorted(replica_load(s.address).running_sequences for s in stacks) == [0, 3])
         stream.cancel()
         wait_until(lambda: all(replica_load(s.address).running_sequences == 0 for s in stacks))
+
+
+def test_a_real_coordinators_full_queue_sends_the_request_to_the_other(llama_target, llama_draft):
+    """Real coordinators that hold one running and one waiting request (max_batch_size 1,
+    max_waiting 1). Replica a is filled by clients of its own, behind the router's back (it
+    polls every 30 s here, so it still believes a idle): the router's requests that try a get
+    its RESOURCE_EXHAUSTED and go to b, whose text they return, and a is tried only once."""
+    from services import start_services
+
+    stacks = [start_services(llama_target, llama_draft, colocate=True, num_slots=4, max_batch_size=1, max_waiting=1,
+                             policy="fixed") for _ in range(2)]
+    a, b = stacks
+    router = router_module.serve(RouterConfig(replicas=(a.address, b.address), port=0, metrics_port=0,
+                                              poll_interval_s=30.0))
+    fillers = []
+    try:
+        with BassClient(b.address, timeout_s=60) as direct:
+            want = list(direct.generate([5, 17, 33], max_new_tokens=8, ignore_eos=True).sequences[0].token_ids)
+        with BassClient(a.address, timeout_s=120) as direct:
+            for _ in range(2):  # one runs, then one waits: a's queue is full
+                fillers.append(direct.stub.GenerateStream(
+                    build_request([9, 8, 7], max_new_tokens=400, ignore_eos=True), timeout=120))
+                if len(fillers) == 1:
+                    next(fillers[0])
+            wait_until(lambda: (replica_load(a.address).running_sequences, replica_load(a.address).queued_requests)
+                       == (1, 1), timeout_s=30)
+            with BassClient(router.address, timeout_s=60) as c:
+                got = [list(c.generate([5, 17, 33], max_new_tokens=8, ignore_eos=True).sequences[0].token_ids)
+                       for _ in range(2)]
+            assert got == [want, want]
+            metrics = scrape(router.metrics_server.address)
+            assert metrics[("bass_router_requests_total", (("code", "resource_exhausted"), ("replica", a.address)))] == 1
+            assert metrics[("bass_router_requests_total", (("code", "ok"), ("replica", b.address)))] == 2
+            for stream in fillers:
+                stream.cancel()
+    finally:
+        router.stop(0)
+        for s in stacks:
+            s.stop()
