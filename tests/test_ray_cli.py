@@ -13,7 +13,19 @@ from bass.app.client import BassClient  # noqa: E402
 from ports import fixed_port  # noqa: E402
 
 
+def _local_ray_running() -> bool:
+    """A Ray head on this machine's default port (6379): `bass up` would fail to start its own,
+    and `bass down --stop-ray` (`ray stop`) would stop it."""
+    import socket
+
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", 6379)) == 0
+
+
 def test_up_then_down_with_a_local_ray(llama_target, llama_draft, tmp_path):
+    if _local_ray_running():
+        pytest.skip("a Ray head already runs on this machine: this test would stop it (bass down --stop-ray)")
     config = tmp_path / "bass.toml"
     config.write_text(f"""
 [target]

@@ -21,7 +21,9 @@ PROMPT = [5, 17, 33, 200]
 def cluster():
     for attempt in (1, 2):
         try:
-            ray.init(num_cpus=8, num_gpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False)
+            # "local": a cluster of its own, never a Ray the machine already runs (a user's).
+            ray.init(address="local", num_cpus=8, num_gpus=2, include_dashboard=False, namespace=NAMESPACE,
+                     log_to_driver=False)
             break
         except Exception as exc:  # Ray allows its raylet 30 s to register, which a busy 2-core box can miss
             ray.shutdown()

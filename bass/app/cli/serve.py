@@ -160,7 +160,8 @@ def up(ray_address, config_file, target_dir, draft_dir, num_gpus, http_port, rep
 @click.command("down")
 @click.option("--ray-address", help="Ray cluster the services run on [the local one].")
 @click.option("--namespace", default="bass", show_default=True)
-@click.option("--stop-ray", is_flag=True, help="Also stop the local Ray that `bass up` started.")
+@click.option("--stop-ray", is_flag=True, help="Also stop the local Ray that `bass up` started (`ray stop`: it stops "
+                                                "every Ray process of this user on this machine).")
 def down(ray_address, namespace, stop_ray) -> None:
     """Stop the services `bass up` started."""
     import subprocess
