@@ -18,6 +18,7 @@ coordinator (or the router) takes it back.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import subprocess
@@ -126,46 +127,26 @@ def up(config: ServeConfig, echo=print, serve_http: Callable | None = None) -> d
         except BaseException:  # leave no group pending for resources nor half the replicas running
             down(rc.namespace)
             raise
-    with_draft = config.draft is not None and config.draft.model_dir is not None
-    colocated = with_draft and config.colocate  # one actor for both models, on the target's GPUs
     bundles = _bundles(config, rc.http_cpus if with_http else 0.0)
     _check_capacity(bundles, 1)
     pg = placement_group(bundles, strategy=rc.strategy, name=PLACEMENT_GROUP, lifetime="detached")
     echo(f"waiting for resources: {bundles} ({rc.strategy})")
     _wait_placed(pg, PLACEMENT_GROUP, bundles, rc.ready_timeout_s)
-
-    def start_json(kind: str, bundle: int, config_json: str, gpus: float, cpus: float, *args):
-        return ServiceActor.options(
-            name=ACTOR_NAMES[kind], namespace=rc.namespace, lifetime="detached", max_restarts=rc.max_restarts,
-            max_task_retries=0, num_gpus=gpus, num_cpus=cpus,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=bundle),
-        ).remote(kind, config_json, *args)
-
-    def start(kind: str, bundle: int, cfg, gpus: float, cpus: float, *args):
-        return start_json(kind, bundle, _json(cfg), gpus, cpus, *args)
-
-    target_cfg = replace(config.target, port=rc.target_port)
-    if colocated:
-        both = json.dumps({"target": asdict(target_cfg), "draft": asdict(config.draft)}, default=str)
-        actors = {"colocated": start_json("colocated", 0, both, rc.target_gpus, rc.target_cpus + rc.draft_cpus)}
-    else:
-        actors = {"target": start("target", 0, target_cfg, rc.target_gpus, rc.target_cpus)}
-        if with_draft:
-            actors["draft"] = start("draft", 1, replace(config.draft, port=rc.draft_port), rc.draft_gpus,
-                                    rc.draft_cpus)
+    actors = _start_models(config, ACTOR_NAMES.__getitem__, rc.target_port, rc.draft_port, pg)
     echo("loading the models...")
     addresses = {kind: ray.get(a.address.remote(), timeout=rc.ready_timeout_s) for kind, a in actors.items()}
-    if colocated:
+    if "colocated" in addresses:  # one actor for both models, on the target's GPUs
         addresses["target"] = addresses["draft"] = addresses["colocated"]
     coordinator_cfg = replace(config.coordinator, target_address=addresses["target"],
                               draft_address=addresses.get("draft", ""),
                               tokenizer_dir=config.coordinator.tokenizer_dir or config.target.model_dir)
-    coordinator = start("coordinator", len(bundles) - 1, coordinator_cfg, 0, rc.coordinator_cpus)
+    coordinator = _start_actor(rc, ACTOR_NAMES["coordinator"], "coordinator", _json(coordinator_cfg),
+                               cpus=rc.coordinator_cpus, group=pg, bundle=len(bundles) - 1)
     addresses["coordinator"] = ray.get(coordinator.address.remote(), timeout=rc.ready_timeout_s)
     wait_serving(addresses["coordinator"], timeout_s=rc.ready_timeout_s)
     if with_http:  # the front serves once it listens: it connects to the coordinator per request
-        http = start("http", len(bundles) - 1, _http_config(config, addresses["coordinator"]), 0, rc.http_cpus,
-                     serve_http)  # pickled by reference
+        http = _start_actor(rc, ACTOR_NAMES["http"], "http", _json(_http_config(config, addresses["coordinator"])),
+                            serve_http, cpus=rc.http_cpus, group=pg, bundle=len(bundles) - 1)  # pickled by reference
         addresses["http"] = ray.get(http.address.remote(), timeout=rc.ready_timeout_s)
     return addresses
 
@@ -177,28 +158,38 @@ def _http_config(config: ServeConfig, public_address: str):
                    or config.target.model_dir)
 
 
-def _start_replica_models(config: ServeConfig, index: int, pg) -> dict[str, object]:
-    """Replica `index`'s model actors (loading), on their fixed ports: {"colocated": actor} or
-    {"target": ..., "draft": ...}."""
+def _start_actor(rc, name: str, kind: str, config_json: str, *args, cpus: float, gpus: float = 0.0, group=None,
+                 bundle: int = 0, beside_router: bool = False):
+    """One detached service actor (Ray restarts it, up to max_restarts, on its fixed port): in
+    bundle `bundle` of placement group `group`, or, beside_router, on the nodes offering [ray]
+    router_resource (where the router and the HTTP front in front of replicas go)."""
+    placement = {}
+    if group is not None:
+        placement["scheduling_strategy"] = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=bundle)
+    if beside_router and rc.router_resource:
+        placement["resources"] = {rc.router_resource: 0.001}
+    return ServiceActor.options(name=name, namespace=rc.namespace, lifetime="detached", max_restarts=rc.max_restarts,
+                                max_task_retries=0, num_gpus=gpus, num_cpus=cpus, **placement
+                                ).remote(kind, config_json, *args)
+
+
+def _start_models(config: ServeConfig, name_of: Callable[[str], str], target_port: int, draft_port: int,
+                  group) -> dict[str, object]:
+    """A stack's model actors (loading), on their ports, in the first bundles of `group` (as
+    _bundles lays them out): {"colocated": actor} or {"target": ..., "draft": ...}; name_of(kind)
+    names each actor."""
     rc = config.ray
-    target_port, draft_port, _ = rc.replica_ports(index)
     with_draft = config.draft is not None and config.draft.model_dir is not None
     target_cfg = replace(config.target, port=target_port)
-
-    def start(kind: str, bundle: int, config_json: str, gpus: float, cpus: float):
-        return ServiceActor.options(
-            name=replica_actor_name(kind, index), namespace=rc.namespace, lifetime="detached",
-            max_restarts=rc.max_restarts, max_task_retries=0, num_gpus=gpus, num_cpus=cpus,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=bundle),
-        ).remote(kind, config_json)
-
     if with_draft and config.colocate:
         both = json.dumps({"target": asdict(target_cfg), "draft": asdict(config.draft)}, default=str)
-        return {"colocated": start("colocated", 0, both, rc.target_gpus, rc.target_cpus + rc.draft_cpus)}
-    actors = {"target": start("target", 0, _json(target_cfg), rc.target_gpus, rc.target_cpus)}
+        return {"colocated": _start_actor(rc, name_of("colocated"), "colocated", both, gpus=rc.target_gpus,
+                                          cpus=rc.target_cpus + rc.draft_cpus, group=group)}
+    actors = {"target": _start_actor(rc, name_of("target"), "target", _json(target_cfg), gpus=rc.target_gpus,
+                                     cpus=rc.target_cpus, group=group)}
     if with_draft:
-        actors["draft"] = start("draft", 1, _json(replace(config.draft, port=draft_port)), rc.draft_gpus,
-                                rc.draft_cpus)
+        actors["draft"] = _start_actor(rc, name_of("draft"), "draft", _json(replace(config.draft, port=draft_port)),
+                                       gpus=rc.draft_gpus, cpus=rc.draft_cpus, group=group, bundle=1)
     return actors
 
 
@@ -213,7 +204,8 @@ def _up_replicas(config: ServeConfig, echo, serve_http: Callable | None) -> dict
     echo(f"waiting for resources: {n} replicas x {bundles} ({rc.strategy} within each)")
     for name, pg in zip(names, groups):
         _wait_placed(pg, name, bundles, rc.ready_timeout_s)
-    models = [_start_replica_models(config, i, pg) for i, pg in enumerate(groups)]  # all load at once
+    models = [_start_models(config, functools.partial(replica_actor_name, index=i), *rc.replica_ports(i)[:2], pg)
+              for i, pg in enumerate(groups)]  # all load at once
     echo(f"loading the models of {n} replicas...")
     addresses: dict[str, str] = {}
     coordinators = []
@@ -228,32 +220,22 @@ def _up_replicas(config: ServeConfig, echo, serve_http: Callable | None) -> dict
                                   port=rc.replica_ports(i)[2],
                                   metrics_port=None if metrics is None else (metrics + 1 + i if metrics else 0),
                                   tokenizer_dir=config.coordinator.tokenizer_dir or config.target.model_dir)
-        coordinators.append(ServiceActor.options(
-            name=replica_actor_name("coordinator", i), namespace=rc.namespace, lifetime="detached",
-            max_restarts=rc.max_restarts, max_task_retries=0, num_cpus=rc.coordinator_cpus,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(groups[i],
-                                                                 placement_group_bundle_index=len(bundles) - 1),
-        ).remote("coordinator", _json(coordinator_cfg)))
+        coordinators.append(_start_actor(rc, replica_actor_name("coordinator", i), "coordinator",
+                                         _json(coordinator_cfg), cpus=rc.coordinator_cpus, group=groups[i],
+                                         bundle=len(bundles) - 1))
     for i, actor in enumerate(coordinators):
         addresses[f"replica-{i}"] = ray.get(actor.address.remote(), timeout=rc.ready_timeout_s)
     c = config.coordinator
     router_cfg = replace(config.router, replicas=tuple(addresses[f"replica-{i}"] for i in range(n)), replica_dns="",
                          host=c.host, port=c.port, metrics_port=c.metrics_port)
-    router = ServiceActor.options(
-        name=ROUTER_NAME, namespace=rc.namespace, lifetime="detached", max_restarts=rc.max_restarts,
-        max_task_retries=0, num_cpus=rc.router_cpus,
-        resources={rc.router_resource: 0.001} if rc.router_resource else None,
-    ).remote("router", _json(router_cfg))
+    router = _start_actor(rc, ROUTER_NAME, "router", _json(router_cfg), cpus=rc.router_cpus, beside_router=True)
     addresses["router"] = ray.get(router.address.remote(), timeout=rc.ready_timeout_s)
     for i in range(n):  # every replica serves before `bass up` says the service does
         wait_serving(addresses[f"replica-{i}"], timeout_s=rc.ready_timeout_s)
     wait_serving(addresses["router"], timeout_s=rc.ready_timeout_s)
     if serve_http is not None:
-        http = ServiceActor.options(
-            name=ACTOR_NAMES["http"], namespace=rc.namespace, lifetime="detached", max_restarts=rc.max_restarts,
-            max_task_retries=0, num_cpus=rc.http_cpus,
-            resources={rc.router_resource: 0.001} if rc.router_resource else None,
-        ).remote("http", _json(_http_config(config, addresses["router"])), serve_http)
+        http = _start_actor(rc, ACTOR_NAMES["http"], "http", _json(_http_config(config, addresses["router"])),
+                            serve_http, cpus=rc.http_cpus, beside_router=True)
         addresses["http"] = ray.get(http.address.remote(), timeout=rc.ready_timeout_s)
     return addresses
 
