@@ -185,9 +185,8 @@ def launch_replicas(config: ServeConfig, echo: Callable[[str], None] = print) ->
         coordinators = []
         for i, processes in enumerate(workers):
             addresses = [p.wait_ready() for p in processes]
-            with_draft = config.draft is not None and config.draft.model_dir is not None
             target_address = addresses[0]
-            draft_address = addresses[-1] if with_draft else ""  # co-located: the target's own address
+            draft_address = addresses[-1] if config.with_draft else ""  # co-located: the target's own address
             for p in processes:
                 echo(json.dumps({**p.ready_message, "replica": i}))
             coord_cfg = replace(config.coordinator, target_address=target_address, draft_address=draft_address,
@@ -225,37 +224,30 @@ def _restartable(name: str, index: int, cfg, args: list[str], env: dict | None =
 
 
 def _replica_workers(config: ServeConfig, index: int, gpu: str | None) -> list[ServiceProcess]:
-    """Replica `index`'s model processes, started (not yet ready): the target with the draft in
-    its process (colocate), or the target and the draft (CPU only), on any free ports."""
+    """Replica `index`'s model processes, started (not yet ready) on any free ports, on its GPU."""
     env = {"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else None
-    target = replace(config.target, port=0)
-    with_draft = config.draft is not None and config.draft.model_dir is not None
-    if with_draft and config.colocate:
-        return [_restartable("target", index, target, ["target-service"], env,
-                             extra=["--draft-config-json", _jsonable(config.draft)])]
-    processes = [_restartable("target", index, target, ["target-service"], env)]
-    if with_draft:
-        processes.append(_restartable("draft", index, replace(config.draft, port=0), ["draft-service"], env))
-    return processes
+    return [_restartable(name, index, replace(cfg, port=0), [command], env, extra=extra)
+            for name, command, cfg, extra in _worker_specs(config)]
+
+
+def _worker_specs(config: ServeConfig) -> list[tuple[str, str, object, list[str]]]:
+    """The model services' processes as (name, `bass` sub-command, its config, more arguments):
+    the target with the draft in its process (colocate), or the target and the draft apart."""
+    if config.with_draft and config.colocate:
+        return [("target", "target-service", config.target, ["--draft-config-json", _jsonable(config.draft)])]
+    return [("target", "target-service", config.target, []),
+            *([("draft", "draft-service", config.draft, [])] if config.with_draft else [])]
 
 
 def start_workers(config: ServeConfig, started: list[ServiceProcess]) -> tuple[str, str]:
     """The model services of `config` as processes, appended to `started` as they start:
     (target address, draft address; "" for none). With `colocate`, one process serves both."""
-    with_draft = config.draft is not None and config.draft.model_dir is not None
-    if with_draft and config.colocate:
-        both = ServiceProcess("target", ["target-service", "--config-json", _jsonable(config.target),
-                                         "--draft-config-json", _jsonable(config.draft)])
-        started.append(both)
-        address = both.wait_ready()
-        return address, address
-    target = ServiceProcess("target", ["target-service", "--config-json", _jsonable(config.target)])
-    started.append(target)
-    draft = None
-    if with_draft:
-        draft = ServiceProcess("draft", ["draft-service", "--config-json", _jsonable(config.draft)])
-        started.append(draft)
-    return target.wait_ready(), draft.wait_ready() if draft is not None else ""
+    processes = []
+    for name, command, cfg, extra in _worker_specs(config):
+        processes.append(ServiceProcess(name, [command, "--config-json", _jsonable(cfg), *extra]))
+        started.append(processes[-1])  # stopped by the caller should the next one fail to start
+    addresses = [p.wait_ready() for p in processes]
+    return addresses[0], addresses[-1] if config.with_draft else ""
 
 
 def stop_all(processes: list[ServiceProcess]) -> None:

@@ -514,6 +514,11 @@ class ServeConfig:
                                                     f"{self.target.device} and {self.draft.device} "
                                                     f"(set colocate = false for separate devices)")
 
+    @property
+    def with_draft(self) -> bool:
+        """Whether the services include a draft (a section with a model; none: regular decoding)."""
+        return self.draft is not None and self.draft.model_dir is not None
+
 
 def load_config_file(path: Path, cls: type = ServeConfig):
     """Read a TOML file into `cls`, rejecting unknown keys and bad values with the key's path."""

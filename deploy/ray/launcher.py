@@ -78,11 +78,10 @@ def _bundles(config: ServeConfig, front_cpus: float = 0.0) -> list[dict[str, flo
     """One stack's bundles: the models (one, co-located, or target and draft), then the
     coordinator (with `front_cpus` more for an HTTP front beside it)."""
     rc = config.ray
-    with_draft = config.draft is not None and config.draft.model_dir is not None
-    colocated = with_draft and config.colocate  # one actor for both models, on the target's GPUs
+    colocated = config.with_draft and config.colocate  # one actor for both models, on the target's GPUs
     bundles = [{"GPU": rc.target_gpus, "CPU": rc.target_cpus + (rc.draft_cpus if colocated else 0)},
                {"CPU": rc.coordinator_cpus + front_cpus}]
-    if with_draft and not colocated:
+    if config.with_draft and not colocated:
         bundles.insert(1, {"GPU": rc.draft_gpus, "CPU": rc.draft_cpus})
     return [{k: v for k, v in b.items() if v > 0} or {"CPU": 0.01} for b in bundles]
 
@@ -179,15 +178,14 @@ def _start_models(config: ServeConfig, name_of: Callable[[str], str], target_por
     _bundles lays them out): {"colocated": actor} or {"target": ..., "draft": ...}; name_of(kind)
     names each actor."""
     rc = config.ray
-    with_draft = config.draft is not None and config.draft.model_dir is not None
     target_cfg = replace(config.target, port=target_port)
-    if with_draft and config.colocate:
+    if config.with_draft and config.colocate:
         both = json.dumps({"target": asdict(target_cfg), "draft": asdict(config.draft)}, default=str)
         return {"colocated": _start_actor(rc, name_of("colocated"), "colocated", both, gpus=rc.target_gpus,
                                           cpus=rc.target_cpus + rc.draft_cpus, group=group)}
     actors = {"target": _start_actor(rc, name_of("target"), "target", _json(target_cfg), gpus=rc.target_gpus,
                                      cpus=rc.target_cpus, group=group)}
-    if with_draft:
+    if config.with_draft:
         actors["draft"] = _start_actor(rc, name_of("draft"), "draft", _json(replace(config.draft, port=draft_port)),
                                        gpus=rc.draft_gpus, cpus=rc.draft_cpus, group=group, bundle=1)
     return actors
