@@ -39,6 +39,7 @@ The replicas' polls stay on threads (coordinator/replicas.py), off the loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import threading
@@ -251,6 +252,25 @@ class GenerationRouter:
         """How the replica set, on a poller thread, cancels a call of this loop."""
         return lambda: self.loop.call_soon_threadsafe(call.cancel)
 
+    @contextlib.contextmanager
+    def _forwarding(self, replica: Replica, n: int, method, raw: bytes, context, metadata):
+        """The call to `replica`, counted in its load while it runs, cancellable by the replica
+        set (a replica lost), and cancelled on the way out (a no-op once it ended; if the client
+        left, it frees the replica's slots)."""
+        with replica.forwarding(n) as register:
+            call = method(raw, timeout=_timeout(context), metadata=metadata)
+            register(self._cancel_from_any_thread(call))
+            try:
+                yield call
+            finally:
+                call.cancel()
+
+    async def _answered(self, replica: Replica, call, context, initial_sent: bool) -> None:
+        self.metrics.requests.labels(replica.address, "ok").inc()
+        if not initial_sent:
+            await _pass_back(call, context, initial=True)
+        await _pass_back(call, context, initial=False)
+
     @_status_on_error("/bass.v1.Generation/Generate")
     async def generate(self, raw: bytes, context) -> bytes:
         n = self._sequences(raw)
@@ -259,20 +279,13 @@ class GenerationRouter:
         refusals: list[tuple[grpc.StatusCode, str]] = []
         while True:
             replica = self._next(n, tried, refusals)
-            unary, _ = self._stubs(replica)
-            with replica.forwarding(n) as register:
-                call = unary(raw, timeout=_timeout(context), metadata=metadata)
-                register(self._cancel_from_any_thread(call))
+            with self._forwarding(replica, n, self._stubs(replica)[0], raw, context, metadata) as call:
                 try:
                     answer = await call
                 except (grpc.aio.AioRpcError, asyncio.CancelledError) as exc:
                     self._failure(replica, exc, context, answered=False, refusals=refusals)
                     continue
-                finally:
-                    call.cancel()  # a no-op once it ended; frees the replica's slots if the client left
-            self.metrics.requests.labels(replica.address, "ok").inc()
-            await _pass_back(call, context, initial=True)
-            await _pass_back(call, context, initial=False)
+            await self._answered(replica, call, context, initial_sent=False)
             return answer
 
     @_status_on_error("/bass.v1.Generation/GenerateStream")
@@ -283,11 +296,8 @@ class GenerationRouter:
         refusals: list[tuple[grpc.StatusCode, str]] = []
         while True:
             replica = self._next(n, tried, refusals)
-            _, stream = self._stubs(replica)
             sent = 0
-            with replica.forwarding(n) as register:
-                call = stream(raw, timeout=_timeout(context), metadata=metadata)
-                register(self._cancel_from_any_thread(call))
+            with self._forwarding(replica, n, self._stubs(replica)[1], raw, context, metadata) as call:
                 try:
                     async for message in call:
                         if not sent:  # this replica answers: its initial metadata goes first
@@ -297,12 +307,7 @@ class GenerationRouter:
                 except (grpc.aio.AioRpcError, asyncio.CancelledError) as exc:
                     self._failure(replica, exc, context, answered=sent > 0, refusals=refusals)
                     continue
-                finally:
-                    call.cancel()
-            self.metrics.requests.labels(replica.address, "ok").inc()
-            if not sent:
-                await _pass_back(call, context, initial=True)
-            await _pass_back(call, context, initial=False)
+            await self._answered(replica, call, context, initial_sent=sent > 0)
             return
 
     def handler(self) -> grpc.GenericRpcHandler:
