@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 from bass.coordinator import server as coordinator_server
 from bass.core.config import CoordinatorConfig, DraftLengthConfig, SchedulerConfig, WorkerServiceConfig
@@ -64,3 +66,13 @@ def start_services(target_dir: Path, draft_dir: Path, *, policy: str = "bass", n
                                   draft_length=DraftLengthConfig.parse(policy), pipeline_draft_tokens=pipeline),
         **{"reconnect_interval_s": 0.2, **coordinator}))
     return Services(target_cfg, draft_cfg, target, draft, coordinator)
+
+
+def run_at_once(call: Callable[[int], None], times: int, timeout_s: float = 180.0) -> None:
+    """call(0) .. call(times - 1), each on a thread of its own, all started before any is
+    joined (concurrent clients); each join waits at most timeout_s."""
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(times)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s)

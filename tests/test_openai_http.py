@@ -12,7 +12,7 @@ import pytest
 from bass.app.client import BassClient
 from bass.app.http.server import serve_http
 from bass.core.config import HttpConfig
-from services import start_services
+from services import run_at_once, start_services
 from test_services import wait_until
 
 PROMPT = "def fibonacci(n):"
@@ -270,18 +270,14 @@ def test_a_full_queue_is_429_and_a_down_coordinator_503(llama_target, llama_draf
     http = serve_http(HttpConfig(port=0, coordinator_address=s.address, tokenizer_dir=llama_target))
     statuses, lock = [], threading.Lock()
 
-    def call():
+    def call(_):
         r = httpx.post(f"{http.url}/completions", json={"model": "m", "prompt": PROMPT, "max_tokens": 40,
                                                         "temperature": 0, "ignore_eos": True}, timeout=120)
         with lock:
             statuses.append((r.status_code, r.json()))
 
     try:
-        threads = [threading.Thread(target=call) for _ in range(10)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(180)
+        run_at_once(call, 10)
         assert len(statuses) == 10
         codes = [code for code, _ in statuses]
         assert set(codes) == {200, 429}, codes

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from bass.coordinator.requests import GenerationRequest
 from bass.v1 import generation_pb2 as pb
 from bass.v1 import generation_pb2_grpc
 from conftest import build_scheduler
+from services import run_at_once
 from test_metrics import scrape
 from test_serve_cli import bass_cmd, children_of
 
@@ -168,17 +168,13 @@ def test_two_replicas_behind_the_router(llama_target, llama_draft, tmp_path, exp
         # Concurrent requests all complete with the right text.
         outs, errors = [], []
 
-        def one():
+        def one(_):
             try:
                 with BassClient(address, timeout_s=120) as c:
                     outs.append(list(c.generate(list(PROMPT), max_new_tokens=12, ignore_eos=True).sequences[0].token_ids))
             except Exception as exc:  # noqa: BLE001 - reported below
                 errors.append(exc)
-        threads = [threading.Thread(target=one) for _ in range(6)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        run_at_once(one, 6)
         assert not errors and outs == [expected] * 6
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -10,7 +10,7 @@ import pytest
 from bass.app.client import BassClient
 from bass.coordinator.requests import GenerationRequest
 from conftest import build_scheduler
-from services import start_services
+from services import run_at_once, start_services
 
 PROMPT = [5, 17, 33, 200, 7]
 
@@ -149,7 +149,7 @@ def test_full_queue_is_resource_exhausted_and_nothing_is_lost(llama_target, llam
     s = start_services(llama_target, llama_draft, policy="3", max_batch_size=1, num_slots=1, max_waiting=1)
     outcomes, lock = [], threading.Lock()
 
-    def call():
+    def call(_):
         with BassClient(s.address, timeout_s=120) as c:
             try:
                 r = c.generate(PROMPT, max_new_tokens=40, ignore_eos=True)
@@ -160,11 +160,7 @@ def test_full_queue_is_resource_exhausted_and_nothing_is_lost(llama_target, llam
             outcomes.append(outcome)
 
     try:
-        threads = [threading.Thread(target=call) for _ in range(12)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(180)
+        run_at_once(call, 12)
     finally:
         s.stop()
     assert len(outcomes) == 12  # every call answered exactly once

@@ -1,6 +1,5 @@
 """The three real gRPC services on localhost ports, driven through the public API."""
 
-import threading
 import time
 
 import grpc
@@ -10,7 +9,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from bass.app.client import BassClient, FINISH_REASON_NAMES
 from bass.coordinator.requests import GenerationRequest
 from conftest import build_scheduler
-from services import start_services
+from services import run_at_once, start_services
 
 PROMPTS = [(5, 17, 33, 200, 7, 9, 11), (42,), tuple(range(3, 22)), (100, 101)]
 
@@ -107,11 +106,7 @@ def test_many_concurrent_clients_get_their_own_answers(services, expected):
         except Exception as e:  # noqa: BLE001
             errors.append(e)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(24)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(180)
+    run_at_once(worker, 24)
     assert not errors and len(results) == 24
     for i, (k, seqs) in results.items():
         assert len(seqs) == 1 + i % 3 and all(s == expected[k] for s in seqs)
