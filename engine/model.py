@@ -139,9 +139,9 @@ class Transformer:
             if weights.embed.device.type == "cpu" and not triton_attention._INTERPRETED:
                 raise ValueError("the batch-invariant mode runs Triton kernels: it needs a CUDA device (on the CPU "
                                  "only under Triton's interpreter, TRITON_INTERPRET=1, which tests use)")
-            from bass.kernels.triton_matmul import linear_invariant
+            from bass.kernels.triton_matmul import InvariantLinear
 
-            self.linear = linear_invariant
+            self.linear = InvariantLinear(weights.embed.device)
             if attention == "triton":
                 # The launch heuristics pick row blocks by query length and split the key range
                 # by batch size; one plan for every step, and one code path for every key tile,

@@ -403,7 +403,7 @@ def _check_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: RaggedBatch,
                   scale: float, *, block_m: int | None = None, block_n: int | None = None,
                   num_warps: int | None = None, num_stages: int | None = None,
-                  num_splits: int | None = None, mask_every_tile: bool = False,
+                  num_splits: int | None = None, mask_every_tile: bool = False, split_keys: int | None = None,
                   arrivals: torch.Tensor | None = None) -> torch.Tensor:
     """Ragged causal GQA attention in one Triton launch.
 
@@ -412,6 +412,10 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     (tests, benchmarks); mask_every_tile runs every key tile through the masked loop, which,
     with a fixed block_m and num_splits=1, makes a query row's result the same whatever the
     batch and however many query tokens its sequence has in the step (batch-invariant mode).
+    split_keys (a multiple of the key tile): cut every context into splits of exactly this many
+    keys from key 0, whatever the batch, so that with mask_every_tile and a fixed block_m a row's
+    result is still the same in any batch, with split-KV's parallelism (num_splits is then the
+    longest context's count).
 
     arrivals: a zeroed int32 buffer for split-KV's arrival counters, which the kernel leaves
     zeroed (each block's last split resets its counter), so one buffer serves every launch on
@@ -434,6 +438,12 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                        num_splits=num_splits, max_q=batch.max_q, max_ctx=batch.max_ctx,
                        ctx_lens_are_bounds=batch.ctx_lens_are_bounds)
     bm, bn, warps, stages, splits, split_size = plan
+    if split_keys is not None:
+        # As many splits as the longest context needs: then no sequence's splits grow past
+        # split_keys in the kernel, so every split starts at a multiple of it.
+        if split_keys % bn:
+            raise ValueError(f"split_keys={split_keys} is not a multiple of the key tile ({bn})")
+        split_size, splits = split_keys, -(-batch.max_ctx // split_keys)
     row_blocks = -(-batch.max_q * group // bm)
     grid = (row_blocks, num_seqs, num_kv_heads * splits)
     meta = dict(NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim),

@@ -12,10 +12,11 @@ pytest.importorskip("triton")
 
 from bass.coordinator.requests import GenerationRequest  # noqa: E402
 from bass.core.config import RunnerConfig, SamplingParams, WorkerServiceConfig  # noqa: E402
-from bass.kernels.triton_matmul import linear_invariant  # noqa: E402
+from bass.kernels.triton_matmul import InvariantLinear, tiling_for  # noqa: E402
 from conftest import build_scheduler  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+linear_invariant = InvariantLinear(DEVICE)
 
 
 @pytest.mark.parametrize("with_bias", [False, True])
@@ -32,14 +33,18 @@ def test_linear_matches_f_linear(with_bias):
     assert linear_invariant(x.view(37, 1, 130), w, bias).shape == (37, 1, 70)
 
 
-@pytest.mark.parametrize("cols", [96, 16384])  # the narrow and the wide tiling
-def test_a_row_is_the_same_in_any_batch(cols, row_exact_interpreter_dot):
+@pytest.mark.parametrize("cols, inner", [(96, 256), (16384, 256), (40, 4200)])  # narrow, wide, split K
+def test_a_row_is_the_same_in_any_batch(cols, inner, row_exact_interpreter_dot):
     torch.manual_seed(1)
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
-    x, w = torch.randn(70, 256, device=DEVICE).to(dtype), torch.randn(cols, 256, device=DEVICE).to(dtype)
+    x, w = torch.randn(70, inner, device=DEVICE).to(dtype), torch.randn(cols, inner, device=DEVICE).to(dtype)
     full = linear_invariant(x, w)
     for rows in (slice(5, 6), slice(0, 8), slice(3, 40), slice(64, 70)):
         assert torch.equal(linear_invariant(x[rows], w), full[rows])
+    if tiling_for(cols, inner)[-1] > 1:  # the split K's arrival counters are left zeroed for the next call
+        assert not linear_invariant.arrivals.any()
+        torch.testing.assert_close(full.float(), torch.nn.functional.linear(x.float(), w.float()),
+                                   rtol=3e-2 if DEVICE == "cuda" else 1e-4, atol=0.5 if DEVICE == "cuda" else 1e-3)
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="cuBLAS's shape-dependent choices: GPU")
@@ -71,7 +76,7 @@ def test_model_output_is_unchanged_by_the_mode(llama_target, llama_draft):
                                   sampling=SamplingParams(temperature=0.9, top_p=0.95))]
     plain = build_scheduler(llama_target, llama_draft, "3").generate(requests)
     invariant = build_scheduler(llama_target, llama_draft, "3", batch_invariant=True)
-    assert invariant.target.runner.model.linear is linear_invariant
+    assert isinstance(invariant.target.runner.model.linear, InvariantLinear)
     got = invariant.generate(requests)
     assert [[s.token_ids for s in r.sequences] for r in got] == [[s.token_ids for s in r.sequences] for r in plain]
     assert sum(r.stats.draft_tokens for r in got) > 0
