@@ -143,10 +143,10 @@ class Transformer:
 
             self.linear = InvariantLinear(weights.embed.device)
             if attention == "triton":
-                # The launch heuristics pick row blocks by query length and split the key range
-                # by batch size; one plan for every step, and one code path for every key tile,
-                # keep each row's reduction order and rounding.
-                self.attend = functools.partial(self.attend, block_m=64, num_splits=1, mask_every_tile=True)
+                # The launch heuristics split the key range by batch size; splits of a fixed
+                # number of keys, and one code path for every key tile, keep each row's
+                # reduction order and rounding.
+                self.attend = functools.partial(self.attend, batch_invariant=True)
         # With the Triton attention kernel (so Triton is there), the elementwise groups run as
         # fused Triton kernels too; the references compute the same values in PyTorch.
         if attention == "triton":

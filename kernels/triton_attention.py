@@ -254,6 +254,11 @@ class LaunchPlan(NamedTuple):
     split_size: int
 
 
+# The batch-invariant plan's split: on an H200 (bench/gpu/kernels/attention_layers.py, 2026-11-27,
+# a forward's layers in one CUDA graph, 512-token contexts) 128 keys with 16-row blocks cost
+# 6.2 / 7.8 / 18.5 µs a layer at 1 / 8 / 64 sequences of the 1.5B against the default plan's
+# 7.0 / 8.6 / 12.8 (and the former invariant plan, one pass in 64-row blocks: 9.7 / 10.5 / 12.9).
+INVARIANT_SPLIT_KEYS = 128
 # Below this many keys per split, the partial writes and the merge cost more than the extra
 # parallelism gains (H100, Qwen2.5-1.5B shapes).
 _MIN_SPLIT_KEYS = 256
@@ -404,7 +409,7 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   scale: float, *, block_m: int | None = None, block_n: int | None = None,
                   num_warps: int | None = None, num_stages: int | None = None,
                   num_splits: int | None = None, mask_every_tile: bool = False, split_keys: int | None = None,
-                  arrivals: torch.Tensor | None = None) -> torch.Tensor:
+                  batch_invariant: bool = False, arrivals: torch.Tensor | None = None) -> torch.Tensor:
     """Ragged causal GQA attention in one Triton launch.
 
     q: [T, H, D]; k_cache / v_cache: [slots, max_seq_len, Hkv, D] (any strides); returns a
@@ -415,7 +420,10 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     split_keys (a multiple of the key tile): cut every context into splits of exactly this many
     keys from key 0, whatever the batch, so that with mask_every_tile and a fixed block_m a row's
     result is still the same in any batch, with split-KV's parallelism (num_splits is then the
-    longest context's count).
+    longest context's count). batch_invariant: the plan the batch-invariant mode runs, that:
+    splits of INVARIANT_SPLIT_KEYS, every tile masked, and row blocks of 16 or 32 by the step's
+    query rows (both take the same tensor-core instructions, so the same bits; 64 does not:
+    bench/gpu/kernels/tile_bits.py).
 
     arrivals: a zeroed int32 buffer for split-KV's arrival counters, which the kernel leaves
     zeroed (each block's last split resets its counter), so one buffer serves every launch on
@@ -433,6 +441,9 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
     group = num_heads // num_kv_heads
     num_seqs = batch.num_seqs
+    if batch_invariant:
+        block_m = 16 if batch.max_q * group <= 16 else 32
+        split_keys, mask_every_tile = INVARIANT_SPLIT_KEYS, True
     plan = plan_launch(batch.q_lens_list, batch.ctx_lens_list, group, num_kv_heads, head_dim, _num_sms(device),
                        block_m=block_m, block_n=block_n, num_warps=num_warps, num_stages=num_stages,
                        num_splits=num_splits, max_q=batch.max_q, max_ctx=batch.max_ctx,

@@ -3,10 +3,11 @@
 cuBLAS picks its kernel by the shape of the product: split-K for a few rows, other tilings for
 more, so row r of x @ w.T can differ in the last bits between a batch of 1 and of 64. In bf16
 that is enough to flip a near-tied token (bench/results, 2026-11-23 evening: 5-12 of 32 seeded
-sequences changed between alone and batched on an H100). Here one compiled kernel per weight
-shape, with one tiling and one split of the reduction, serves every number of rows: each output
-element is the same fp32 sum over K in BLOCK_K steps (and over the splits) in the same order, so
-a row's result depends on that row and the weights alone. Used by the batch-invariant mode (RunnerConfig.batch_invariant);
+sequences changed between alone and batched on an H100). Here each output element is the
+same fp32 chain of sums over K whatever the number of rows: the K range is split (or not) by the
+weight's shape alone and the splits are summed in order; the tiling, which does not change a
+row's bits (see below), is picked by rows. So a row's result depends on that row and the
+weights alone. Used by the batch-invariant mode (RunnerConfig.batch_invariant);
 reference: F.linear.
 """
 
@@ -22,31 +23,40 @@ import triton.language as tl  # noqa: E402
 
 from bass.kernels.triton_splitk import reduce_split_k  # noqa: E402
 
-# A weight's tiling (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, K splits) may depend on the
-# weight's shape, never on the number of rows: that would bring back the batch dependence this
-# kernel removes. A split of the K range is allowed on the same terms: a fixed number of splits
-# for the shape, their fp32 partials summed in split order by the last to arrive
-# (kernels/triton_splitk.py), so each output element is still one fixed sequence of sums.
-# Chosen from bench/gpu/kernels/gemm_invariant.py on an H100 at the 1.5B's shapes, 8 / 40 / 320 rows
-# (bench/results/2026-11-23-h100-gemm-invariant-tilings-668887e.json): narrow column blocks for
-# weights with few output columns (q|k|v, o, down: more programs), wide ones for many (gate|up,
-# the LM head). One forward's GEMMs then take about 1.88 / 1.94 / 3.34 ms at 8 / 40 / 320 rows,
-# against 2.22 / 2.26 / 4.02 with 64x64x64 everywhere (cuBLAS, not invariant: 1.34 / 1.45 / 2.66).
-# The down projection (K = 8960 in one program per 32 columns: 25 µs against cuBLAS's 9 at 8
-# rows) splits its K range.
-Tiling = tuple[int, int, int, int, int, int]
-_NARROW: Tiling = (64, 32, 64, 4, 4, 1)
-_WIDE: Tiling = (64, 128, 64, 4, 3, 1)
-_LONG_INNER: Tiling = (64, 32, 64, 4, 4, 4)
-_WIDE_FROM_COLS = 16384
-_LONG_INNER_FROM = 4096
+# What may depend on the number of rows and what may not. On an H100-class GPU a row's bits do
+# not change with the tiling (BLOCK_M 16-128, so mma.sync or wgmma; BLOCK_N; BLOCK_K 64 or 128;
+# warps; stages): each output element is the same chain of fp32 accumulations over K in steps of
+# 16 (bench/gpu/kernels/tile_bits.py, H200, 2026-11-27: bitwise equal at 8 and 320 rows, every
+# shape of the 1.5B). What changes them is where the K range is split: so the split (its count
+# and its boundaries, multiples of _K_GRANULE) is a function of the weight's shape alone, and
+# the tiling is picked by rows, as cuBLAS does, from bench/gpu/kernels/gemm_invariant.py (H200,
+# 2026-11-27, 1.5B shapes, µs at 1 / 8 / 40 / 320 / 2048 rows; cuBLAS, not invariant, beside).
+# down (K = 8960) splits its K range 4 ways: 9.6 / 13.1 / 30.2 / 174 µs against 7.9 / 9.1 / 17.1
+# / 73.5 (one pass: 21.3 at 8 rows); the others keep one pass (a split costs them more at 320
+# rows than it saves at 8).
+Tiling = tuple[int, int, int, int, int]  # BLOCK_M, BLOCK_N, BLOCK_K, warps, stages
+_K_GRANULE = 128  # split boundaries are multiples of this (so of every BLOCK_K)
+_SPLIT_INNER_FROM, _INNER_SPLITS = 4096, 4
+_WIDE_FROM_COLS = 16384  # gate|up and the LM head
+_FEW_ROWS = 16
+_PREFILL_ROWS = 1024
 _ARRIVAL_COUNTERS = 1 << 16
 
 
-def tiling_for(cols: int, inner: int) -> Tiling:
-    if inner >= _LONG_INNER_FROM:
-        return _LONG_INNER
-    return _WIDE if cols >= _WIDE_FROM_COLS else _NARROW
+def splits_for(inner: int) -> int:
+    """K splits of a weight with this inner size: fixed for the shape, never for the rows."""
+    return _INNER_SPLITS if inner >= _SPLIT_INNER_FROM else 1
+
+
+def tiling_for(rows: int, cols: int, inner: int) -> Tiling:
+    split = inner >= _SPLIT_INNER_FROM
+    if rows <= _FEW_ROWS:
+        return (16, 64, 64, 4, 4) if cols >= _WIDE_FROM_COLS else (16, 32, 128, 4, 4)
+    if split:
+        return (64, 64, 64, 4, 3)
+    if cols >= _WIDE_FROM_COLS or rows >= _PREFILL_ROWS:
+        return (64, 128, 64, 4, 3)
+    return (64, 32, 64, 4, 4)
 
 
 @triton.jit(do_not_specialize=["rows"])
@@ -67,7 +77,7 @@ def _linear_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, arrivals_ptr, rows
                     mask=(rm[:, None] < rows) & (kk[None, :] < INNER), other=0.0)
         b = tl.load(w_ptr + rn[None, :] * w_stride + kk[:, None],
                     mask=(rn[None, :] < cols) & (kk[:, None] < INNER), other=0.0)
-        acc += tl.dot(a, b)
+        acc = tl.dot(a, b, acc)  # chained into the accumulator, as every tiling's MMAs are
     ok = (rm[:, None] < rows) & (rn[None, :] < cols)
     if K_PER_SPLIT < INNER:
         # part: [splits, row blocks * BLOCK_M, cols]; one counter per (row block, column block)
@@ -83,13 +93,16 @@ def _linear_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, part_ptr, arrivals_ptr, rows
 
 
 def launch_linear(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
-                  arrivals: torch.Tensor, tiling: Tiling) -> None:
-    """One product into `out` under the given tiling (x2 [rows, K] and weight [N, K] row-major):
-    the layer's launch, and the benchmark's for candidate tilings."""
+                  arrivals: torch.Tensor, tiling: Tiling, splits: int) -> None:
+    """One product into `out` (x2 [rows, K] and weight [N, K] row-major) under the given tiling,
+    its K range cut into `splits` runs of whole _K_GRANULE steps: the layer's launch, and the
+    benchmarks' for candidate tilings."""
     rows, inner = x2.shape
     cols = weight.shape[0]
-    block_m, block_n, block_k, warps, stages, splits = tiling
-    k_per = triton.cdiv(triton.cdiv(inner, splits), block_k) * block_k
+    block_m, block_n, block_k, warps, stages = tiling
+    if _K_GRANULE % block_k:
+        raise ValueError(f"BLOCK_K {block_k} does not divide the split granule {_K_GRANULE}")
+    k_per = triton.cdiv(triton.cdiv(inner, splits), _K_GRANULE) * _K_GRANULE
     splits = triton.cdiv(inner, k_per)
     grid = (triton.cdiv(rows, block_m), triton.cdiv(cols, block_n), splits)
     part = out
@@ -123,5 +136,5 @@ class InvariantLinear:
         cols = weight.shape[0]
         out = torch.empty((rows, cols), dtype=x.dtype, device=x.device)
         if rows:
-            launch_linear(x2, weight, bias, out, self.arrivals, tiling_for(cols, inner))
+            launch_linear(x2, weight, bias, out, self.arrivals, tiling_for(rows, cols, inner), splits_for(inner))
         return out.reshape(*shape[:-1], cols)

@@ -163,7 +163,7 @@ def row_exact_interpreter_dot(monkeypatch):
     matmul. OpenBLAS's AVX2 kernels (Haswell, Zen; CI's CPUs) round a row differently depending
     on where it sits in the tile, so those tests would check OpenBLAS, not our kernels. This dot
     sums every element in the same order (k = 0, 1, ...) wherever its row or column sits, which
-    is what a GPU's MMA does; what the tests then check is ours: tiling, masks, no split-K.
+    is what a GPU's MMA does; what the tests then check is ours: masks, where K is split.
     On a GPU nothing is replaced."""
     if torch.cuda.is_available():
         return
@@ -171,11 +171,16 @@ def row_exact_interpreter_dot(monkeypatch):
     from triton.runtime import interpreter
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        # As the tensor cores chain it: the accumulator plus each 16-wide step of K in turn, so
+        # tl.dot(a, b, acc) over BLOCK_K = 128 sums as two calls over 64 do.
         acc_dtype = d.data.dtype
         lhs, rhs = a.data.astype(acc_dtype), b.data.astype(acc_dtype)
-        total = np.zeros(lhs.shape[:-1] + rhs.shape[-1:], dtype=acc_dtype)
-        for k in range(lhs.shape[-1]):
-            total += lhs[..., :, k:k + 1] * rhs[..., k:k + 1, :]
-        return interpreter.TensorHandle(total + d.data, d.dtype.scalar)
+        total = d.data.copy()
+        for k0 in range(0, lhs.shape[-1], 16):
+            step = np.zeros_like(total)
+            for k in range(k0, min(k0 + 16, lhs.shape[-1])):
+                step += lhs[..., :, k:k + 1] * rhs[..., k:k + 1, :]
+            total += step
+        return interpreter.TensorHandle(total, d.dtype.scalar)
 
     monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)

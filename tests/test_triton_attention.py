@@ -280,7 +280,8 @@ def test_gpu_qwen_shapes(shape_name, model, dtype):
 
 
 @pytest.mark.parametrize("plan", [dict(block_m=64, num_splits=1, mask_every_tile=True),
-                                  dict(block_m=64, split_keys=64, mask_every_tile=True)], ids=["one-pass", "fixed-splits"])
+                                  dict(block_m=64, split_keys=64, mask_every_tile=True), dict(batch_invariant=True)],
+                         ids=["one-pass", "fixed-splits", "the-mode's"])
 def test_invariant_plan_gives_a_query_the_same_output_in_decode_and_verification(plan, row_exact_interpreter_dot):
     """The batch-invariant plans (block_m 64, every tile masked, and no split or splits of a
     fixed size from key 0): the query at position P gives bitwise the same output as the one
@@ -296,7 +297,7 @@ def test_invariant_plan_gives_a_query_the_same_output_in_decode_and_verification
     k_cache = torch.randn(3, max_len, kv_heads, dim, generator=gen).to(DEVICE, dtype)
     v_cache = torch.randn(3, max_len, kv_heads, dim, generator=gen).to(DEVICE, dtype)
     scale = dim ** -0.5
-    for ctx in (62, 64, 66, 68, 129, 131, 196) if HAS_CUDA else (64, 68, 131):
+    for ctx in (62, 64, 66, 68, 127, 129, 131, 196) if HAS_CUDA else (64, 68, 127, 131):
         q = torch.randn(5, heads, dim, generator=gen).to(DEVICE, dtype)
         verify = RaggedBatch.build([SequenceChunk(slot=1, start=ctx - 5, tokens=[0] * 5, logit_rows=0)], DEVICE)
         by_verify = attend_triton(q, k_cache, v_cache, verify, scale, **plan)

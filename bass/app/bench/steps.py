@@ -42,7 +42,7 @@ def shape_config(name: str) -> TransformerConfig:
 
 
 def random_transformer(config: TransformerConfig, *, dtype: str, device: str, max_seq_len: int,
-                       attention: str, int8_weights: bool = False) -> Transformer:
+                       attention: str, int8_weights: bool = False, batch_invariant: bool = False) -> Transformer:
     dt = TORCH_DTYPES[dtype]
     gen = torch.Generator(device=device).manual_seed(0)
 
@@ -59,7 +59,8 @@ def random_transformer(config: TransformerConfig, *, dtype: str, device: str, ma
     embed = w(c.vocab_size, c.hidden_size)
     weights = TransformerWeights(embed=embed, layers=layers, final_norm=torch.ones(c.hidden_size, dtype=dt, device=device),
                                  lm_head=w(c.vocab_size, c.hidden_size))
-    return Transformer(config, weights, max_seq_len=max_seq_len, attention=attention, int8_weights=int8_weights)
+    return Transformer(config, weights, max_seq_len=max_seq_len, attention=attention, int8_weights=int8_weights,
+                       batch_invariant=batch_invariant)
 
 
 def weight_bytes(config: TransformerConfig, dtype: str) -> int:
@@ -125,20 +126,23 @@ def measure(target: str, draft: str, *, batches: list[int], draft_lengths: list[
     rows = []
     max_q = max(draft_lengths) + 1
     models = {}
+    # "NAME-invariant": attention NAME with the target in its batch-invariant mode (the draft as usual).
     for name in {target, draft}:
         models[name] = {att: random_transformer(shape_config(name), dtype=dtype, device=device,
-                                                max_seq_len=context + max_q + 8, attention=att)
+                                                max_seq_len=context + max_q + 8, attention=att.removesuffix("-invariant"),
+                                                batch_invariant=name == target and att.endswith("-invariant"))
                         for att in {a for a, _ in configs}}
-    for attention, graphs in configs:
+    for config_name, graphs in configs:
+        attention = config_name.removesuffix("-invariant")
         for batch in batches:
             t0 = time.perf_counter()
-            tgt = StepTimer(models[target][attention], batch=batch, context=context, max_q=max_q, attention=attention,
+            tgt = StepTimer(models[target][config_name], batch=batch, context=context, max_q=max_q, attention=attention,
                             cuda_graphs=graphs, device=device)
-            drf = StepTimer(models[draft][attention], batch=batch, context=context, max_q=max_q, attention=attention,
+            drf = StepTimer(models[draft][config_name], batch=batch, context=context, max_q=max_q, attention=attention,
                             cuda_graphs=graphs, device=device)
             draft_ms = drf.time_forward(1, repeats).median_ms
             regular = tgt.time_forward(1, repeats)
-            row = {"attention": attention, "cuda_graphs": graphs, "batch": batch, "context": context,
+            row = {"attention": config_name, "cuda_graphs": graphs, "batch": batch, "context": context,
                    "target_forward_q1_ms": round(regular.median_ms, 4),
                    "target_forward_q1_p10_p90_ms": [round(regular.p10_ms, 4), round(regular.p90_ms, 4)],
                    "draft_forward_q1_ms": round(draft_ms, 4),
@@ -158,6 +162,6 @@ def measure(target: str, draft: str, *, batches: list[int], draft_lengths: list[
             del tgt, drf
             torch.cuda.empty_cache()
             if progress:
-                progress(f"{attention} graphs={graphs} batch={batch}: regular {regular.median_ms:.3f} ms, "
+                progress(f"{config_name} graphs={graphs} batch={batch}: regular {regular.median_ms:.3f} ms, "
                          f"best k={best[0]} {best[1]:.3f} ms/token/seq ({time.perf_counter() - t0:.0f} s)")
     return rows

@@ -44,6 +44,7 @@ VARIANTS = {
     "inv-split256": dict(block_m=64, split_keys=256, mask_every_tile=True),
     "inv16-split64": dict(block_m=16, split_keys=64, mask_every_tile=True),
     "inv16-split128": dict(block_m=16, split_keys=128, mask_every_tile=True),
+    "invariant": dict(batch_invariant=True),  # the mode's plan
 }
 CAPACITY = 2048  # the cache length a graph is captured for (its contexts' bound)
 
