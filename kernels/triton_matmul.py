@@ -38,6 +38,8 @@ Tiling = tuple[int, int, int, int, int]  # BLOCK_M, BLOCK_N, BLOCK_K, warps, sta
 _K_GRANULE = 128  # split boundaries are multiples of this (so of every BLOCK_K)
 _SPLIT_INNER_FROM, _INNER_SPLITS = 4096, 4
 _WIDE_FROM_COLS = 16384  # gate|up and the LM head
+_HUGE_COLS = 65536  # the LM head
+_VERIFY_ROWS = 128
 _FEW_ROWS = 16
 _PREFILL_ROWS = 1024
 _ARRIVAL_COUNTERS = 1 << 16
@@ -54,6 +56,8 @@ def tiling_for(rows: int, cols: int, inner: int) -> Tiling:
         return (16, 64, 64, 4, 4) if cols >= _WIDE_FROM_COLS else (16, 32, 128, 4, 4)
     if split:
         return (64, 64, 64, 4, 3)
+    if _WIDE_FROM_COLS <= cols < _HUGE_COLS and rows <= _VERIFY_ROWS:
+        return (64, 64, 64, 4, 4)  # gate|up at 17-128 rows: 18.0 µs at 40 against 21.6 in 64 x 128
     if cols >= _WIDE_FROM_COLS or rows >= _PREFILL_ROWS:
         return (64, 128, 64, 4, 3)
     return (64, 32, 64, 4, 4)
