@@ -33,7 +33,7 @@ from bass.kernels import triton_attention
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from bass.kernels.triton_splitk import reduce_split_k  # noqa: E402
+from bass.kernels.triton_splitk import reduce_split_k, split_k_scratch  # noqa: E402
 
 MAX_INT8_ROWS = 16  # more rows take cuBLAS on the full weight
 _BLOCK_M = 16  # rows per program: the smallest tensor-core block
@@ -143,13 +143,11 @@ class Int8Linear:
         k_per = triton.cdiv(triton.cdiv(inner, splits), block_k) * block_k
         splits = triton.cdiv(inner, k_per)
         grid = (triton.cdiv(cols, block_n), splits, triton.cdiv(rows, _BLOCK_M))
-        if splits > 1 and grid[0] * grid[2] > self.arrivals.numel():
-            raise ValueError(f"a {rows}x{cols} split product needs {grid[0] * grid[2]} arrival counters, "
-                             f"more than {self.arrivals.numel()}")
-        part = (torch.empty((splits, grid[2] * _BLOCK_M, cols), dtype=torch.float32, device=x.device)
-                if splits > 1 else out)
+        part, arrivals = out, self.arrivals
+        if splits > 1:
+            part, arrivals = split_k_scratch(splits, grid[2] * _BLOCK_M, cols, grid[0] * grid[2], arrivals, x.device)
         _int8_linear_kernel[grid](x, weight.q, weight.scale, bias if bias is not None else weight.scale, out, part,
-                                  self.arrivals, rows, cols, inner, k_per, HAS_BIAS=bias is not None,
+                                  arrivals, rows, cols, inner, k_per, HAS_BIAS=bias is not None,
                                   SPLIT=splits > 1, UPCAST=triton_attention._INTERPRETED, BLOCK_M=_BLOCK_M,
                                   BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages)
         return out

@@ -21,7 +21,7 @@ from bass.kernels import triton_attention
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from bass.kernels.triton_splitk import reduce_split_k  # noqa: E402
+from bass.kernels.triton_splitk import reduce_split_k, split_k_scratch  # noqa: E402
 
 # What may depend on the number of rows and what may not. On an H100-class GPU a row's bits do
 # not change with the tiling (BLOCK_M 16-128, so mma.sync or wgmma; BLOCK_N; BLOCK_K 64 or 128;
@@ -51,10 +51,9 @@ def splits_for(inner: int) -> int:
 
 
 def tiling_for(rows: int, cols: int, inner: int) -> Tiling:
-    split = inner >= _SPLIT_INNER_FROM
     if rows <= _FEW_ROWS:
         return (16, 64, 64, 4, 4) if cols >= _WIDE_FROM_COLS else (16, 32, 128, 4, 4)
-    if split:
+    if splits_for(inner) > 1:
         return (64, 64, 64, 4, 3)
     if _WIDE_FROM_COLS <= cols < _HUGE_COLS and rows <= _VERIFY_ROWS:
         return (64, 64, 64, 4, 4)  # gate|up at 17-128 rows: 18.0 µs at 40 against 21.6 in 64 x 128
@@ -111,9 +110,7 @@ def launch_linear(x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     grid = (triton.cdiv(rows, block_m), triton.cdiv(cols, block_n), splits)
     part = out
     if splits > 1:
-        part = torch.empty((splits, grid[0] * block_m, cols), dtype=torch.float32, device=x2.device)
-        if grid[0] * grid[1] > arrivals.numel():  # a prefill larger than the counters cover
-            arrivals = torch.zeros(grid[0] * grid[1], dtype=torch.int32, device=x2.device)
+        part, arrivals = split_k_scratch(splits, grid[0] * block_m, cols, grid[0] * grid[1], arrivals, x2.device)
     _linear_kernel[grid](x2, weight, bias if bias is not None else weight, out, part, arrivals, rows, cols,
                          x2.stride(0), weight.stride(0), out.stride(0), INNER=inner, K_PER_SPLIT=k_per,
                          HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,

@@ -1,4 +1,4 @@
-"""The deterministic split K of the few-row int8 product kernel (kernels/triton_int8.py).
+"""The deterministic split K of the Triton products (kernels/triton_int8.py, kernels/triton_matmul.py).
 
 A long inner size leaves few programs, so the kernel splits the K range over a grid axis. Each
 split stores its fp32 partial to scratch and bumps its output tile's arrival counter; the last to
@@ -8,6 +8,8 @@ launch without a memset (as in kernels/triton_attention.py).
 """
 
 from __future__ import annotations
+
+import torch
 
 # Imported first: on a machine without a GPU it switches Triton to its interpreter (tests).
 from bass.kernels import triton_attention  # noqa: F401
@@ -32,3 +34,14 @@ def reduce_split_k(acc, part_ptr, arrivals_ptr, tile, mask, split, splits, split
             total += tl.load(part_ptr + s * split_stride + tile, mask=mask, other=0.0, cache_modifier=".cg")
         tl.store(counter, 0)
     return last, total
+
+
+def split_k_scratch(splits: int, rows: int, cols: int, tiles: int, arrivals: torch.Tensor,
+                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fp32 partials [splits, rows, cols] of a split product and arrival counters for its
+    `tiles` output tiles: the caller's zeroed buffer, or a fresh zeroed one where the grid
+    outgrows it (a long prefill)."""
+    part = torch.empty((splits, rows, cols), dtype=torch.float32, device=device)
+    if tiles > arrivals.numel():
+        arrivals = torch.zeros(tiles, dtype=torch.int32, device=device)
+    return part, arrivals
