@@ -383,7 +383,11 @@ def test_no_replica_serving_is_unavailable_and_not_serving_health(replicas, rout
 def test_metrics_show_each_replicas_load(replicas, router):
     a, b = replicas
     a.running, a.queued, b.kv_slots = 3, 2, 16
-    time.sleep(3 * POLL_S)
+    # Until a poll has seen the new loads (a fixed sleep of a few polls flaked on a busy CI host).
+    seen = {("bass_replica_running_sequences", (("replica", a.address),)): 3,
+            ("bass_replica_queued_sequences", (("replica", a.address),)): 2,
+            ("bass_replica_kv_slots", (("replica", b.address),)): 16}
+    wait_until(lambda: all(scrape(router.metrics_server.address).get(k) == v for k, v in seen.items()))
     who(router.address)
     m = scrape(router.metrics_server.address)
     assert m[("bass_replica_running_sequences", (("replica", a.address),))] == 3
