@@ -254,7 +254,7 @@ class LaunchPlan(NamedTuple):
     split_size: int
 
 
-# The batch-invariant plan's split: on an H200 (bench/gpu/kernels/attention_layers.py, 2026-11-27,
+# The batch-invariant plan's split: on an H200 (bench/gpu/kernels/attention_layers.py, f0a744a,
 # a forward's layers in one CUDA graph, 512-token contexts) 128 keys with 16-row blocks cost
 # 6.2 / 7.8 / 18.5 µs a layer at 1 / 8 / 64 sequences of the 1.5B against the default plan's
 # 7.0 / 8.6 / 12.8 (and the former invariant plan, one pass in 64-row blocks: 9.7 / 10.5 / 12.9).

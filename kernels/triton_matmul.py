@@ -30,10 +30,10 @@ from bass.kernels.triton_splitk import reduce_split_k, split_k_scratch  # noqa: 
 # shape of the 1.5B). What changes them is where the K range is split: so the split (its count
 # and its boundaries, multiples of _K_GRANULE) is a function of the weight's shape alone, and
 # the tiling is picked by rows, as cuBLAS does, from bench/gpu/kernels/gemm_invariant.py (H200,
-# 2026-11-27, 1.5B shapes, µs at 1 / 8 / 40 / 320 / 2048 rows; cuBLAS, not invariant, beside).
-# down (K = 8960) splits its K range 4 ways: 9.6 / 13.1 / 30.2 / 174 µs against 7.9 / 9.1 / 17.1
-# / 73.5 (one pass: 21.3 at 8 rows); the others keep one pass (a split costs them more at 320
-# rows than it saves at 8).
+# 2026-11-27, 1.5B shapes; cuBLAS, not invariant, beside). down (K = 8960) splits its K range 4
+# ways: 9.6 / 13.1 / 30.2 / 174 µs at 8 / 40 / 320 / 2048 rows against 7.9 / 9.1 / 17.1 / 73.5
+# (one pass: 21.3 at 8 rows); the others keep one pass (a split costs them more at 320 rows than
+# it saves at 8).
 Tiling = tuple[int, int, int, int, int]  # BLOCK_M, BLOCK_N, BLOCK_K, warps, stages
 _K_GRANULE = 128  # split boundaries are multiples of this (so of every BLOCK_K)
 _SPLIT_INNER_FROM, _INNER_SPLITS = 4096, 4
