@@ -1,0 +1,260 @@
+// Few-row products x @ w.T on tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate), for
+// decode and verification steps of 1-64 rows, where the product is a matter of streaming the
+// weight once with as many loads in flight as the memory system takes.
+//
+// Why not tl.dot tiles (kernels/triton_int8.py) or cuBLAS: at 1-16 rows their programs walk the
+// inner dimension in a chain of dependent steps (load a tile, multiply, load the next), so a 1 MB
+// weight costs 3-6 µs, several DRAM round trips. Here every lane issues all its weight loads for
+// a batch of chunks before it multiplies anything, and the warps of a block split the inner
+// dimension between them, so one block covers its columns in about one round trip.
+//
+// Layout trick: a warp covers 8 output columns; lane (g = lane / 4, q = lane % 4) loads 16
+// contiguous bytes of column g's weight (16 int8 or 8 bf16 values) at offset q * KL of a chunk of
+// 4 * KL inner positions. Which inner position feeds which of the mma's 16 k slots does not matter
+// to the sum, so the lane's own 16 bytes become its B fragment as they are (widened from int8 if
+// need be), and the activations x are read with the same assignment for the A fragment. No
+// shuffles, no shared memory until the warps' partial sums are added, in a fixed order.
+//
+// Weights are int8 with one fp32 scale per output column (the draft) or bf16 (scale null).
+// Inner size must be a multiple of 4 * KL (64 for int8, 32 for bf16); the caller checks.
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace {
+
+__device__ __forceinline__ void mma_bf16_16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Weights are read once: stream them past L1.
+__device__ __forceinline__ uint4 load_streaming(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Four int8 in a word -> two bf16x2 words, exactly (|q| <= 127 has 7 significant bits).
+__device__ __forceinline__ void widen_int8x4(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  lo = pack_bf16x2(static_cast<float>(static_cast<int8_t>(w & 0xff)),
+                   static_cast<float>(static_cast<int8_t>((w >> 8) & 0xff)));
+  hi = pack_bf16x2(static_cast<float>(static_cast<int8_t>((w >> 16) & 0xff)),
+                   static_cast<float>(static_cast<int8_t>(w >> 24)));
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+constexpr int kLoadsInFlight = 4;  // chunks a warp loads before it multiplies
+
+// MT: 16-row tiles (rows <= 16 * MT); NB: groups of 8 columns per warp (the activations' loads are
+// shared by them); WARPS: warps per block, splitting the inner dimension.
+template <bool INT8, int MT, int NB, int WARPS, bool OUT_F32>
+__global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
+    const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scale,
+    const __nv_bfloat16* __restrict__ bias, void* __restrict__ out, int rows, int cols, int inner) {
+  constexpr int KL = INT8 ? 16 : 8;  // inner positions in one lane's 16-byte weight load
+  constexpr int STEPS = KL / 4;      // mma k-steps per load (4 lanes x 4 positions each)
+  constexpr int CHUNK = 4 * KL;      // inner positions a warp covers per load
+  constexpr int XV = KL / 8;         // 16-byte activation loads per row per chunk
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, q = lane & 3;
+  const int col0 = blockIdx.x * (8 * NB);
+  const int chunks = inner / CHUNK;
+  const int w_stride = inner / KL;  // uint4 per weight row
+
+  const uint4* wcol[NB];
+  bool col_ok[NB];
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb) {
+    const int c = col0 + nb * 8 + g;
+    col_ok[nb] = c < cols;
+    wcol[nb] = w + static_cast<size_t>(col_ok[nb] ? c : 0) * w_stride + q;
+  }
+  const uint4* xrow[MT][2];
+  bool row_ok[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = mt * 16 + h * 8 + g;
+      row_ok[mt][h] = r < rows;
+      xrow[mt][h] = reinterpret_cast<const uint4*>(x + static_cast<size_t>(row_ok[mt][h] ? r : 0) * inner) + q * XV;
+    }
+  }
+
+  float acc[NB][MT][4];
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[nb][mt][i] = 0.f;
+
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  for (int base = warp; base < chunks; base += WARPS * kLoadsInFlight) {
+    uint4 wv[kLoadsInFlight][NB];
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u) {
+      const int ch = base + u * WARPS;
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+        wv[u][nb] = (ch < chunks && col_ok[nb]) ? load_streaming(wcol[nb] + static_cast<size_t>(ch) * 4) : zero;
+    }
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u) {
+      const int ch = base + u * WARPS;
+      if (ch >= chunks) break;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        uint4 xa[2][XV];
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int v = 0; v < XV; ++v)
+            xa[h][v] = row_ok[mt][h] ? xrow[mt][h][static_cast<size_t>(ch) * CHUNK / 8 + v] : zero;
+#pragma unroll
+        for (int j = 0; j < STEPS; ++j) {
+          // word 2j of the lane's segment holds positions 4j, 4j+1; word 2j+1 holds 4j+2, 4j+3
+          const uint32_t a0 = word(xa[0][(2 * j) / 4], (2 * j) % 4), a2 = word(xa[0][(2 * j + 1) / 4], (2 * j + 1) % 4);
+          const uint32_t a1 = word(xa[1][(2 * j) / 4], (2 * j) % 4), a3 = word(xa[1][(2 * j + 1) / 4], (2 * j + 1) % 4);
+#pragma unroll
+          for (int nb = 0; nb < NB; ++nb) {
+            uint32_t b0, b1;
+            if constexpr (INT8) {
+              widen_int8x4(word(wv[u][nb], j), b0, b1);
+            } else {
+              b0 = word(wv[u][nb], 2 * j);
+              b1 = word(wv[u][nb], 2 * j + 1);
+            }
+            mma_bf16_16816(acc[nb][mt], a0, a1, a2, a3, b0, b1);
+          }
+        }
+      }
+    }
+  }
+
+  // The warps' partial sums, added in warp order (the same bits whatever the launch).
+  constexpr int PER_WARP = NB * MT * 4 * 32;
+  __shared__ float partial[WARPS > 1 ? WARPS * PER_WARP : 1];
+  if constexpr (WARPS > 1) {
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) partial[warp * PER_WARP + ((nb * MT + mt) * 4 + i) * 32 + lane] = acc[nb][mt][i];
+    __syncthreads();
+  }
+  for (int e = threadIdx.x; e < PER_WARP; e += WARPS * 32) {
+    float v = 0.f;
+    if constexpr (WARPS > 1) {
+#pragma unroll
+      for (int s = 0; s < WARPS; ++s) v += partial[s * PER_WARP + e];
+    } else {
+      // one warp: thread e holds entry e's value itself only when the layout lines up, so go
+      // through registers: entry e = ((nb * MT + mt) * 4 + i) * 32 + lane with lane == e % 32
+      const int idx = e / 32;
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            if ((nb * MT + mt) * 4 + i == idx) v = acc[nb][mt][i];
+    }
+    const int l = e % 32, idx = e / 32, i = idx % 4, mt = (idx / 4) % MT, nb = idx / (4 * MT);
+    const int row = mt * 16 + (l >> 2) + (i >= 2 ? 8 : 0);
+    const int col = col0 + nb * 8 + 2 * (l & 3) + (i & 1);
+    if (row < rows && col < cols) {
+      if (scale != nullptr) v *= scale[col];
+      if (bias != nullptr) v += __bfloat162float(bias[col]);
+      if constexpr (OUT_F32)
+        static_cast<float*>(out)[static_cast<size_t>(row) * cols + col] = v;
+      else
+        static_cast<__nv_bfloat16*>(out)[static_cast<size_t>(row) * cols + col] = __float2bfloat16(v);
+    }
+  }
+}
+
+template <bool INT8, int MT, int NB, int WARPS>
+cudaError_t launch_with(const void* x, const void* w, const float* scale, const void* bias, void* out, int rows,
+                        int cols, int inner, bool out_f32, cudaStream_t stream) {
+  // The partial sums' shared memory must fit the static 48 KB.
+  if constexpr (WARPS * NB * MT * 4 * 32 * 4 > 48 * 1024) {
+    return cudaErrorInvalidConfiguration;
+  } else {
+    const dim3 grid((cols + 8 * NB - 1) / (8 * NB));
+    const dim3 block(WARPS * 32);
+    auto xs = static_cast<const __nv_bfloat16*>(x);
+    auto ws = static_cast<const uint4*>(w);
+    auto bs = static_cast<const __nv_bfloat16*>(bias);
+    if (out_f32)
+      skinny_gemm_kernel<INT8, MT, NB, WARPS, true><<<grid, block, 0, stream>>>(xs, ws, scale, bs, out, rows, cols, inner);
+    else
+      skinny_gemm_kernel<INT8, MT, NB, WARPS, false><<<grid, block, 0, stream>>>(xs, ws, scale, bs, out, rows, cols, inner);
+    return cudaGetLastError();
+  }
+}
+
+template <bool INT8, int MT, int NB>
+cudaError_t by_warps(int warps, const void* x, const void* w, const float* scale, const void* bias, void* out,
+                     int rows, int cols, int inner, bool out_f32, cudaStream_t stream) {
+  switch (warps) {
+    case 2: return launch_with<INT8, MT, NB, 2>(x, w, scale, bias, out, rows, cols, inner, out_f32, stream);
+    case 4: return launch_with<INT8, MT, NB, 4>(x, w, scale, bias, out, rows, cols, inner, out_f32, stream);
+    case 8: return launch_with<INT8, MT, NB, 8>(x, w, scale, bias, out, rows, cols, inner, out_f32, stream);
+    case 16: return launch_with<INT8, MT, NB, 16>(x, w, scale, bias, out, rows, cols, inner, out_f32, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+template <bool INT8, int MT>
+cudaError_t by_groups(int groups, int warps, const void* x, const void* w, const float* scale, const void* bias,
+                      void* out, int rows, int cols, int inner, bool out_f32, cudaStream_t stream) {
+  switch (groups) {
+    case 1: return by_warps<INT8, MT, 1>(warps, x, w, scale, bias, out, rows, cols, inner, out_f32, stream);
+    case 2: return by_warps<INT8, MT, 2>(warps, x, w, scale, bias, out, rows, cols, inner, out_f32, stream);
+    case 4: return by_warps<INT8, MT, 4>(warps, x, w, scale, bias, out, rows, cols, inner, out_f32, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+template <bool INT8>
+cudaError_t by_tiles(int row_tiles, int groups, int warps, const void* x, const void* w, const float* scale,
+                     const void* bias, void* out, int rows, int cols, int inner, bool out_f32, cudaStream_t stream) {
+  switch (row_tiles) {
+    case 1: return by_groups<INT8, 1>(groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, stream);
+    case 2: return by_groups<INT8, 2>(groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, stream);
+    case 4: return by_groups<INT8, 4>(groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+// The entry point kernels/cuda_skinny.py calls (ctypes). Returns a cudaError_t (0: launched).
+extern "C" int bass_skinny_gemm(const void* x, const void* w, const float* scale, const void* bias, void* out,
+                                int rows, int cols, int inner, int w_int8, int out_f32, int row_tiles,
+                                int groups, int warps, void* stream) {
+  const int chunk = w_int8 ? 64 : 32;
+  if (rows < 1 || rows > 16 * row_tiles || inner % chunk != 0) return static_cast<int>(cudaErrorInvalidValue);
+  auto s = static_cast<cudaStream_t>(stream);
+  return static_cast<int>(
+      w_int8 ? by_tiles<true>(row_tiles, groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32 != 0, s)
+             : by_tiles<false>(row_tiles, groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32 != 0, s));
+}

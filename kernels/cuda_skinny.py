@@ -1,0 +1,138 @@
+"""Few-row products on the tensor cores from CUDA C++ (kernels/cuda/skinny_gemm.cu), built on the
+machine that runs them.
+
+Triton has no way to issue a lane's weight loads for several chunks of the inner dimension before
+it multiplies any (its pipeliner keeps a few tiles in flight, in order), and at 1-16 rows that is
+what a product costs: DRAM round trips, not bytes. The .cu file says how the kernel avoids them.
+
+Built once per machine with the CUDA compiler (`nvcc`, found on PATH or under CUDA_HOME) into
+BASS_KERNEL_CACHE (default ~/.cache/bass/kernels), keyed by the source's hash and the GPU's
+architecture; loaded with ctypes and launched on PyTorch's current stream, so CUDA graphs capture
+it like any other launch. Where there is no compiler or no GPU, `load_skinny_gemm` returns None and
+callers keep their Triton / cuBLAS path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+_SOURCE = Path(__file__).with_name("cuda") / "skinny_gemm.cu"
+MAX_ROWS = 64  # four 16-row tiles
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How one product is cut: 16-row tiles, 8-column groups per warp, warps per block."""
+
+    row_tiles: int
+    groups: int
+    warps: int
+
+
+def inner_multiple(weight_int8: bool) -> int:
+    """The inner size must be a multiple of this (one warp's chunk)."""
+    return 64 if weight_int8 else 32
+
+
+def launch_for(rows: int, cols: int, inner: int, weight_int8: bool) -> Launch:
+    """Enough loads in flight to cover DRAM latency without starving the grid: the warps of a block
+    split the inner dimension so that each has about 4 chunks; wide products share each
+    activation load among more columns."""
+    row_tiles = 1 if rows <= 16 else 2 if rows <= 32 else 4
+    chunks = inner // inner_multiple(weight_int8)
+    warps = min(16, max(2, 1 << max(0, (chunks // 4 - 1).bit_length())))
+    groups = 4 if cols >= 16384 else 2 if cols >= 4096 else 1
+    while warps * groups * row_tiles * 512 > 48 * 1024:  # the kernel's partial sums in static shared memory
+        if groups > 1:
+            groups //= 2
+        else:
+            warps //= 2
+    return Launch(row_tiles, groups, warps)
+
+
+class SkinnyGemm:
+    """The loaded library: out = x @ w.T (* scale per column) (+ bias), for 1-64 rows."""
+
+    def __init__(self, library: ctypes.CDLL):
+        self._fn = library.bass_skinny_gemm
+        self._fn.restype = ctypes.c_int
+        self._fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 8 + [ctypes.c_void_p]
+
+    def supports(self, rows: int, inner: int, weight_int8: bool) -> bool:
+        return 1 <= rows <= MAX_ROWS and inner % inner_multiple(weight_int8) == 0
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
+                 out: torch.Tensor, launch: Launch | None = None) -> torch.Tensor:
+        """x [rows, K] bf16 contiguous; weight [N, K] int8 (with fp32 scale [N]) or bf16; out
+        [rows, N] bf16 or fp32."""
+        rows, inner = x.shape
+        cols = weight.shape[0]
+        weight_int8 = weight.dtype == torch.int8
+        launch = launch or launch_for(rows, cols, inner, weight_int8)
+        err = self._fn(x.data_ptr(), weight.data_ptr(), scale.data_ptr() if scale is not None else None,
+                       bias.data_ptr() if bias is not None else None, out.data_ptr(), rows, cols, inner,
+                       int(weight_int8), int(out.dtype == torch.float32), launch.row_tiles, launch.groups,
+                       launch.warps, torch.cuda.current_stream(x.device).cuda_stream)
+        if err:
+            raise RuntimeError(f"skinny_gemm launch failed (cudaError {err}): rows={rows} cols={cols} "
+                               f"inner={inner} int8={weight_int8} {launch}")
+        return out
+
+
+def _nvcc() -> str | None:
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    candidate = Path(home, "bin", "nvcc") if home else None
+    return str(candidate) if candidate is not None and candidate.exists() else None
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("BASS_KERNEL_CACHE", Path.home() / ".cache" / "bass" / "kernels"))
+
+
+def load_skinny_gemm(device: torch.device) -> SkinnyGemm | None:
+    """The kernel library for `device`'s architecture, compiled on first use; None where it cannot
+    be (no CUDA device, no nvcc, or the build failed: logged, and the caller keeps its fallback)."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    if major < 8:  # bf16 mma.sync needs Ampere or newer
+        return None
+    digest = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:16]
+    target = _cache_dir() / f"skinny_gemm-{digest}-sm{major}{minor}.so"
+    if not target.exists():
+        nvcc = _nvcc()
+        if nvcc is None:
+            log.warning("no nvcc on PATH or under CUDA_HOME: few-row products stay on Triton / cuBLAS")
+            return None
+        target.parent.mkdir(parents=True, exist_ok=True)
+        arch = f"{major}{minor}"
+        log.info("compiling %s for sm_%s into %s (once per machine, ~20 s)", _SOURCE.name, arch, target)
+        started = time.monotonic()
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            built = Path(tmp) / target.name
+            cmd = [nvcc, "-O3", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{arch},code=sm_{arch}",
+                   "-o", str(built), str(_SOURCE)]
+            result = subprocess.run(cmd, capture_output=True, text=True)
+            if result.returncode != 0:
+                log.warning("building %s failed; few-row products stay on Triton / cuBLAS:\n%s", _SOURCE.name,
+                            result.stderr[-2000:])
+                return None
+            os.replace(built, target)  # atomic: a concurrent loader sees the whole file or none
+        log.info("compiled %s in %.1f s", _SOURCE.name, time.monotonic() - started)
+    return SkinnyGemm(ctypes.CDLL(str(target)))
