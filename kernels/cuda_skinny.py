@@ -40,6 +40,7 @@ class Launch:
     row_tiles: int
     groups: int
     warps: int
+    blocks_per_sm: int = 0  # at most this many resident blocks a multiprocessor (0: as many as fit)
 
 
 def inner_multiple(weight_int8: bool) -> int:
@@ -69,7 +70,7 @@ class SkinnyGemm:
     def __init__(self, library: ctypes.CDLL):
         self._fn = library.bass_skinny_gemm
         self._fn.restype = ctypes.c_int
-        self._fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 8 + [ctypes.c_void_p]
+        self._fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 9 + [ctypes.c_void_p]
 
     def supports(self, rows: int, inner: int, weight_int8: bool) -> bool:
         return 1 <= rows <= MAX_ROWS and inner % inner_multiple(weight_int8) == 0
@@ -85,7 +86,7 @@ class SkinnyGemm:
         err = self._fn(x.data_ptr(), weight.data_ptr(), scale.data_ptr() if scale is not None else None,
                        bias.data_ptr() if bias is not None else None, out.data_ptr(), rows, cols, inner,
                        int(weight_int8), int(out.dtype == torch.float32), launch.row_tiles, launch.groups,
-                       launch.warps, torch.cuda.current_stream(x.device).cuda_stream)
+                       launch.warps, launch.blocks_per_sm, torch.cuda.current_stream(x.device).cuda_stream)
         if err:
             raise RuntimeError(f"skinny_gemm launch failed (cudaError {err}): rows={rows} cols={cols} "
                                f"inner={inner} int8={weight_int8} {launch}")

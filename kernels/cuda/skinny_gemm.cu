@@ -22,6 +22,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <atomic>
+
 namespace {
 
 __device__ __forceinline__ void mma_bf16_16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
@@ -47,23 +49,31 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// Four int8 in a word -> two bf16x2 words, exactly (|q| <= 127 has 7 significant bits).
+// Four int8 in a word -> two bf16x2 words, exactly (|q| <= 127 has 7 significant bits). The byte,
+// offset by 128, becomes the low mantissa byte of 2^23 (a float whose unit is 1), so one byte
+// permute and one add replace a quarter-rate integer-to-float conversion.
 __device__ __forceinline__ void widen_int8x4(uint32_t w, uint32_t& lo, uint32_t& hi) {
-  lo = pack_bf16x2(static_cast<float>(static_cast<int8_t>(w & 0xff)),
-                   static_cast<float>(static_cast<int8_t>((w >> 8) & 0xff)));
-  hi = pack_bf16x2(static_cast<float>(static_cast<int8_t>((w >> 16) & 0xff)),
-                   static_cast<float>(static_cast<int8_t>(w >> 24)));
+  const uint32_t u = w ^ 0x80808080u;  // two's complement -> offset binary
+  const float f0 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7540)) - 8388736.f;  // 2^23 + 128
+  const float f1 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7541)) - 8388736.f;
+  const float f2 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7542)) - 8388736.f;
+  const float f3 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7543)) - 8388736.f;
+  lo = pack_bf16x2(f0, f1);
+  hi = pack_bf16x2(f2, f3);
 }
 
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-constexpr int kLoadsInFlight = 4;  // chunks a warp loads before it multiplies
-
 // MT: 16-row tiles (rows <= 16 * MT); NB: groups of 8 columns per warp (the activations' loads are
-// shared by them); WARPS: warps per block, splitting the inner dimension.
-template <bool INT8, int MT, int NB, int WARPS, bool OUT_F32>
+// shared by them); WARPS: warps per block, splitting the inner dimension; U: chunks a warp loads
+// per step (U * NB 16-byte loads a lane).
+//
+// The grid is at most what is resident at once, and a block walks column tiles; each warp loads
+// its next step's weights (the next chunks, or the next tile's) before it multiplies this step's,
+// so a lane always has loads in flight, across tile boundaries too.
+template <bool INT8, int MT, int NB, int WARPS, int U, bool OUT_F32>
 __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
     const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scale,
     const __nv_bfloat16* __restrict__ bias, void* __restrict__ out, int rows, int cols, int inner) {
@@ -71,20 +81,15 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
   constexpr int STEPS = KL / 4;      // mma k-steps per load (4 lanes x 4 positions each)
   constexpr int CHUNK = 4 * KL;      // inner positions a warp covers per load
   constexpr int XV = KL / 8;         // 16-byte activation loads per row per chunk
+  constexpr int TILE_COLS = 8 * NB;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, q = lane & 3;
-  const int col0 = blockIdx.x * (8 * NB);
   const int chunks = inner / CHUNK;
+  const int steps_per_tile = (chunks + WARPS * U - 1) / (WARPS * U);  // the same for every warp
+  const int tiles = (cols + TILE_COLS - 1) / TILE_COLS;
   const int w_stride = inner / KL;  // uint4 per weight row
+  const uint4 zero = make_uint4(0, 0, 0, 0);
 
-  const uint4* wcol[NB];
-  bool col_ok[NB];
-#pragma unroll
-  for (int nb = 0; nb < NB; ++nb) {
-    const int c = col0 + nb * 8 + g;
-    col_ok[nb] = c < cols;
-    wcol[nb] = w + static_cast<size_t>(col_ok[nb] ? c : 0) * w_stride + q;
-  }
   const uint4* xrow[MT][2];
   bool row_ok[MT][2];
 #pragma unroll
@@ -97,6 +102,20 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
     }
   }
 
+  // step s of tile t covers chunks warp + (s * U + u) * WARPS, u < U
+  auto load_step = [&](uint4 (&dst)[U][NB], int tile, int step) {
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      const int c = tile * TILE_COLS + nb * 8 + g;
+      const uint4* col = w + static_cast<size_t>(c < cols ? c : 0) * w_stride + q;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int ch = warp + (step * U + u) * WARPS;
+        dst[u][nb] = (tile < tiles && c < cols && ch < chunks) ? load_streaming(col + static_cast<size_t>(ch) * 4) : zero;
+      }
+    }
+  };
+
   float acc[NB][MT][4];
 #pragma unroll
   for (int nb = 0; nb < NB; ++nb)
@@ -105,142 +124,168 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[nb][mt][i] = 0.f;
 
-  const uint4 zero = make_uint4(0, 0, 0, 0);
-  for (int base = warp; base < chunks; base += WARPS * kLoadsInFlight) {
-    uint4 wv[kLoadsInFlight][NB];
-#pragma unroll
-    for (int u = 0; u < kLoadsInFlight; ++u) {
-      const int ch = base + u * WARPS;
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
-        wv[u][nb] = (ch < chunks && col_ok[nb]) ? load_streaming(wcol[nb] + static_cast<size_t>(ch) * 4) : zero;
+  constexpr int PER_WARP = NB * MT * 4 * 32;
+  __shared__ float partial[WARPS > 1 ? WARPS * PER_WARP : PER_WARP];
+
+  uint4 cur[U][NB], nxt[U][NB];
+  int tile = blockIdx.x, step = 0;
+  load_step(cur, tile, step);
+  while (tile < tiles) {
+    int next_tile = tile, next_step = step + 1;
+    if (next_step == steps_per_tile) {
+      next_tile += gridDim.x;
+      next_step = 0;
     }
+    load_step(nxt, next_tile, next_step);  // in flight while this step multiplies
+
 #pragma unroll
-    for (int u = 0; u < kLoadsInFlight; ++u) {
-      const int ch = base + u * WARPS;
-      if (ch >= chunks) break;
+    for (int u = 0; u < U; ++u) {
+      const int ch = warp + (step * U + u) * WARPS;
+      if (ch < chunks) {
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        uint4 xa[2][XV];
+        for (int mt = 0; mt < MT; ++mt) {
+          uint4 xa[2][XV];
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
+          for (int h = 0; h < 2; ++h)
 #pragma unroll
-          for (int v = 0; v < XV; ++v)
-            xa[h][v] = row_ok[mt][h] ? xrow[mt][h][static_cast<size_t>(ch) * CHUNK / 8 + v] : zero;
+            for (int v = 0; v < XV; ++v)
+              xa[h][v] = row_ok[mt][h] ? xrow[mt][h][static_cast<size_t>(ch) * CHUNK / 8 + v] : zero;
 #pragma unroll
-        for (int j = 0; j < STEPS; ++j) {
-          // word 2j of the lane's segment holds positions 4j, 4j+1; word 2j+1 holds 4j+2, 4j+3
-          const uint32_t a0 = word(xa[0][(2 * j) / 4], (2 * j) % 4), a2 = word(xa[0][(2 * j + 1) / 4], (2 * j + 1) % 4);
-          const uint32_t a1 = word(xa[1][(2 * j) / 4], (2 * j) % 4), a3 = word(xa[1][(2 * j + 1) / 4], (2 * j + 1) % 4);
+          for (int j = 0; j < STEPS; ++j) {
+            // word 2j of the lane's segment holds positions 4j, 4j+1; word 2j+1 holds 4j+2, 4j+3
+            const uint32_t a0 = word(xa[0][(2 * j) / 4], (2 * j) % 4);
+            const uint32_t a2 = word(xa[0][(2 * j + 1) / 4], (2 * j + 1) % 4);
+            const uint32_t a1 = word(xa[1][(2 * j) / 4], (2 * j) % 4);
+            const uint32_t a3 = word(xa[1][(2 * j + 1) / 4], (2 * j + 1) % 4);
 #pragma unroll
-          for (int nb = 0; nb < NB; ++nb) {
-            uint32_t b0, b1;
-            if constexpr (INT8) {
-              widen_int8x4(word(wv[u][nb], j), b0, b1);
-            } else {
-              b0 = word(wv[u][nb], 2 * j);
-              b1 = word(wv[u][nb], 2 * j + 1);
+            for (int nb = 0; nb < NB; ++nb) {
+              uint32_t b0, b1;
+              if constexpr (INT8) {
+                widen_int8x4(word(cur[u][nb], j), b0, b1);
+              } else {
+                b0 = word(cur[u][nb], 2 * j);
+                b1 = word(cur[u][nb], 2 * j + 1);
+              }
+              mma_bf16_16816(acc[nb][mt], a0, a1, a2, a3, b0, b1);
             }
-            mma_bf16_16816(acc[nb][mt], a0, a1, a2, a3, b0, b1);
           }
         }
       }
     }
-  }
 
-  // The warps' partial sums, added in warp order (the same bits whatever the launch).
-  constexpr int PER_WARP = NB * MT * 4 * 32;
-  __shared__ float partial[WARPS > 1 ? WARPS * PER_WARP : 1];
-  if constexpr (WARPS > 1) {
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) partial[warp * PER_WARP + ((nb * MT + mt) * 4 + i) * 32 + lane] = acc[nb][mt][i];
-    __syncthreads();
-  }
-  for (int e = threadIdx.x; e < PER_WARP; e += WARPS * 32) {
-    float v = 0.f;
-    if constexpr (WARPS > 1) {
-#pragma unroll
-      for (int s = 0; s < WARPS; ++s) v += partial[s * PER_WARP + e];
-    } else {
-      // one warp: thread e holds entry e's value itself only when the layout lines up, so go
-      // through registers: entry e = ((nb * MT + mt) * 4 + i) * 32 + lane with lane == e % 32
-      const int idx = e / 32;
+    if (next_step == 0) {
+      // The tile is done: the warps' partial sums, added in warp order (the same bits whatever
+      // the launch), scaled, biased and stored.
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-          for (int i = 0; i < 4; ++i)
-            if ((nb * MT + mt) * 4 + i == idx) v = acc[nb][mt][i];
+          for (int i = 0; i < 4; ++i) {
+            partial[warp * PER_WARP + ((nb * MT + mt) * 4 + i) * 32 + lane] = acc[nb][mt][i];
+            acc[nb][mt][i] = 0.f;
+          }
+      __syncthreads();
+      const int col0 = tile * TILE_COLS;
+      for (int e = threadIdx.x; e < PER_WARP; e += WARPS * 32) {
+        float v = 0.f;
+#pragma unroll
+        for (int s = 0; s < WARPS; ++s) v += partial[s * PER_WARP + e];
+        const int l = e % 32, idx = e / 32, i = idx % 4, mt = (idx / 4) % MT, nb = idx / (4 * MT);
+        const int row = mt * 16 + (l >> 2) + (i >= 2 ? 8 : 0);
+        const int col = col0 + nb * 8 + 2 * (l & 3) + (i & 1);
+        if (row < rows && col < cols) {
+          if (scale != nullptr) v *= scale[col];
+          if (bias != nullptr) v += __bfloat162float(bias[col]);
+          if constexpr (OUT_F32)
+            static_cast<float*>(out)[static_cast<size_t>(row) * cols + col] = v;
+          else
+            static_cast<__nv_bfloat16*>(out)[static_cast<size_t>(row) * cols + col] = __float2bfloat16(v);
+        }
+      }
+      __syncthreads();  // partial is rewritten by the next tile
     }
-    const int l = e % 32, idx = e / 32, i = idx % 4, mt = (idx / 4) % MT, nb = idx / (4 * MT);
-    const int row = mt * 16 + (l >> 2) + (i >= 2 ? 8 : 0);
-    const int col = col0 + nb * 8 + 2 * (l & 3) + (i & 1);
-    if (row < rows && col < cols) {
-      if (scale != nullptr) v *= scale[col];
-      if (bias != nullptr) v += __bfloat162float(bias[col]);
-      if constexpr (OUT_F32)
-        static_cast<float*>(out)[static_cast<size_t>(row) * cols + col] = v;
-      else
-        static_cast<__nv_bfloat16*>(out)[static_cast<size_t>(row) * cols + col] = __float2bfloat16(v);
-    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) cur[u][nb] = nxt[u][nb];
+    tile = next_tile;
+    step = next_step;
   }
+}
+
+template <bool INT8, int MT, int NB, int WARPS, bool OUT_F32>
+cudaError_t launch_kernel(const void* x, const void* w, const float* scale, const void* bias, void* out, int rows,
+                          int cols, int inner, int max_blocks_per_sm, cudaStream_t stream) {
+  // About four 16-byte loads a lane a step (fewer for four row tiles: registers).
+  constexpr int U = (NB == 1 ? 4 : NB == 2 ? 2 : 1) / (MT >= 4 && NB < 4 ? 2 : 1);
+  auto kernel = skinny_gemm_kernel<INT8, MT, NB, WARPS, U, OUT_F32>;
+  // Resident blocks per multiprocessor, asked once per instantiation (and per process: one kind
+  // of GPU); atomics because service handler threads may make the first call together.
+  static std::atomic<int> resident_cache{0}, sms_cache{0};
+  int resident = resident_cache.load(std::memory_order_acquire), sms = sms_cache.load(std::memory_order_acquire);
+  if (resident == 0 || sms == 0) {
+    int device = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, WARPS * 32, 0);
+    resident = resident < 1 ? 1 : resident;
+    sms_cache.store(sms, std::memory_order_release);
+    resident_cache.store(resident, std::memory_order_release);
+  }
+  const int per_sm = max_blocks_per_sm > 0 && max_blocks_per_sm < resident ? max_blocks_per_sm : resident;
+  const int tiles = (cols + 8 * NB - 1) / (8 * NB);
+  const int blocks = tiles < sms * per_sm ? tiles : sms * per_sm;
+  kernel<<<blocks, WARPS * 32, 0, stream>>>(static_cast<const __nv_bfloat16*>(x), static_cast<const uint4*>(w),
+                                            scale, static_cast<const __nv_bfloat16*>(bias), out, rows, cols, inner);
+  return cudaGetLastError();
 }
 
 template <bool INT8, int MT, int NB, int WARPS>
 cudaError_t launch_with(const void* x, const void* w, const float* scale, const void* bias, void* out, int rows,
-                        int cols, int inner, bool out_f32, cudaStream_t stream) {
+                        int cols, int inner, bool out_f32, int max_blocks_per_sm, cudaStream_t stream) {
   // The partial sums' shared memory must fit the static 48 KB.
   if constexpr (WARPS * NB * MT * 4 * 32 * 4 > 48 * 1024) {
     return cudaErrorInvalidConfiguration;
   } else {
-    const dim3 grid((cols + 8 * NB - 1) / (8 * NB));
-    const dim3 block(WARPS * 32);
-    auto xs = static_cast<const __nv_bfloat16*>(x);
-    auto ws = static_cast<const uint4*>(w);
-    auto bs = static_cast<const __nv_bfloat16*>(bias);
-    if (out_f32)
-      skinny_gemm_kernel<INT8, MT, NB, WARPS, true><<<grid, block, 0, stream>>>(xs, ws, scale, bs, out, rows, cols, inner);
-    else
-      skinny_gemm_kernel<INT8, MT, NB, WARPS, false><<<grid, block, 0, stream>>>(xs, ws, scale, bs, out, rows, cols, inner);
-    return cudaGetLastError();
+    return out_f32 ? launch_kernel<INT8, MT, NB, WARPS, true>(x, w, scale, bias, out, rows, cols, inner,
+                                                              max_blocks_per_sm, stream)
+                   : launch_kernel<INT8, MT, NB, WARPS, false>(x, w, scale, bias, out, rows, cols, inner,
+                                                               max_blocks_per_sm, stream);
   }
 }
 
 template <bool INT8, int MT, int NB>
 cudaError_t by_warps(int warps, const void* x, const void* w, const float* scale, const void* bias, void* out,
-                     int rows, int cols, int inner, bool out_f32, cudaStream_t stream) {
+                     int rows, int cols, int inner, bool out_f32, int per_sm, cudaStream_t stream) {
   switch (warps) {
-    case 2: return launch_with<INT8, MT, NB, 2>(x, w, scale, bias, out, rows, cols, inner, out_f32, stream);
-    case 4: return launch_with<INT8, MT, NB, 4>(x, w, scale, bias, out, rows, cols, inner, out_f32, stream);
-    case 8: return launch_with<INT8, MT, NB, 8>(x, w, scale, bias, out, rows, cols, inner, out_f32, stream);
-    case 16: return launch_with<INT8, MT, NB, 16>(x, w, scale, bias, out, rows, cols, inner, out_f32, stream);
+    case 2: return launch_with<INT8, MT, NB, 2>(x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
+    case 4: return launch_with<INT8, MT, NB, 4>(x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
+    case 8: return launch_with<INT8, MT, NB, 8>(x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
+    case 16: return launch_with<INT8, MT, NB, 16>(x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
     default: return cudaErrorInvalidValue;
   }
 }
 
 template <bool INT8, int MT>
 cudaError_t by_groups(int groups, int warps, const void* x, const void* w, const float* scale, const void* bias,
-                      void* out, int rows, int cols, int inner, bool out_f32, cudaStream_t stream) {
+                      void* out, int rows, int cols, int inner, bool out_f32, int per_sm, cudaStream_t stream) {
   switch (groups) {
-    case 1: return by_warps<INT8, MT, 1>(warps, x, w, scale, bias, out, rows, cols, inner, out_f32, stream);
-    case 2: return by_warps<INT8, MT, 2>(warps, x, w, scale, bias, out, rows, cols, inner, out_f32, stream);
-    case 4: return by_warps<INT8, MT, 4>(warps, x, w, scale, bias, out, rows, cols, inner, out_f32, stream);
+    case 1: return by_warps<INT8, MT, 1>(warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
+    case 2: return by_warps<INT8, MT, 2>(warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
+    case 4: return by_warps<INT8, MT, 4>(warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
     default: return cudaErrorInvalidValue;
   }
 }
 
 template <bool INT8>
 cudaError_t by_tiles(int row_tiles, int groups, int warps, const void* x, const void* w, const float* scale,
-                     const void* bias, void* out, int rows, int cols, int inner, bool out_f32, cudaStream_t stream) {
+                     const void* bias, void* out, int rows, int cols, int inner, bool out_f32, int per_sm,
+                     cudaStream_t stream) {
   switch (row_tiles) {
-    case 1: return by_groups<INT8, 1>(groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, stream);
-    case 2: return by_groups<INT8, 2>(groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, stream);
-    case 4: return by_groups<INT8, 4>(groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, stream);
+    case 1: return by_groups<INT8, 1>(groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
+    case 2: return by_groups<INT8, 2>(groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
+    case 4: return by_groups<INT8, 4>(groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -250,11 +295,11 @@ cudaError_t by_tiles(int row_tiles, int groups, int warps, const void* x, const 
 // The entry point kernels/cuda_skinny.py calls (ctypes). Returns a cudaError_t (0: launched).
 extern "C" int bass_skinny_gemm(const void* x, const void* w, const float* scale, const void* bias, void* out,
                                 int rows, int cols, int inner, int w_int8, int out_f32, int row_tiles,
-                                int groups, int warps, void* stream) {
+                                int groups, int warps, int blocks_per_sm, void* stream) {
   const int chunk = w_int8 ? 64 : 32;
   if (rows < 1 || rows > 16 * row_tiles || inner % chunk != 0) return static_cast<int>(cudaErrorInvalidValue);
   auto s = static_cast<cudaStream_t>(stream);
   return static_cast<int>(
-      w_int8 ? by_tiles<true>(row_tiles, groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32 != 0, s)
-             : by_tiles<false>(row_tiles, groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32 != 0, s));
+      w_int8 ? by_tiles<true>(row_tiles, groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32 != 0, blocks_per_sm, s)
+             : by_tiles<false>(row_tiles, groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32 != 0, blocks_per_sm, s));
 }

@@ -41,7 +41,8 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def sweep_launches(rows: int, int8: bool) -> list[Launch]:
     tiles = 1 if rows <= 16 else 2 if rows <= 32 else 4
-    return [Launch(tiles, g, w) for g in (1, 2, 4) for w in (2, 4, 8, 16) if w * g * tiles * 512 <= 48 * 1024]
+    return [Launch(tiles, g, w, b) for g in (1, 2, 4) for w in (2, 4, 8, 16) for b in (0, 1)
+            if w * g * tiles * 512 <= 48 * 1024]
 
 
 def main() -> None:
