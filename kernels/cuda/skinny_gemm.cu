@@ -85,7 +85,12 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, q = lane & 3;
   const int chunks = inner / CHUNK;
-  const int steps_per_tile = (chunks + WARPS * U - 1) / (WARPS * U);  // the same for every warp
+  // Each warp takes a contiguous run of chunks, so a step's U chunks of a column are adjacent in
+  // memory (whole 128-byte lines from one warp); every warp makes the same number of steps.
+  const int per_warp = (chunks + WARPS - 1) / WARPS;
+  const int steps_per_tile = (per_warp + U - 1) / U;
+  const int my_first = warp * per_warp;
+  const int my_end = my_first + per_warp < chunks ? my_first + per_warp : chunks;
   const int tiles = (cols + TILE_COLS - 1) / TILE_COLS;
   const int w_stride = inner / KL;  // uint4 per weight row
   const uint4 zero = make_uint4(0, 0, 0, 0);
@@ -102,7 +107,7 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
     }
   }
 
-  // step s of tile t covers chunks warp + (s * U + u) * WARPS, u < U
+  // step s of a tile covers chunks my_first + s * U + u, u < U
   auto load_step = [&](uint4 (&dst)[U][NB], int tile, int step) {
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
@@ -110,8 +115,8 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
       const uint4* col = w + static_cast<size_t>(c < cols ? c : 0) * w_stride + q;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const int ch = warp + (step * U + u) * WARPS;
-        dst[u][nb] = (tile < tiles && c < cols && ch < chunks) ? load_streaming(col + static_cast<size_t>(ch) * 4) : zero;
+        const int ch = my_first + step * U + u;
+        dst[u][nb] = (tile < tiles && c < cols && ch < my_end) ? load_streaming(col + static_cast<size_t>(ch) * 4) : zero;
       }
     }
   };
@@ -140,8 +145,8 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
 
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int ch = warp + (step * U + u) * WARPS;
-      if (ch < chunks) {
+      const int ch = my_first + step * U + u;
+      if (ch < my_end) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           uint4 xa[2][XV];
@@ -233,9 +238,11 @@ cudaError_t launch_kernel(const void* x, const void* w, const float* scale, cons
     sms_cache.store(sms, std::memory_order_release);
     resident_cache.store(resident, std::memory_order_release);
   }
-  const int per_sm = max_blocks_per_sm > 0 && max_blocks_per_sm < resident ? max_blocks_per_sm : resident;
+  // 0: a block per column tile (the hardware refills multiprocessors as blocks finish); else a
+  // persistent grid of at most that many blocks a multiprocessor, each walking tiles.
+  const int per_sm = max_blocks_per_sm < resident ? max_blocks_per_sm : resident;
   const int tiles = (cols + 8 * NB - 1) / (8 * NB);
-  const int blocks = tiles < sms * per_sm ? tiles : sms * per_sm;
+  const int blocks = max_blocks_per_sm <= 0 || tiles < sms * per_sm ? tiles : sms * per_sm;
   kernel<<<blocks, WARPS * 32, 0, stream>>>(static_cast<const __nv_bfloat16*>(x), static_cast<const uint4*>(w),
                                             scale, static_cast<const __nv_bfloat16*>(bias), out, rows, cols, inner);
   return cudaGetLastError();

@@ -41,7 +41,7 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def sweep_launches(rows: int, int8: bool) -> list[Launch]:
     tiles = 1 if rows <= 16 else 2 if rows <= 32 else 4
-    return [Launch(tiles, g, w, b) for g in (1, 2, 4) for w in (2, 4, 8, 16) for b in (0, 1)
+    return [Launch(tiles, g, w, b) for g in (1, 2, 4) for w in (2, 4, 8, 16) for b in (0, 2)
             if w * g * tiles * 512 <= 48 * 1024]
 
 
@@ -49,6 +49,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--quick", action="store_true", help="no sweep of launch shapes")
+    ap.add_argument("--max-rows", type=int, default=64)
+    ap.add_argument("--only", default="", help="comma-separated model:projection pairs (e.g. target-bf16:down)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     skinny = load_skinny_gemm(dev)
@@ -59,12 +61,14 @@ def main() -> None:
 
     for model, shapes, int8 in (("draft-int8", DRAFT, True), ("target-bf16", TARGET, False)):
         for name, (cols, inner) in shapes.items():
+            if args.only and f"{model}:{name}" not in args.only.split(","):
+                continue
             n = copies_for(cols, inner, 1 if int8 else 2)
             full = [(torch.randn(cols, inner, device=dev, generator=gen) * 0.02).bfloat16() for _ in range(n)]
             ws = [Int8Weight.quantize(w) for w in full] if int8 else full
             if int8:
                 del full
-            for rows in ((1, 8, 16) if int8 else (1, 8, 16, 32, 64)):
+            for rows in [r for r in ((1, 8, 16) if int8 else (1, 8, 16, 32, 64)) if r <= args.max_rows]:
                 x = torch.randn(rows, inner, device=dev, generator=gen).bfloat16()
                 out_dtype = torch.float32 if name == "lm_head" else torch.bfloat16
                 out = torch.empty(rows, cols, device=dev, dtype=out_dtype)
@@ -101,7 +105,7 @@ def main() -> None:
                 for n in per_layer}
         full["lm_head"] = [(torch.randn(*shapes["lm_head"], device=dev, generator=gen) * 0.02).bfloat16()]
         ws = {n: [Int8Weight.quantize(w) for w in v] for n, v in full.items()} if int8 else full
-        for rows in ((1, 8, 16) if int8 else (1, 8, 16, 32, 64)):
+        for rows in [r for r in ((1, 8, 16) if int8 else (1, 8, 16, 32, 64)) if r <= args.max_rows]:
             xs = {n: torch.randn(rows, shapes[n][1], device=dev, generator=gen).bfloat16() for n in shapes}
             outs = {n: torch.empty(rows, shapes[n][0], device=dev,
                                    dtype=torch.float32 if n == "lm_head" else torch.bfloat16) for n in shapes}
