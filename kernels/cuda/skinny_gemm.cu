@@ -154,7 +154,11 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
           for (int h = 0; h < 2; ++h)
 #pragma unroll
             for (int v = 0; v < XV; ++v)
+#ifdef SKINNY_NO_X
+              xa[h][v] = make_uint4(0x3f803f80u + ch, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u);
+#else
               xa[h][v] = row_ok[mt][h] ? xrow[mt][h][static_cast<size_t>(ch) * CHUNK / 8 + v] : zero;
+#endif
 #pragma unroll
           for (int j = 0; j < STEPS; ++j) {
             // word 2j of the lane's segment holds positions 4j, 4j+1; word 2j+1 holds 4j+2, 4j+3
@@ -166,12 +170,21 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
             for (int nb = 0; nb < NB; ++nb) {
               uint32_t b0, b1;
               if constexpr (INT8) {
+#ifdef SKINNY_NO_WIDEN
+                b0 = word(cur[u][nb], j);
+                b1 = b0 ^ 0x1u;
+#else
                 widen_int8x4(word(cur[u][nb], j), b0, b1);
+#endif
               } else {
                 b0 = word(cur[u][nb], 2 * j);
                 b1 = word(cur[u][nb], 2 * j + 1);
               }
+#ifdef SKINNY_NO_MMA
+              acc[nb][mt][0] += __uint_as_float((a0 ^ a1 ^ a2 ^ a3 ^ b0 ^ b1) & 0x3fffffffu);
+#else
               mma_bf16_16816(acc[nb][mt], a0, a1, a2, a3, b0, b1);
+#endif
             }
           }
         }
