@@ -37,7 +37,7 @@ MAX_ROWS = 64  # four 16-row tiles
 class Launch:
     """How one product is cut: 16-row tiles, 8-column groups per warp, warps per block."""
 
-    row_tiles: int
+    row_tiles: int  # 16-row tiles; 0: one half tile (<= 8 rows)
     groups: int
     warps: int
     blocks_per_sm: int = 0  # at most this many resident blocks a multiprocessor (0: as many as fit)
@@ -48,15 +48,19 @@ def inner_multiple(weight_int8: bool) -> int:
     return 64 if weight_int8 else 32
 
 
+def row_tiles_for(rows: int) -> int:
+    return 0 if rows <= 8 else 1 if rows <= 16 else 2 if rows <= 32 else 4
+
+
 def launch_for(rows: int, cols: int, inner: int, weight_int8: bool) -> Launch:
     """Enough loads in flight to cover DRAM latency without starving the grid: the warps of a block
     split the inner dimension so that each has about 4 chunks; wide products share each
     activation load among more columns."""
-    row_tiles = 1 if rows <= 16 else 2 if rows <= 32 else 4
+    row_tiles = row_tiles_for(rows)
     chunks = inner // inner_multiple(weight_int8)
     warps = min(16, max(2, 1 << max(0, (chunks // 4 - 1).bit_length())))
     groups = 4 if cols >= 16384 else 2 if cols >= 4096 else 1
-    while warps * groups * row_tiles * 512 > 48 * 1024:  # the kernel's partial sums in static shared memory
+    while warps * groups * max(1, row_tiles) * 512 > 48 * 1024:  # the kernel's partial sums in static shared memory
         if groups > 1:
             groups //= 2
         else:

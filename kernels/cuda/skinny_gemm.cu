@@ -66,14 +66,17 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// MT: 16-row tiles (rows <= 16 * MT); NB: groups of 8 columns per warp (the activations' loads are
-// shared by them); WARPS: warps per block, splitting the inner dimension; U: chunks a warp loads
-// per step (U * NB 16-byte loads a lane).
+// MT: 16-row tiles (rows <= 16 * MT); H: 8-row halves of a tile that hold rows (1 for <= 8 rows:
+// the upper half's activation loads and registers vanish); NB: groups of 8 columns per warp (the
+// activations' loads are shared by them); WARPS: warps per block, splitting the inner dimension;
+// U: chunks a warp loads per step.
 //
-// The grid is at most what is resident at once, and a block walks column tiles; each warp loads
-// its next step's weights (the next chunks, or the next tile's) before it multiplies this step's,
-// so a lane always has loads in flight, across tile boundaries too.
-template <bool INT8, int MT, int NB, int WARPS, int U, bool OUT_F32>
+// A block covers one column tile, or walks several (a persistent grid). Each warp loads its next
+// step's weights *and activations* (the next chunks, or the next tile's) before it multiplies this
+// step's: the activations come from L2 on an SM's first touch, and a load issued only when it is
+// needed puts that round trip on the critical path once per step (bench/gpu/kernels/
+// skinny_ablate.py: 1-5 µs of a product at the target's shapes).
+template <bool INT8, int MT, int H, int NB, int WARPS, int U, bool OUT_F32>
 __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
     const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scale,
     const __nv_bfloat16* __restrict__ bias, void* __restrict__ out, int rows, int cols, int inner) {
@@ -86,7 +89,7 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
   const int g = lane >> 2, q = lane & 3;
   const int chunks = inner / CHUNK;
   // Each warp takes a contiguous run of chunks, so a step's U chunks of a column are adjacent in
-  // memory (whole 128-byte lines from one warp); every warp makes the same number of steps.
+  // memory; every warp makes the same number of steps (they meet at the tile's barrier).
   const int per_warp = (chunks + WARPS - 1) / WARPS;
   const int steps_per_tile = (per_warp + U - 1) / U;
   const int my_first = warp * per_warp;
@@ -95,12 +98,12 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
   const int w_stride = inner / KL;  // uint4 per weight row
   const uint4 zero = make_uint4(0, 0, 0, 0);
 
-  const uint4* xrow[MT][2];
-  bool row_ok[MT][2];
+  const uint4* xrow[MT][H];
+  bool row_ok[MT][H];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < H; ++h) {
       const int r = mt * 16 + h * 8 + g;
       row_ok[mt][h] = r < rows;
       xrow[mt][h] = reinterpret_cast<const uint4*>(x + static_cast<size_t>(row_ok[mt][h] ? r : 0) * inner) + q * XV;
@@ -108,7 +111,7 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
   }
 
   // step s of a tile covers chunks my_first + s * U + u, u < U
-  auto load_step = [&](uint4 (&dst)[U][NB], int tile, int step) {
+  auto load_step = [&](uint4 (&dw)[U][NB], uint4 (&dx)[U][MT][H][XV], int tile, int step) {
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
       const int c = tile * TILE_COLS + nb * 8 + g;
@@ -116,8 +119,20 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int ch = my_first + step * U + u;
-        dst[u][nb] = (tile < tiles && c < cols && ch < my_end) ? load_streaming(col + static_cast<size_t>(ch) * 4) : zero;
+        dw[u][nb] = (tile < tiles && c < cols && ch < my_end) ? load_streaming(col + static_cast<size_t>(ch) * 4) : zero;
       }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int ch = my_first + step * U + u;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < H; ++h)
+#pragma unroll
+          for (int v = 0; v < XV; ++v)
+            dx[u][mt][h][v] = (tile < tiles && ch < my_end && row_ok[mt][h])
+                                  ? xrow[mt][h][static_cast<size_t>(ch) * CHUNK / 8 + v] : zero;
     }
   };
 
@@ -132,53 +147,43 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
   constexpr int PER_WARP = NB * MT * 4 * 32;
   __shared__ float partial[WARPS > 1 ? WARPS * PER_WARP : PER_WARP];
 
-  uint4 cur[U][NB], nxt[U][NB];
+  uint4 cur_w[U][NB], nxt_w[U][NB];
+  uint4 cur_x[U][MT][H][XV], nxt_x[U][MT][H][XV];
   int tile = blockIdx.x, step = 0;
-  load_step(cur, tile, step);
+  load_step(cur_w, cur_x, tile, step);
   while (tile < tiles) {
     int next_tile = tile, next_step = step + 1;
     if (next_step == steps_per_tile) {
       next_tile += gridDim.x;
       next_step = 0;
     }
-    load_step(nxt, next_tile, next_step);  // in flight while this step multiplies
+    load_step(nxt_w, nxt_x, next_tile, next_step);  // in flight while this step multiplies
 
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int ch = my_first + step * U + u;
-      if (ch < my_end) {
+      if (my_first + step * U + u < my_end) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          uint4 xa[2][XV];
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int v = 0; v < XV; ++v)
-#ifdef SKINNY_NO_X
-              xa[h][v] = make_uint4(0x3f803f80u + ch, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u);
-#else
-              xa[h][v] = row_ok[mt][h] ? xrow[mt][h][static_cast<size_t>(ch) * CHUNK / 8 + v] : zero;
-#endif
 #pragma unroll
           for (int j = 0; j < STEPS; ++j) {
             // word 2j of the lane's segment holds positions 4j, 4j+1; word 2j+1 holds 4j+2, 4j+3
-            const uint32_t a0 = word(xa[0][(2 * j) / 4], (2 * j) % 4);
-            const uint32_t a2 = word(xa[0][(2 * j + 1) / 4], (2 * j + 1) % 4);
-            const uint32_t a1 = word(xa[1][(2 * j) / 4], (2 * j) % 4);
-            const uint32_t a3 = word(xa[1][(2 * j + 1) / 4], (2 * j + 1) % 4);
+            const uint32_t a0 = word(cur_x[u][mt][0][(2 * j) / 4], (2 * j) % 4);
+            const uint32_t a2 = word(cur_x[u][mt][0][(2 * j + 1) / 4], (2 * j + 1) % 4);
+            const uint32_t a1 = H > 1 ? word(cur_x[u][mt][H - 1][(2 * j) / 4], (2 * j) % 4) : 0u;
+            const uint32_t a3 = H > 1 ? word(cur_x[u][mt][H - 1][(2 * j + 1) / 4], (2 * j + 1) % 4) : 0u;
 #pragma unroll
             for (int nb = 0; nb < NB; ++nb) {
               uint32_t b0, b1;
               if constexpr (INT8) {
 #ifdef SKINNY_NO_WIDEN
-                b0 = word(cur[u][nb], j);
+                b0 = word(cur_w[u][nb], j);
                 b1 = b0 ^ 0x1u;
 #else
-                widen_int8x4(word(cur[u][nb], j), b0, b1);
+                widen_int8x4(word(cur_w[u][nb], j), b0, b1);
 #endif
               } else {
-                b0 = word(cur[u][nb], 2 * j);
-                b1 = word(cur[u][nb], 2 * j + 1);
+                b0 = word(cur_w[u][nb], 2 * j);
+                b1 = word(cur_w[u][nb], 2 * j + 1);
               }
 #ifdef SKINNY_NO_MMA
               acc[nb][mt][0] += __uint_as_float((a0 ^ a1 ^ a2 ^ a3 ^ b0 ^ b1) & 0x3fffffffu);
@@ -206,13 +211,13 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
       __syncthreads();
       const int col0 = tile * TILE_COLS;
       for (int e = threadIdx.x; e < PER_WARP; e += WARPS * 32) {
-        float v = 0.f;
-#pragma unroll
-        for (int s = 0; s < WARPS; ++s) v += partial[s * PER_WARP + e];
         const int l = e % 32, idx = e / 32, i = idx % 4, mt = (idx / 4) % MT, nb = idx / (4 * MT);
         const int row = mt * 16 + (l >> 2) + (i >= 2 ? 8 : 0);
         const int col = col0 + nb * 8 + 2 * (l & 3) + (i & 1);
         if (row < rows && col < cols) {
+          float v = 0.f;
+#pragma unroll
+          for (int s = 0; s < WARPS; ++s) v += partial[s * PER_WARP + e];
           if (scale != nullptr) v *= scale[col];
           if (bias != nullptr) v += __bfloat162float(bias[col]);
           if constexpr (OUT_F32)
@@ -224,20 +229,29 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
       __syncthreads();  // partial is rewritten by the next tile
     }
 #pragma unroll
-    for (int u = 0; u < U; ++u)
+    for (int u = 0; u < U; ++u) {
 #pragma unroll
-      for (int nb = 0; nb < NB; ++nb) cur[u][nb] = nxt[u][nb];
+      for (int nb = 0; nb < NB; ++nb) cur_w[u][nb] = nxt_w[u][nb];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < H; ++h)
+#pragma unroll
+          for (int v = 0; v < XV; ++v) cur_x[u][mt][h][v] = nxt_x[u][mt][h][v];
+    }
     tile = next_tile;
     step = next_step;
   }
 }
 
-template <bool INT8, int MT, int NB, int WARPS, bool OUT_F32>
+template <bool INT8, int MT, int H, int NB, int WARPS, bool OUT_F32>
 cudaError_t launch_kernel(const void* x, const void* w, const float* scale, const void* bias, void* out, int rows,
                           int cols, int inner, int max_blocks_per_sm, cudaStream_t stream) {
-  // About four 16-byte loads a lane a step (fewer for four row tiles: registers).
-  constexpr int U = (NB == 1 ? 4 : NB == 2 ? 2 : 1) / (MT >= 4 && NB < 4 ? 2 : 1);
-  auto kernel = skinny_gemm_kernel<INT8, MT, NB, WARPS, U, OUT_F32>;
+  // About four 16-byte weight loads a lane a step, fewer where the activations' registers are many.
+  constexpr int X_LOADS = MT * H * (INT8 ? 2 : 1);  // 16-byte activation loads per chunk
+  constexpr int U0 = (NB == 1 ? 4 : NB == 2 ? 2 : 1) / (X_LOADS >= 4 ? 4 : X_LOADS >= 2 ? 2 : 1);
+  constexpr int U = U0 > 0 ? U0 : 1;
+  auto kernel = skinny_gemm_kernel<INT8, MT, H, NB, WARPS, U, OUT_F32>;
   // Resident blocks per multiprocessor, asked once per instantiation (and per process: one kind
   // of GPU); atomics because service handler threads may make the first call together.
   static std::atomic<int> resident_cache{0}, sms_cache{0};
@@ -261,39 +275,39 @@ cudaError_t launch_kernel(const void* x, const void* w, const float* scale, cons
   return cudaGetLastError();
 }
 
-template <bool INT8, int MT, int NB, int WARPS>
+template <bool INT8, int MT, int H, int NB, int WARPS>
 cudaError_t launch_with(const void* x, const void* w, const float* scale, const void* bias, void* out, int rows,
                         int cols, int inner, bool out_f32, int max_blocks_per_sm, cudaStream_t stream) {
   // The partial sums' shared memory must fit the static 48 KB.
   if constexpr (WARPS * NB * MT * 4 * 32 * 4 > 48 * 1024) {
     return cudaErrorInvalidConfiguration;
   } else {
-    return out_f32 ? launch_kernel<INT8, MT, NB, WARPS, true>(x, w, scale, bias, out, rows, cols, inner,
+    return out_f32 ? launch_kernel<INT8, MT, H, NB, WARPS, true>(x, w, scale, bias, out, rows, cols, inner,
                                                               max_blocks_per_sm, stream)
-                   : launch_kernel<INT8, MT, NB, WARPS, false>(x, w, scale, bias, out, rows, cols, inner,
+                   : launch_kernel<INT8, MT, H, NB, WARPS, false>(x, w, scale, bias, out, rows, cols, inner,
                                                                max_blocks_per_sm, stream);
   }
 }
 
-template <bool INT8, int MT, int NB>
+template <bool INT8, int MT, int H, int NB>
 cudaError_t by_warps(int warps, const void* x, const void* w, const float* scale, const void* bias, void* out,
                      int rows, int cols, int inner, bool out_f32, int per_sm, cudaStream_t stream) {
   switch (warps) {
-    case 2: return launch_with<INT8, MT, NB, 2>(x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
-    case 4: return launch_with<INT8, MT, NB, 4>(x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
-    case 8: return launch_with<INT8, MT, NB, 8>(x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
-    case 16: return launch_with<INT8, MT, NB, 16>(x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
+    case 2: return launch_with<INT8, MT, H, NB, 2>(x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
+    case 4: return launch_with<INT8, MT, H, NB, 4>(x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
+    case 8: return launch_with<INT8, MT, H, NB, 8>(x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
+    case 16: return launch_with<INT8, MT, H, NB, 16>(x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
     default: return cudaErrorInvalidValue;
   }
 }
 
-template <bool INT8, int MT>
+template <bool INT8, int MT, int H>
 cudaError_t by_groups(int groups, int warps, const void* x, const void* w, const float* scale, const void* bias,
                       void* out, int rows, int cols, int inner, bool out_f32, int per_sm, cudaStream_t stream) {
   switch (groups) {
-    case 1: return by_warps<INT8, MT, 1>(warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
-    case 2: return by_warps<INT8, MT, 2>(warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
-    case 4: return by_warps<INT8, MT, 4>(warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
+    case 1: return by_warps<INT8, MT, H, 1>(warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
+    case 2: return by_warps<INT8, MT, H, 2>(warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
+    case 4: return by_warps<INT8, MT, H, 4>(warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -303,9 +317,10 @@ cudaError_t by_tiles(int row_tiles, int groups, int warps, const void* x, const 
                      const void* bias, void* out, int rows, int cols, int inner, bool out_f32, int per_sm,
                      cudaStream_t stream) {
   switch (row_tiles) {
-    case 1: return by_groups<INT8, 1>(groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
-    case 2: return by_groups<INT8, 2>(groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
-    case 4: return by_groups<INT8, 4>(groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
+    case 0: return by_groups<INT8, 1, 1>(groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
+    case 1: return by_groups<INT8, 1, 2>(groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
+    case 2: return by_groups<INT8, 2, 2>(groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
+    case 4: return by_groups<INT8, 4, 2>(groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -317,7 +332,7 @@ extern "C" int bass_skinny_gemm(const void* x, const void* w, const float* scale
                                 int rows, int cols, int inner, int w_int8, int out_f32, int row_tiles,
                                 int groups, int warps, int blocks_per_sm, void* stream) {
   const int chunk = w_int8 ? 64 : 32;
-  if (rows < 1 || rows > 16 * row_tiles || inner % chunk != 0) return static_cast<int>(cudaErrorInvalidValue);
+  if (rows < 1 || rows > (row_tiles == 0 ? 8 : 16 * row_tiles) || inner % chunk != 0) return static_cast<int>(cudaErrorInvalidValue);
   auto s = static_cast<cudaStream_t>(stream);
   return static_cast<int>(
       w_int8 ? by_tiles<true>(row_tiles, groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32 != 0, blocks_per_sm, s)

@@ -1,5 +1,5 @@
 """Where the time of kernels/cuda/skinny_gemm.cu goes: the kernel built four times, as is and with
-one stage replaced by a trivial stand-in (-DSKINNY_NO_X: no activation loads; -DSKINNY_NO_WIDEN:
+one stage replaced by a trivial stand-in (-DSKINNY_NO_WIDEN:
 int8 bits passed on as bf16; -DSKINNY_NO_MMA: an xor instead of the tensor-core product), timed in
 CUDA graphs at the pair's shapes. The stand-ins' results are wrong: timing only.
 
@@ -23,7 +23,7 @@ from graph_timing import graph_us
 
 SHAPES = {"draft qkv": (1152, 896, True), "draft gate_up": (9728, 896, True), "draft down": (896, 4864, True),
           "target qkv": (2048, 1536, False), "target gate_up": (17920, 1536, False), "target down": (1536, 8960, False)}
-FLAGS = {"as is": [], "no x": ["-DSKINNY_NO_X"], "no widen": ["-DSKINNY_NO_WIDEN"], "no mma": ["-DSKINNY_NO_MMA"],
+FLAGS = {"as is": [], "no widen": ["-DSKINNY_NO_WIDEN"], "no mma": ["-DSKINNY_NO_MMA"],
          "no widen, no mma": ["-DSKINNY_NO_WIDEN", "-DSKINNY_NO_MMA"]}
 
 
@@ -50,7 +50,7 @@ def main() -> None:
             row = {"shape": shape, "rows": rows}
             for name, lib in libs.items():
                 best = None
-                for launch in [cs.Launch(1, g, w) for g in (1, 2, 4) for w in (4, 8, 16)]:
+                for launch in [cs.Launch(cs.row_tiles_for(rows), g, w) for g in (1, 2, 4) for w in (4, 8, 16)]:
                     us = graph_us(lambda: [lib(x, w.q if int8 else w, w.scale if int8 else None, None, out, launch)
                                            for w in ws], n)
                     best = us if best is None else min(best, us)
