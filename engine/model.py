@@ -114,7 +114,8 @@ def rope_inv_freq(config: TransformerConfig) -> torch.Tensor:
 
 class Transformer:
     def __init__(self, config: TransformerConfig, weights: TransformerWeights, *, max_seq_len: int,
-                 attention: str = "pad", batch_invariant: bool = False, int8_weights: bool = False):
+                 attention: str = "pad", batch_invariant: bool = False, int8_weights: bool = False,
+                 few_row_cuda: bool = False):
         """batch_invariant: every row's values are computed the same way whatever the batch
         around it (one GEMM tiling without split-K, attention with one launch plan and no
         split-KV), so a sequence's logits, and so its tokens, do not depend on what it is
@@ -122,7 +123,10 @@ class Transformer:
         int8_weights (a draft's option, with the Triton kernels; ignored otherwise): the
         projections and the LM head also kept as weight-only int8, which products of up to
         kernels/triton_int8.MAX_INT8_ROWS rows read (half the bytes); they change the values.
-        RunnerConfig refuses the two together."""
+        RunnerConfig refuses the two together.
+        few_row_cuda (bf16 with the Triton kernels on CUDA, not batch-invariant): products of
+        1-16 rows through the CUDA few-row kernel where it times faster than the path above on
+        this GPU, timed here over the model's own weights (kernels/skinny_linear.py)."""
         self.config = config
         self.weights = weights
         self.attend = attention_kernel(attention)
@@ -165,12 +169,30 @@ class Transformer:
                     setattr(layer, name, Int8Weight.quantize(getattr(layer, name)))
             weights.lm_head = Int8Weight.quantize(weights.lm_head)
             self.linear = Int8Linear(weights.embed.device)
+        self.product_timings = []  # what the few-row planning measured (benchmarks report it)
+        if (few_row_cuda and attention == "triton" and not batch_invariant and weights.embed.device.type == "cuda"
+                and weights.embed.dtype == torch.bfloat16):
+            self._plan_few_row_products(weights)
         self.scale = config.head_dim ** -0.5
         device, dtype = weights.embed.device, weights.embed.dtype
         positions = torch.arange(max_seq_len, dtype=torch.float32, device=device)
         freqs = torch.outer(positions, rope_inv_freq(config).to(device))
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos, self.sin = emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def _plan_few_row_products(self, weights: "TransformerWeights") -> None:
+        from bass.kernels.cuda_skinny import load_skinny_gemm
+        from bass.kernels.skinny_linear import plan_products
+
+        kernel = load_skinny_gemm(weights.embed.device)
+        if kernel is None:
+            return
+        projections = {name: [(getattr(layer, name), getattr(layer, f"{name}_bias", None)) for layer in weights.layers]
+                       for name in ("qkv", "o", "gate_up", "down")}
+        planned = plan_products(kernel, self.linear, projections)
+        if planned is not None:
+            self.linear = planned
+            self.product_timings = planned.timings
 
     @property
     def device(self) -> torch.device:

@@ -118,26 +118,34 @@ def load_skinny_gemm(device: torch.device) -> SkinnyGemm | None:
     major, minor = torch.cuda.get_device_capability(device)
     if major < 8:  # bf16 mma.sync needs Ampere or newer
         return None
+    arch = f"{major}{minor}"
     digest = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:16]
-    target = _cache_dir() / f"skinny_gemm-{digest}-sm{major}{minor}.so"
+    target = _cache_dir() / f"skinny_gemm-{digest}-sm{arch}.so"
     if not target.exists():
         nvcc = _nvcc()
         if nvcc is None:
             log.warning("no nvcc on PATH or under CUDA_HOME: few-row products stay on Triton / cuBLAS")
             return None
-        target.parent.mkdir(parents=True, exist_ok=True)
-        arch = f"{major}{minor}"
         log.info("compiling %s for sm_%s into %s (once per machine, ~20 s)", _SOURCE.name, arch, target)
         started = time.monotonic()
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            built = Path(tmp) / target.name
-            cmd = [nvcc, "-O3", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{arch},code=sm_{arch}",
-                   "-o", str(built), str(_SOURCE)]
-            result = subprocess.run(cmd, capture_output=True, text=True)
-            if result.returncode != 0:
-                log.warning("building %s failed; few-row products stay on Triton / cuBLAS:\n%s", _SOURCE.name,
-                            result.stderr[-2000:])
-                return None
-            os.replace(built, target)  # atomic: a concurrent loader sees the whole file or none
+        error = build_library(nvcc, arch, target)
+        if error is not None:
+            log.warning("building %s failed; few-row products stay on Triton / cuBLAS:\n%s", _SOURCE.name, error)
+            return None
         log.info("compiled %s in %.1f s", _SOURCE.name, time.monotonic() - started)
     return SkinnyGemm(ctypes.CDLL(str(target)))
+
+
+def build_library(nvcc: str, arch: str, target: Path) -> str | None:
+    """Compile the kernel for sm_`arch` into the shared library `target`; the compiler's error
+    output where it fails, else None."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        built = Path(tmp) / target.name
+        cmd = [nvcc, "-O3", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{arch},code=sm_{arch}",
+               "-o", str(built), str(_SOURCE)]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            return result.stderr[-2000:] or f"nvcc exited with {result.returncode}"
+        os.replace(built, target)  # atomic: a concurrent loader sees the whole file or none
+    return None

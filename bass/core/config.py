@@ -117,6 +117,11 @@ class RunnerConfig:
     # draft (`as_draft`), off for a target. On an H200 it made a draft forward ~14% cheaper at
     # one sequence with the same acceptance (bench/results, 2026-11-26).
     int8_weights: bool | None = None
+    # Products of 1-16 rows through the CUDA few-row kernel (kernels/skinny_linear.py) where it
+    # times faster than the default path at load on this GPU (a few seconds; the kernel is
+    # compiled once per machine with nvcc, ~20 s, and skipped where there is none). bf16 models
+    # with the Triton kernels on CUDA only; never in the batch-invariant mode.
+    few_row_cuda: bool = True
 
     def as_draft(self) -> "RunnerConfig":
         """This runner as a draft's: int8_weights "auto" (None) turned on, unless the runner is
@@ -250,6 +255,7 @@ class WorkerServiceConfig:
     graph_max_draft: int = GRAPH_MAX_DRAFT  # target service: draft lengths whose verification is graph-captured
     batch_invariant: bool = False  # target service: rows computed the same way whatever the batch (slower)
     int8_weights: bool | None = None  # draft only (None: on for a draft): int8 projections for few-row steps
+    few_row_cuda: bool = True  # 1-16-row products through the CUDA kernel where it times faster at load
 
     def __post_init__(self) -> None:
         if self.model_dir is not None:
@@ -270,7 +276,7 @@ class WorkerServiceConfig:
         return RunnerConfig(model_dir=self.model_dir, device=device, dtype=dtype, num_slots=self.num_slots,
                             max_seq_len=self.max_seq_len, attention=self.attention,
                             graph_max_draft=self.graph_max_draft, batch_invariant=self.batch_invariant,
-                            int8_weights=self.int8_weights)
+                            int8_weights=self.int8_weights, few_row_cuda=self.few_row_cuda)
 
 
 @dataclass(frozen=True)

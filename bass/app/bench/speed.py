@@ -59,7 +59,8 @@ def workers(target: RunnerConfig, draft: RunnerConfig, *, services: bool, draft_
     def as_service(r: RunnerConfig, **extra) -> WorkerServiceConfig:
         return WorkerServiceConfig(model_dir=r.model_dir, device=r.device, dtype=r.dtype, num_slots=r.num_slots,
                                    max_seq_len=r.max_seq_len, attention=r.attention,
-                                   batch_invariant=r.batch_invariant, int8_weights=r.int8_weights, **extra)
+                                   batch_invariant=r.batch_invariant, int8_weights=r.int8_weights,
+                                   few_row_cuda=r.few_row_cuda, **extra)
 
     config = ServeConfig(target=as_service(target), draft=as_service(draft, draft_top_n=draft_top_n),
                          colocate=colocate)

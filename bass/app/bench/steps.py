@@ -42,7 +42,8 @@ def shape_config(name: str) -> TransformerConfig:
 
 
 def random_transformer(config: TransformerConfig, *, dtype: str, device: str, max_seq_len: int,
-                       attention: str, int8_weights: bool = False, batch_invariant: bool = False) -> Transformer:
+                       attention: str, int8_weights: bool = False, batch_invariant: bool = False,
+                       few_row_cuda: bool = False) -> Transformer:
     dt = TORCH_DTYPES[dtype]
     gen = torch.Generator(device=device).manual_seed(0)
 
@@ -60,7 +61,7 @@ def random_transformer(config: TransformerConfig, *, dtype: str, device: str, ma
     weights = TransformerWeights(embed=embed, layers=layers, final_norm=torch.ones(c.hidden_size, dtype=dt, device=device),
                                  lm_head=w(c.vocab_size, c.hidden_size))
     return Transformer(config, weights, max_seq_len=max_seq_len, attention=attention, int8_weights=int8_weights,
-                       batch_invariant=batch_invariant)
+                       batch_invariant=batch_invariant, few_row_cuda=few_row_cuda)
 
 
 def weight_bytes(config: TransformerConfig, dtype: str) -> int:
@@ -116,6 +117,10 @@ class StepTimer:
         return Timing(statistics.median(times), times[len(times) // 10], times[(9 * len(times)) // 10])
 
 
+def _attention(config_name: str) -> str:
+    return config_name.removesuffix("-invariant").removesuffix("-cuda")
+
+
 def expected_tokens(alpha: float, k: int) -> float:
     return float(k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
 
@@ -126,14 +131,16 @@ def measure(target: str, draft: str, *, batches: list[int], draft_lengths: list[
     rows = []
     max_q = max(draft_lengths) + 1
     models = {}
-    # "NAME-invariant": attention NAME with the target in its batch-invariant mode (the draft as usual).
+    # "NAME-invariant": attention NAME with the target in its batch-invariant mode (the draft as usual);
+    # "NAME-cuda": both models' 1-16-row products through the CUDA few-row kernel where it times faster.
     for name in {target, draft}:
         models[name] = {att: random_transformer(shape_config(name), dtype=dtype, device=device,
-                                                max_seq_len=context + max_q + 8, attention=att.removesuffix("-invariant"),
-                                                batch_invariant=name == target and att.endswith("-invariant"))
+                                                max_seq_len=context + max_q + 8, attention=_attention(att),
+                                                batch_invariant=name == target and att.endswith("-invariant"),
+                                                few_row_cuda=att.endswith("-cuda"))
                         for att in {a for a, _ in configs}}
     for config_name, graphs in configs:
-        attention = config_name.removesuffix("-invariant")
+        attention = _attention(config_name)
         for batch in batches:
             t0 = time.perf_counter()
             tgt = StepTimer(models[target][config_name], batch=batch, context=context, max_q=max_q, attention=attention,
@@ -156,6 +163,11 @@ def measure(target: str, draft: str, *, batches: list[int], draft_lengths: list[
                 row["derived_speculative_ms_per_token_per_sequence"][k] = round(per_token, 4)
                 if per_token < best[1]:
                     best = (k, per_token)
+            for role, name in (("target", target), ("draft", draft)):
+                timings = models[name][config_name].product_timings
+                if timings:  # what the few-row planning measured at load, per projection and row bucket
+                    row[f"{role}_few_row_plans"] = [[t.projection, t.rows, t.fallback_us, t.kernel_us, t.chosen]
+                                                    for t in timings]
             row["derived_best"] = {"k": best[0], "ms_per_token_per_sequence": round(best[1], 4),
                                    "speedup_over_regular": round(regular.median_ms / best[1], 3)}
             rows.append(row)

@@ -180,13 +180,15 @@ def bench_invariance(target_dir, draft_dir, problems, max_new_tokens, modes, pol
 @click.option("--draft-int8/--no-draft-int8", default=None,
               help="The draft's projections and LM head in weight-only int8 for few-row steps [on with the "
                    "Triton kernels].")
+@click.option("--few-row-cuda/--no-few-row-cuda", default=True, show_default=True,
+              help="Products of 1-16 rows through the CUDA kernel where it times faster at load.")
 @click.option("--trace", is_flag=True, help="Keep the reported round's per-step trace (draft length, sequences, "
                                              "tokens, times) and the coordinator's garbage collections "
                                              "in each row.")
 @click.option("--draft-device", help="The draft's device, e.g. cuda:1 (a GPU of its own) [the target's].")
 def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_new_tokens, services, separate_draft,
-                device, dtype, attention, max_seq_len, peak_tflops, repeats, batch_invariant, draft_int8, trace,
-                draft_device, out) -> None:
+                device, dtype, attention, max_seq_len, peak_tflops, repeats, batch_invariant, draft_int8, few_row_cuda,
+                trace, draft_device, out) -> None:
     """End-to-end decoding speed: regular vs speculative, in-process or through the services.
     A policy `pipeK` is pipelined speculation drafting K tokens ahead (for a draft on a GPU of
     its own: --draft-device)."""
@@ -198,7 +200,8 @@ def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_ne
     dtype = resolve_dtype(dtype, device)
     attention = attention or ("triton" if device.startswith("cuda") else "pad")
     batch_list = [int(b) for b in batches.split(",")]
-    runner = dict(device=device, dtype=dtype, num_slots=max(batch_list), max_seq_len=max_seq_len, attention=attention)
+    runner = dict(device=device, dtype=dtype, num_slots=max(batch_list), max_seq_len=max_seq_len, attention=attention,
+                  few_row_cuda=few_row_cuda)
     prompts = [p["prompt"] for p in select(load_problems(), problems)]
     draft_runner = {**runner, "device": resolve_device(draft_device or device)}
     if not same_device(draft_runner["device"], device) and not (services and separate_draft):
@@ -211,7 +214,7 @@ def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_ne
                    progress=lambda m: click.echo(m, err=True), colocate=not separate_draft, trace=trace)
     result = {"benchmark": "speed", "environment": describe(device), "target": str(target_dir), "draft": str(draft_dir),
               "dtype": dtype, "attention": attention, "batch_invariant": batch_invariant, "draft_int8": draft_int8,
-              "draft_device": draft_device or device,
+              "few_row_cuda": few_row_cuda, "draft_device": draft_device or device,
               "problems": problems, "results": rows}
     _emit_result(result, out)
 

@@ -1,0 +1,135 @@
+"""A model's projections at 1-16 rows through the CUDA few-row kernel (kernels/cuda_skinny.py)
+wherever it measured faster than the model's own path on this GPU, when the model was built.
+
+Which launch shape wins, and whether the kernel beats cuBLAS or the Triton int8 kernel at all,
+depends on the projection's shape, the number of rows and the GPU (bench/gpu/kernels/
+skinny_gemm.py, H200: faster for the small projections and the draft's down, level or slower for
+the wide ones and the LM head). So nothing is assumed: at load, each projection shape is timed at
+8 and 16 rows in CUDA graphs over the model's own weights (a few seconds), and a plan is kept only
+where the kernel wins by a margin. Everything else, and any step of more than 16 rows, keeps the
+fallback (F.linear, or kernels/triton_int8.Int8Linear for an int8 draft).
+
+Changes the rounding of the products it takes over (another summation order), like cuBLAS's own
+choice of kernel by shape; not used in the batch-invariant mode.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from bass.kernels.cuda_skinny import Launch, SkinnyGemm, row_tiles_for
+
+log = logging.getLogger(__name__)
+
+ROW_BUCKETS = (8, 16)  # a plan covers 1-8 rows (timed at 8) or 9-16 (timed at 16)
+_MIN_GAIN = 0.03  # a plan must beat the fallback by this fraction: timing noise is ~1%
+PlanKey = tuple[tuple[int, int], torch.dtype, int]  # (weight shape, weight dtype, row bucket)
+
+
+def _bucket(rows: int) -> int:
+    return ROW_BUCKETS[0] if rows <= ROW_BUCKETS[0] else ROW_BUCKETS[1]
+
+
+def _candidates(rows: int) -> list[Launch]:
+    tiles = row_tiles_for(rows)
+    return [Launch(tiles, groups, warps, per_sm) for groups in (1, 2) for warps in (4, 8, 16) for per_sm in (0, 2)]
+
+
+@dataclass(frozen=True)
+class PlanTiming:
+    projection: str
+    rows: int
+    fallback_us: float
+    kernel_us: float
+    launch: Launch
+    chosen: bool
+
+
+class SkinnyLinear:
+    """Called like the fallback: (x, weight, bias=None, out_dtype=None) -> x @ weight.T (+ bias)."""
+
+    def __init__(self, kernel: SkinnyGemm, fallback: Callable, plans: dict[PlanKey, Launch],
+                 timings: list[PlanTiming]):
+        self.kernel, self.fallback, self.plans, self.timings = kernel, fallback, plans, timings
+
+    def __call__(self, x: torch.Tensor, weight, bias: torch.Tensor | None = None,
+                 out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        rows = x.shape[0]
+        if 0 < rows <= ROW_BUCKETS[-1] and x.dtype == torch.bfloat16 and x.data_ptr() % 16 == 0:
+            w = getattr(weight, "q", weight)  # an Int8Weight's int8 matrix, or the weight itself
+            launch = self.plans.get((tuple(w.shape), w.dtype, _bucket(rows)))
+            if launch is not None:
+                out = torch.empty((rows, w.shape[0]), dtype=out_dtype or x.dtype, device=x.device)
+                return self.kernel(x if x.is_contiguous() else x.contiguous(), w, getattr(weight, "scale", None),
+                                   bias, out, launch)
+        return self.fallback(x, weight, bias) if out_dtype is None else self.fallback(x, weight, bias, out_dtype)
+
+
+def _fits(weight, bias: torch.Tensor | None) -> bool:
+    """The kernel reads whole 16-byte words of contiguous rows, and a bf16 bias."""
+    w = getattr(weight, "q", weight)
+    return (w.is_contiguous() and w.data_ptr() % 16 == 0 and w.dtype in (torch.int8, torch.bfloat16)
+            and (bias is None or (bias.is_contiguous() and bias.dtype == torch.bfloat16)))
+
+
+def _graph_us(fn: Callable[[], object], calls: int, replays: int = 10, rounds: int = 3) -> float:
+    """µs per call of fn (which makes `calls` calls) replayed as a CUDA graph: median of rounds."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    times = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / replays / calls)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def plan_products(kernel: SkinnyGemm, fallback: Callable,
+                  projections: dict[str, list[tuple[object, torch.Tensor | None]]],
+                  min_gain: float = _MIN_GAIN) -> SkinnyLinear | None:
+    """Time each projection (name -> every layer's (weight, bias)) at each row bucket, the
+    fallback against the kernel's candidate launches; a SkinnyLinear with the winners (those
+    faster by min_gain, a fraction), or None where the kernel won nowhere."""
+    plans: dict[PlanKey, Launch] = {}
+    timings: list[PlanTiming] = []
+    for name, layers in projections.items():
+        w0 = getattr(layers[0][0], "q", layers[0][0])
+        cols, inner = w0.shape
+        int8 = w0.dtype == torch.int8
+        if not kernel.supports(ROW_BUCKETS[-1], inner, int8) or not all(_fits(w, b) for w, b in layers):
+            continue
+        gen = torch.Generator(device=w0.device).manual_seed(0)
+        for rows in ROW_BUCKETS:
+            x = torch.randn(rows, inner, device=w0.device, generator=gen).to(torch.bfloat16)
+            out = torch.empty(rows, cols, device=w0.device, dtype=torch.bfloat16)
+            fallback_us = _graph_us(lambda: [fallback(x, w, b) for w, b in layers], len(layers))
+            best_us, best = float("inf"), None
+            for launch in _candidates(rows):
+                us = _graph_us(lambda: [kernel(x, getattr(w, "q", w), getattr(w, "scale", None), b, out, launch)
+                                        for w, b in layers], len(layers))
+                if us < best_us:
+                    best_us, best = us, launch
+            chosen = best_us < (1 - min_gain) * fallback_us
+            if chosen:
+                plans[((cols, inner), w0.dtype, rows)] = best
+            timings.append(PlanTiming(name, rows, round(fallback_us, 2), round(best_us, 2), best, chosen))
+            log.info("few-row product %s [%d x %d] at %d rows: CUDA kernel %.2f µs, fallback %.2f µs -> %s", name,
+                     cols, inner, rows, best_us, fallback_us, "kernel" if chosen else "fallback")
+    return SkinnyLinear(kernel, fallback, plans, timings) if plans else None

@@ -1,0 +1,167 @@
+"""The CUDA few-row products (kernels/cuda/skinny_gemm.cu, kernels/cuda_skinny.py) and the plans
+that route a model's projections to them (kernels/skinny_linear.py).
+
+On the CPU: the source compiles for Hopper (where nvcc is installed), launch shapes fit the
+kernel's shared memory, and the router sends to the kernel only what a plan covers. On a GPU:
+every launch shape against the fp32 product of the same (dequantized) weight, and a model whose
+projections run through the kernel gives the logits of the model without it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bass.kernels.cuda_skinny import MAX_ROWS, Launch, build_library, launch_for, load_skinny_gemm, row_tiles_for
+from bass.kernels.skinny_linear import ROW_BUCKETS, SkinnyLinear
+
+CUDA = torch.cuda.is_available()
+
+
+def test_no_kernel_without_a_gpu():
+    assert load_skinny_gemm(torch.device("cpu")) is None
+
+
+@pytest.mark.parametrize("int8", [True, False])
+def test_launch_shapes_cover_the_rows_and_fit_shared_memory(int8):
+    for rows in range(1, MAX_ROWS + 1):
+        tiles = row_tiles_for(rows)
+        capacity = 8 if tiles == 0 else 16 * tiles
+        smaller = {0: 0, 1: 8, 2: 16, 4: 32}[tiles]  # the next smaller launch's capacity
+        assert smaller < rows <= capacity
+        for cols, inner in ((8, 896), (1152, 896), (9728, 896), (896, 4864), (1536, 8960), (151936, 1536)):
+            launch = launch_for(rows, cols, inner, int8)
+            assert launch.row_tiles == tiles
+            # the kernel's partial sums: warps x groups x row tiles x 128 fp32 in 48 KB of static shared memory
+            assert launch.warps * launch.groups * max(1, launch.row_tiles) * 512 <= 48 * 1024
+            assert launch.warps in (2, 4, 8, 16) and launch.groups in (1, 2, 4)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no CUDA compiler on this machine")
+def test_source_compiles_for_hopper_and_exports_its_entry_point(tmp_path):
+    target = tmp_path / "skinny.so"
+    assert build_library(shutil.which("nvcc"), "90", target) is None
+    assert hasattr(ctypes.CDLL(str(target)), "bass_skinny_gemm")
+
+
+class _RecordingKernel:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, x, w, scale, bias, out, launch):
+        self.calls.append((x.shape[0], tuple(w.shape), launch))
+        return out.fill_(7)
+
+
+def test_router_takes_only_planned_shapes_and_row_counts():
+    kernel = _RecordingKernel()
+    fallback_calls = []
+
+    def fallback(x, w, bias=None, out_dtype=None):
+        fallback_calls.append((x.shape[0], x.dtype, out_dtype))
+        return F.linear(x, w, bias)
+
+    w_small, w_wide = torch.zeros(24, 64, dtype=torch.bfloat16), torch.zeros(40, 64, dtype=torch.bfloat16)
+    launch = Launch(0, 1, 4)
+    linear = SkinnyLinear(kernel, fallback, {((24, 64), torch.bfloat16, ROW_BUCKETS[0]): launch}, [])
+    x = torch.ones(8, 64, dtype=torch.bfloat16)
+    assert bool((linear(x, w_small) == 7).all()) and kernel.calls == [(8, (24, 64), launch)]
+    linear(x[:3], w_wide)  # no plan for this shape
+    linear(torch.ones(12, 64, dtype=torch.bfloat16), w_small)  # 9-16 rows: no plan in that bucket
+    linear(torch.ones(40, 64, dtype=torch.bfloat16), w_small)  # past 16 rows
+    linear(torch.ones(4, 64), w_small.float())  # fp32 activations
+    linear(x, w_small, None, torch.float32)
+    assert len(kernel.calls) == 2 and kernel.calls[1][0] == 8
+    assert fallback_calls == [(3, torch.bfloat16, None), (12, torch.bfloat16, None), (40, torch.bfloat16, None),
+                              (4, torch.float32, None)]
+
+
+gpu = pytest.mark.skipif(not CUDA or shutil.which("nvcc") is None, reason="needs a CUDA GPU and nvcc")
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    k = load_skinny_gemm(torch.device("cuda"))
+    assert k is not None, "the CUDA kernel did not build"
+    return k
+
+
+@gpu
+@pytest.mark.parametrize("int8", [True, False])
+@pytest.mark.parametrize("rows", [1, 5, 8, 9, 16, 17, 32, 33, 64])
+@pytest.mark.parametrize("cols,inner", [(1000, 896), (64, 4864), (2056, 1536)])
+def test_products_equal_fp32_of_the_same_weights_for_every_launch_shape(kernel, int8, rows, cols, inner):
+    from bass.kernels.triton_int8 import Int8Weight
+
+    gen = torch.Generator(device="cuda").manual_seed(rows * 7 + cols)
+    full = (torch.randn(cols, inner, device="cuda", generator=gen) / inner ** 0.5).bfloat16()
+    weight = Int8Weight.quantize(full) if int8 else None
+    w = weight.q if int8 else full
+    reference_w = weight.dequantized() if int8 else full.float()
+    x = torch.randn(rows, inner, device="cuda", generator=gen).bfloat16()
+    bias = torch.randn(cols, device="cuda", generator=gen).bfloat16()
+    want = x.float() @ reference_w.T + bias.float()
+    tiles = row_tiles_for(rows)
+    for groups in (1, 2, 4):
+        for warps in (2, 4, 8, 16):
+            for per_sm in (0, 1):
+                launch = Launch(tiles, groups, warps, per_sm)
+                if warps * groups * max(1, tiles) * 512 > 48 * 1024:
+                    continue
+                out = torch.full((rows, cols), float("nan"), device="cuda")
+                kernel(x, w, weight.scale if int8 else None, bias, out, launch)
+                torch.testing.assert_close(out, want, rtol=2e-3, atol=2e-3, msg=f"{launch}")
+                again = torch.empty(rows, cols, device="cuda")
+                kernel(x, w, weight.scale if int8 else None, bias, again, launch)
+                assert torch.equal(out, again)  # a fixed order of sums: the same bits every call
+    out16 = torch.empty(rows, cols, device="cuda", dtype=torch.bfloat16)
+    kernel(x, w, weight.scale if int8 else None, None, out16)
+    torch.testing.assert_close(out16.float(), want - bias.float(), rtol=2e-2, atol=2e-2)
+
+
+@gpu
+@pytest.mark.parametrize("int8", [False, True])
+def test_a_model_routed_through_the_kernel_decodes_as_without_it(qwen_target, int8):
+    """Every projection shape forced onto the kernel (min_gain -1): prefill (cuBLAS, > 16 rows) and
+    decode steps (the kernel) give the logits of the same model on its own path, bf16 rounding
+    apart, and the same greedy tokens."""
+    from bass.core.config import RunnerConfig
+    from bass.core.worker_api import AddSequence
+    from bass.engine.model import Transformer
+    from bass.engine.runner import ModelRunner
+    from bass.engine.weights import load_config, load_weights
+    from bass.kernels.skinny_linear import plan_products
+
+    config = load_config(qwen_target)
+    cfg = RunnerConfig(model_dir=qwen_target, device="cuda", dtype="bfloat16", num_slots=2, max_seq_len=64,
+                       attention="triton", cuda_graphs=False, few_row_cuda=False)
+
+    def runner(route: bool) -> ModelRunner:
+        weights = load_weights(qwen_target, config, dtype="bfloat16", device="cuda")
+        model = Transformer(config, weights, max_seq_len=64, attention="triton", int8_weights=int8)
+        if route:
+            projections = {name: [(getattr(layer, name), getattr(layer, f"{name}_bias", None))
+                                  for layer in weights.layers] for name in ("qkv", "o", "gate_up", "down")}
+            model.linear = plan_products(load_skinny_gemm(torch.device("cuda")), model.linear, projections,
+                                         min_gain=-1.0)
+            assert len(model.linear.plans) == 4 * len(ROW_BUCKETS)
+        return ModelRunner(cfg, model=model)
+
+    plain, routed = runner(False), runner(True)
+    prompt = tuple(range(3, 40))  # 36 prefill rows: the fallback; each decode step: 1 row, the kernel
+    tokens = {}
+    for name, r in (("plain", plain), ("routed", routed)):
+        r.add([AddSequence(0, prompt)])
+        state, out, logits = r.get(0), [], []
+        for _ in range(6):
+            step = r.forward([(state, [])], [1])
+            logits.append(step.float())
+            out.append(int(step[-1].argmax()))
+            r.commit(state, [out[-1]])
+        tokens[name] = (out, torch.stack(logits))
+    torch.testing.assert_close(tokens["routed"][1], tokens["plain"][1], rtol=5e-2, atol=5e-2)
+    assert tokens["routed"][0] == tokens["plain"][0]
