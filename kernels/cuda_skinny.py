@@ -30,17 +30,22 @@ import torch
 log = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("cuda") / "skinny_gemm.cu"
-MAX_ROWS = 64  # four 16-row tiles
+MAX_ROWS = 64  # eight 8-row groups
+SHARED_FLOATS = 12 * 1024  # the kernel's partial sums: warps x column groups x row groups x 128 fp32
 
 
 @dataclass(frozen=True)
 class Launch:
-    """How one product is cut: 16-row tiles, 8-column groups per warp, warps per block."""
+    """How one product is cut: 8-row groups (the mma's 8-wide side), 16-column groups per warp,
+    warps per block, and a persistent grid or not."""
 
-    row_tiles: int  # 16-row tiles; 0: one half tile (<= 8 rows)
-    groups: int
-    warps: int
-    blocks_per_sm: int = 0  # at most this many resident blocks a multiprocessor (0: as many as fit)
+    row_groups: int  # 1, 2, 4 or 8: rows <= 8 * row_groups
+    column_groups: int  # 1 or 2
+    warps: int  # 2, 4, 8 or 16, splitting the inner dimension
+    blocks_per_sm: int = 0  # 0: a block per column tile; else a persistent grid of this many a multiprocessor
+
+    def fits(self) -> bool:
+        return self.warps * self.column_groups * self.row_groups * 128 <= SHARED_FLOATS
 
 
 def inner_multiple(weight_int8: bool) -> int:
@@ -48,24 +53,19 @@ def inner_multiple(weight_int8: bool) -> int:
     return 64 if weight_int8 else 32
 
 
-def row_tiles_for(rows: int) -> int:
-    return 0 if rows <= 8 else 1 if rows <= 16 else 2 if rows <= 32 else 4
+def row_groups_for(rows: int) -> int:
+    return 1 if rows <= 8 else 2 if rows <= 16 else 4 if rows <= 32 else 8
 
 
 def launch_for(rows: int, cols: int, inner: int, weight_int8: bool) -> Launch:
-    """Enough loads in flight to cover DRAM latency without starving the grid: the warps of a block
-    split the inner dimension so that each has about 4 chunks; wide products share each
-    activation load among more columns."""
-    row_tiles = row_tiles_for(rows)
+    """A default where nothing was timed: the warps of a block split the inner dimension so that
+    each has about 4 chunks; wide products share each activation load among more columns."""
     chunks = inner // inner_multiple(weight_int8)
-    warps = min(16, max(2, 1 << max(0, (chunks // 4 - 1).bit_length())))
-    groups = 4 if cols >= 16384 else 2 if cols >= 4096 else 1
-    while warps * groups * max(1, row_tiles) * 512 > 48 * 1024:  # the kernel's partial sums in static shared memory
-        if groups > 1:
-            groups //= 2
-        else:
-            warps //= 2
-    return Launch(row_tiles, groups, warps)
+    launch = Launch(row_groups_for(rows), 2 if cols >= 4096 else 1,
+                    min(16, max(2, 1 << max(0, (chunks // 4 - 1).bit_length()))))
+    while not launch.fits():
+        launch = Launch(launch.row_groups, launch.column_groups, launch.warps // 2)
+    return launch
 
 
 class SkinnyGemm:
@@ -89,7 +89,7 @@ class SkinnyGemm:
         launch = launch or launch_for(rows, cols, inner, weight_int8)
         err = self._fn(x.data_ptr(), weight.data_ptr(), scale.data_ptr() if scale is not None else None,
                        bias.data_ptr() if bias is not None else None, out.data_ptr(), rows, cols, inner,
-                       int(weight_int8), int(out.dtype == torch.float32), launch.row_tiles, launch.groups,
+                       int(weight_int8), int(out.dtype == torch.float32), launch.row_groups, launch.column_groups,
                        launch.warps, launch.blocks_per_sm, torch.cuda.current_stream(x.device).cuda_stream)
         if err:
             raise RuntimeError(f"skinny_gemm launch failed (cudaError {err}): rows={rows} cols={cols} "

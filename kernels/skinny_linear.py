@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from bass.kernels.cuda_skinny import Launch, SkinnyGemm, row_tiles_for
+from bass.kernels.cuda_skinny import Launch, SkinnyGemm, row_groups_for
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +36,9 @@ def _bucket(rows: int) -> int:
 
 
 def _candidates(rows: int) -> list[Launch]:
-    tiles = row_tiles_for(rows)
-    return [Launch(tiles, groups, warps, per_sm) for groups in (1, 2) for warps in (4, 8, 16) for per_sm in (0, 2)]
+    launches = [Launch(row_groups_for(rows), groups, warps, per_sm) for groups in (1, 2) for warps in (4, 8, 16)
+                for per_sm in (0, 2)]
+    return [launch for launch in launches if launch.fits()]
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bass.kernels.cuda_skinny import MAX_ROWS, Launch, build_library, launch_for, load_skinny_gemm, row_tiles_for
+from bass.kernels.cuda_skinny import MAX_ROWS, Launch, build_library, launch_for, load_skinny_gemm, row_groups_for
 from bass.kernels.skinny_linear import ROW_BUCKETS, SkinnyLinear
 
 CUDA = torch.cuda.is_available()
@@ -29,16 +29,14 @@ def test_no_kernel_without_a_gpu():
 @pytest.mark.parametrize("int8", [True, False])
 def test_launch_shapes_cover_the_rows_and_fit_shared_memory(int8):
     for rows in range(1, MAX_ROWS + 1):
-        tiles = row_tiles_for(rows)
-        capacity = 8 if tiles == 0 else 16 * tiles
-        smaller = {0: 0, 1: 8, 2: 16, 4: 32}[tiles]  # the next smaller launch's capacity
-        assert smaller < rows <= capacity
+        groups = row_groups_for(rows)
+        assert 4 * groups < rows <= 8 * groups or groups == 1  # the smallest launch that holds the rows
         for cols, inner in ((8, 896), (1152, 896), (9728, 896), (896, 4864), (1536, 8960), (151936, 1536)):
             launch = launch_for(rows, cols, inner, int8)
-            assert launch.row_tiles == tiles
-            # the kernel's partial sums: warps x groups x row tiles x 128 fp32 in 48 KB of static shared memory
-            assert launch.warps * launch.groups * max(1, launch.row_tiles) * 512 <= 48 * 1024
-            assert launch.warps in (2, 4, 8, 16) and launch.groups in (1, 2, 4)
+            assert launch.row_groups == groups and launch.fits()
+            # the kernel's partial sums: warps x column groups x row groups x 128 fp32 in 48 KB of static shared memory
+            assert launch.warps * launch.column_groups * launch.row_groups * 512 <= 48 * 1024
+            assert launch.warps in (2, 4, 8, 16) and launch.column_groups in (1, 2)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no CUDA compiler on this machine")
@@ -66,7 +64,7 @@ def test_router_takes_only_planned_shapes_and_row_counts():
         return F.linear(x, w, bias)
 
     w_small, w_wide = torch.zeros(24, 64, dtype=torch.bfloat16), torch.zeros(40, 64, dtype=torch.bfloat16)
-    launch = Launch(0, 1, 4)
+    launch = Launch(1, 1, 4)
     linear = SkinnyLinear(kernel, fallback, {((24, 64), torch.bfloat16, ROW_BUCKETS[0]): launch}, [])
     x = torch.ones(8, 64, dtype=torch.bfloat16)
     assert bool((linear(x, w_small) == 7).all()) and kernel.calls == [(8, (24, 64), launch)]
@@ -105,12 +103,11 @@ def test_products_equal_fp32_of_the_same_weights_for_every_launch_shape(kernel, 
     x = torch.randn(rows, inner, device="cuda", generator=gen).bfloat16()
     bias = torch.randn(cols, device="cuda", generator=gen).bfloat16()
     want = x.float() @ reference_w.T + bias.float()
-    tiles = row_tiles_for(rows)
-    for groups in (1, 2, 4):
+    for groups in (1, 2):
         for warps in (2, 4, 8, 16):
             for per_sm in (0, 1):
-                launch = Launch(tiles, groups, warps, per_sm)
-                if warps * groups * max(1, tiles) * 512 > 48 * 1024:
+                launch = Launch(row_groups_for(rows), groups, warps, per_sm)
+                if not launch.fits():
                     continue
                 out = torch.full((rows, cols), float("nan"), device="cuda")
                 kernel(x, w, weight.scale if int8 else None, bias, out, launch)

@@ -1,24 +1,33 @@
-// Few-row products x @ w.T on tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate), for
-// decode and verification steps of 1-64 rows, where the product is a matter of streaming the
-// weight once with as many loads in flight as the memory system takes.
+// Few-row products x @ w.T on tensor cores, for decode and verification steps of 1-64 rows, where
+// a product is a matter of streaming the weight once with as many loads in flight as the memory
+// system takes, and of doing as little per byte as possible once it arrives.
 //
 // Why not tl.dot tiles (kernels/triton_int8.py) or cuBLAS: at 1-16 rows their programs walk the
-// inner dimension in a chain of dependent steps (load a tile, multiply, load the next), so a 1 MB
-// weight costs 3-6 µs, several DRAM round trips. Here every lane issues all its weight loads for
-// a batch of chunks before it multiplies anything, and the warps of a block split the inner
-// dimension between them, so one block covers its columns in about one round trip.
+// inner dimension in a chain of dependent steps (load a tile, multiply, load the next). Here each
+// lane issues its next step's weight *and activation* loads before it multiplies this step's,
+// and the warps of a block split the inner dimension between them.
 //
-// Layout trick: a warp covers 8 output columns; lane (g = lane / 4, q = lane % 4) loads 16
-// contiguous bytes of column g's weight (16 int8 or 8 bf16 values) at offset q * KL of a chunk of
-// 4 * KL inner positions. Which inner position feeds which of the mma's 16 k slots does not matter
-// to the sum, so the lane's own 16 bytes become its B fragment as they are (widened from int8 if
-// need be), and the activations x are read with the same assignment for the A fragment. No
-// shuffles, no shared memory until the warps' partial sums are added, in a fixed order.
+// The product is computed transposed, out.T = w @ x.T (mma.sync m16n8k16): weight columns fill
+// the mma's 16-row side and the activation rows its 8-column side, so at <= 8 rows no tensor-core
+// work is wasted on padding rows, and each mma covers 16 output columns.
 //
-// Weights are int8 with one fp32 scale per output column (the draft) or bf16 (scale null).
-// Inner size must be a multiple of 4 * KL (64 for int8, 32 for bf16); the caller checks.
+// Layout trick: lane (g = lane / 4, q = lane % 4) loads 16 contiguous bytes of weight columns g and
+// g + 8 (16 int8 or 8 bf16 values each) at offset q * KL of a chunk of 4 * KL inner positions.
+// Which inner position feeds which of the mma's 16 k slots does not matter to the sum, so those
+// bytes become the lane's A fragment as they are (widened from int8 if need be), and the lane
+// reads activation row g at the same positions for its B fragment. No shuffles, no shared memory
+// until the warps' partial sums are added, in a fixed order.
+//
+// Weights are int8 with one fp32 scale per output column (the draft) or bf16 (scale null). int8
+// runs as fp16 on the tensor cores: an int8 becomes an fp16 in two integer instructions per pair
+// (offset binary under the exponent of 1024), where bf16 (7 mantissa bits) would need a float
+// conversion per value; the activations are converted to fp16 once per chunk and shared by all
+// of a warp's columns, saturating at +-65504 (a draft's numbers only: lossless whatever it
+// proposes). The inner size must be a multiple of 4 * KL (64 for int8, 32 for bf16); the caller
+// checks.
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -26,13 +35,22 @@
 
 namespace {
 
-__device__ __forceinline__ void mma_bf16_16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                               uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+template <bool F16>
+__device__ __forceinline__ void mma_16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                          uint32_t b1) {
+  if constexpr (F16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
 }
 
 // Weights are read once: stream them past L1.
@@ -44,39 +62,40 @@ __device__ __forceinline__ uint4 load_streaming(const uint4* p) {
   return v;
 }
 
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
+// Four int8 in a word -> two fp16x2 words, exactly: each byte, offset by 128, becomes the low
+// mantissa byte of 1024.0 (whose unit in the last place is 1), minus 1152.
+__device__ __forceinline__ void widen_int8x4_f16(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  const uint32_t u = w ^ 0x80808080u;  // two's complement -> offset binary
+  const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));  // 1152
+  uint32_t pl = __byte_perm(u, 0x64646464u, 0x4140), ph = __byte_perm(u, 0x64646464u, 0x4342);
+  const __half2 l = __hsub2(*reinterpret_cast<__half2*>(&pl), bias);
+  const __half2 h = __hsub2(*reinterpret_cast<__half2*>(&ph), bias);
+  lo = *reinterpret_cast<const uint32_t*>(&l);
+  hi = *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// Four int8 in a word -> two bf16x2 words, exactly (|q| <= 127 has 7 significant bits). The byte,
-// offset by 128, becomes the low mantissa byte of 2^23 (a float whose unit is 1), so one byte
-// permute and one add replace a quarter-rate integer-to-float conversion.
-__device__ __forceinline__ void widen_int8x4(uint32_t w, uint32_t& lo, uint32_t& hi) {
-  const uint32_t u = w ^ 0x80808080u;  // two's complement -> offset binary
-  const float f0 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7540)) - 8388736.f;  // 2^23 + 128
-  const float f1 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7541)) - 8388736.f;
-  const float f2 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7542)) - 8388736.f;
-  const float f3 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7543)) - 8388736.f;
-  lo = pack_bf16x2(f0, f1);
-  hi = pack_bf16x2(f2, f3);
+// Two bf16 in a word -> two fp16 in a word, saturating at the largest finite fp16.
+__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t v) {
+  const float lo = __uint_as_float(v << 16), hi = __uint_as_float(v & 0xffff0000u);
+  uint32_t out;
+  asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(out) : "f"(hi), "f"(lo));
+  return out;
 }
 
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// MT: 16-row tiles (rows <= 16 * MT); H: 8-row halves of a tile that hold rows (1 for <= 8 rows:
-// the upper half's activation loads and registers vanish); NB: groups of 8 columns per warp (the
-// activations' loads are shared by them); WARPS: warps per block, splitting the inner dimension;
-// U: chunks a warp loads per step.
+// NT: groups of 8 activation rows (rows <= 8 * NT); CG: groups of 16 weight columns per warp (the
+// activations' loads and conversions are shared by them); WARPS: warps per block, splitting the
+// inner dimension; U: chunks a warp loads per step.
 //
 // A block covers one column tile, or walks several (a persistent grid). Each warp loads its next
-// step's weights *and activations* (the next chunks, or the next tile's) before it multiplies this
+// step's weights and activations (the next chunks, or the next tile's) before it multiplies this
 // step's: the activations come from L2 on an SM's first touch, and a load issued only when it is
-// needed puts that round trip on the critical path once per step (bench/gpu/kernels/
-// skinny_ablate.py: 1-5 µs of a product at the target's shapes).
-template <bool INT8, int MT, int H, int NB, int WARPS, int U, bool OUT_F32>
+// needed puts that round trip on the critical path once a step (1-5 µs of a product at the
+// target's shapes on an H200, bench/results/2026-11-27-h200-few-row-cuda).
+template <bool INT8, int NT, int CG, int WARPS, int U, bool OUT_F32>
 __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
     const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scale,
     const __nv_bfloat16* __restrict__ bias, void* __restrict__ out, int rows, int cols, int inner) {
@@ -84,12 +103,12 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
   constexpr int STEPS = KL / 4;      // mma k-steps per load (4 lanes x 4 positions each)
   constexpr int CHUNK = 4 * KL;      // inner positions a warp covers per load
   constexpr int XV = KL / 8;         // 16-byte activation loads per row per chunk
-  constexpr int TILE_COLS = 8 * NB;
+  constexpr int TILE_COLS = 16 * CG;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, q = lane & 3;
   const int chunks = inner / CHUNK;
-  // Each warp takes a contiguous run of chunks, so a step's U chunks of a column are adjacent in
-  // memory; every warp makes the same number of steps (they meet at the tile's barrier).
+  // Each warp takes a contiguous run of chunks; every warp makes the same number of steps (they
+  // meet at the tile's barrier).
   const int per_warp = (chunks + WARPS - 1) / WARPS;
   const int steps_per_tile = (per_warp + U - 1) / U;
   const int my_first = warp * per_warp;
@@ -98,57 +117,56 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
   const int w_stride = inner / KL;  // uint4 per weight row
   const uint4 zero = make_uint4(0, 0, 0, 0);
 
-  const uint4* xrow[MT][H];
-  bool row_ok[MT][H];
+  const uint4* xrow[NT];
+  bool row_ok[NT];
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-    for (int h = 0; h < H; ++h) {
-      const int r = mt * 16 + h * 8 + g;
-      row_ok[mt][h] = r < rows;
-      xrow[mt][h] = reinterpret_cast<const uint4*>(x + static_cast<size_t>(row_ok[mt][h] ? r : 0) * inner) + q * XV;
-    }
+  for (int nt = 0; nt < NT; ++nt) {
+    const int r = nt * 8 + g;
+    row_ok[nt] = r < rows;
+    xrow[nt] = reinterpret_cast<const uint4*>(x + static_cast<size_t>(row_ok[nt] ? r : 0) * inner) + q * XV;
   }
 
-  // step s of a tile covers chunks my_first + s * U + u, u < U
-  auto load_step = [&](uint4 (&dw)[U][NB], uint4 (&dx)[U][MT][H][XV], int tile, int step) {
+  // step s of a tile covers chunks my_first + s * U + u, u < U; [cg][0] is column g, [cg][1] g + 8
+  auto load_step = [&](uint4 (&dw)[U][CG][2], uint4 (&dx)[U][NT][XV], int tile, int step) {
 #pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-      const int c = tile * TILE_COLS + nb * 8 + g;
-      const uint4* col = w + static_cast<size_t>(c < cols ? c : 0) * w_stride + q;
+    for (int cg = 0; cg < CG; ++cg) {
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int ch = my_first + step * U + u;
-        dw[u][nb] = (tile < tiles && c < cols && ch < my_end) ? load_streaming(col + static_cast<size_t>(ch) * 4) : zero;
+      for (int half = 0; half < 2; ++half) {
+        const int c = tile * TILE_COLS + cg * 16 + half * 8 + g;
+        const uint4* col = w + static_cast<size_t>(c < cols ? c : 0) * w_stride + q;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int ch = my_first + step * U + u;
+          dw[u][cg][half] = (tile < tiles && c < cols && ch < my_end) ? load_streaming(col + static_cast<size_t>(ch) * 4)
+                                                                        : zero;
+        }
       }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int ch = my_first + step * U + u;
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+      for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int h = 0; h < H; ++h)
-#pragma unroll
-          for (int v = 0; v < XV; ++v)
-            dx[u][mt][h][v] = (tile < tiles && ch < my_end && row_ok[mt][h])
-                                  ? xrow[mt][h][static_cast<size_t>(ch) * CHUNK / 8 + v] : zero;
+        for (int v = 0; v < XV; ++v)
+          dx[u][nt][v] = (tile < tiles && ch < my_end && row_ok[nt]) ? xrow[nt][static_cast<size_t>(ch) * CHUNK / 8 + v]
+                                                                     : zero;
     }
   };
 
-  float acc[NB][MT][4];
+  float acc[CG][NT][4];
 #pragma unroll
-  for (int nb = 0; nb < NB; ++nb)
+  for (int cg = 0; cg < CG; ++cg)
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc[nb][mt][i] = 0.f;
+      for (int i = 0; i < 4; ++i) acc[cg][nt][i] = 0.f;
 
-  constexpr int PER_WARP = NB * MT * 4 * 32;
-  __shared__ float partial[WARPS > 1 ? WARPS * PER_WARP : PER_WARP];
+  constexpr int PER_WARP = CG * NT * 4 * 32;
+  __shared__ float partial[WARPS * PER_WARP];
 
-  uint4 cur_w[U][NB], nxt_w[U][NB];
-  uint4 cur_x[U][MT][H][XV], nxt_x[U][MT][H][XV];
+  uint4 cur_w[U][CG][2], nxt_w[U][CG][2];
+  uint4 cur_x[U][NT][XV], nxt_x[U][NT][XV];
   int tile = blockIdx.x, step = 0;
   load_step(cur_w, cur_x, tile, step);
   while (tile < tiles) {
@@ -163,34 +181,36 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
     for (int u = 0; u < U; ++u) {
       if (my_first + step * U + u < my_end) {
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
+        for (int j = 0; j < STEPS; ++j) {
+          // B: activation row g, positions 4j, 4j+1 (word 2j) and 4j+2, 4j+3 (word 2j+1) of the
+          // lane's segment, in the weights' mma type
+          uint32_t b[NT][2];
 #pragma unroll
-          for (int j = 0; j < STEPS; ++j) {
-            // word 2j of the lane's segment holds positions 4j, 4j+1; word 2j+1 holds 4j+2, 4j+3
-            const uint32_t a0 = word(cur_x[u][mt][0][(2 * j) / 4], (2 * j) % 4);
-            const uint32_t a2 = word(cur_x[u][mt][0][(2 * j + 1) / 4], (2 * j + 1) % 4);
-            const uint32_t a1 = H > 1 ? word(cur_x[u][mt][H - 1][(2 * j) / 4], (2 * j) % 4) : 0u;
-            const uint32_t a3 = H > 1 ? word(cur_x[u][mt][H - 1][(2 * j + 1) / 4], (2 * j + 1) % 4) : 0u;
+          for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
-            for (int nb = 0; nb < NB; ++nb) {
-              uint32_t b0, b1;
-              if constexpr (INT8) {
-#ifdef SKINNY_NO_WIDEN
-                b0 = word(cur_w[u][nb], j);
-                b1 = b0 ^ 0x1u;
-#else
-                widen_int8x4(word(cur_w[u][nb], j), b0, b1);
-#endif
-              } else {
-                b0 = word(cur_w[u][nb], 2 * j);
-                b1 = word(cur_w[u][nb], 2 * j + 1);
-              }
-#ifdef SKINNY_NO_MMA
-              acc[nb][mt][0] += __uint_as_float((a0 ^ a1 ^ a2 ^ a3 ^ b0 ^ b1) & 0x3fffffffu);
-#else
-              mma_bf16_16816(acc[nb][mt], a0, a1, a2, a3, b0, b1);
-#endif
+            for (int e = 0; e < 2; ++e) {
+              const uint32_t v = word(cur_x[u][nt][(2 * j + e) / 4], (2 * j + e) % 4);
+              if constexpr (INT8)
+                b[nt][e] = bf16x2_to_f16x2(v);
+              else
+                b[nt][e] = v;
             }
+          }
+#pragma unroll
+          for (int cg = 0; cg < CG; ++cg) {
+            // A: columns g (a0, a2) and g + 8 (a1, a3) at the same positions
+            uint32_t a0, a1, a2, a3;
+            if constexpr (INT8) {
+              widen_int8x4_f16(word(cur_w[u][cg][0], j), a0, a2);
+              widen_int8x4_f16(word(cur_w[u][cg][1], j), a1, a3);
+            } else {
+              a0 = word(cur_w[u][cg][0], 2 * j);
+              a2 = word(cur_w[u][cg][0], 2 * j + 1);
+              a1 = word(cur_w[u][cg][1], 2 * j);
+              a3 = word(cur_w[u][cg][1], 2 * j + 1);
+            }
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) mma_16816<INT8>(acc[cg][nt], a0, a1, a2, a3, b[nt][0], b[nt][1]);
           }
         }
       }
@@ -198,22 +218,23 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
 
     if (next_step == 0) {
       // The tile is done: the warps' partial sums, added in warp order (the same bits whatever
-      // the launch), scaled, biased and stored.
+      // the launch), scaled, biased and stored. Entry (cg, nt, i, lane) is column
+      // 16 cg + lane / 4 (+ 8 for i >= 2), row 8 nt + 2 (lane % 4) (+ 1 for odd i).
 #pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
+      for (int cg = 0; cg < CG; ++cg)
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
+        for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
-            partial[warp * PER_WARP + ((nb * MT + mt) * 4 + i) * 32 + lane] = acc[nb][mt][i];
-            acc[nb][mt][i] = 0.f;
+            partial[warp * PER_WARP + ((cg * NT + nt) * 4 + i) * 32 + lane] = acc[cg][nt][i];
+            acc[cg][nt][i] = 0.f;
           }
       __syncthreads();
       const int col0 = tile * TILE_COLS;
       for (int e = threadIdx.x; e < PER_WARP; e += WARPS * 32) {
-        const int l = e % 32, idx = e / 32, i = idx % 4, mt = (idx / 4) % MT, nb = idx / (4 * MT);
-        const int row = mt * 16 + (l >> 2) + (i >= 2 ? 8 : 0);
-        const int col = col0 + nb * 8 + 2 * (l & 3) + (i & 1);
+        const int l = e % 32, idx = e / 32, i = idx % 4, nt = (idx / 4) % NT, cg = idx / (4 * NT);
+        const int col = col0 + cg * 16 + (l >> 2) + (i >= 2 ? 8 : 0);
+        const int row = nt * 8 + 2 * (l & 3) + (i & 1);
         if (row < rows && col < cols) {
           float v = 0.f;
 #pragma unroll
@@ -231,27 +252,29 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
 #pragma unroll
     for (int u = 0; u < U; ++u) {
 #pragma unroll
-      for (int nb = 0; nb < NB; ++nb) cur_w[u][nb] = nxt_w[u][nb];
+      for (int cg = 0; cg < CG; ++cg) {
+        cur_w[u][cg][0] = nxt_w[u][cg][0];
+        cur_w[u][cg][1] = nxt_w[u][cg][1];
+      }
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+      for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int h = 0; h < H; ++h)
-#pragma unroll
-          for (int v = 0; v < XV; ++v) cur_x[u][mt][h][v] = nxt_x[u][mt][h][v];
+        for (int v = 0; v < XV; ++v) cur_x[u][nt][v] = nxt_x[u][nt][v];
     }
     tile = next_tile;
     step = next_step;
   }
 }
 
-template <bool INT8, int MT, int H, int NB, int WARPS, bool OUT_F32>
+constexpr int pow2_floor(int v) { return v >= 4 ? 4 : v >= 2 ? 2 : 1; }
+
+template <bool INT8, int NT, int CG, int WARPS, bool OUT_F32>
 cudaError_t launch_kernel(const void* x, const void* w, const float* scale, const void* bias, void* out, int rows,
                           int cols, int inner, int max_blocks_per_sm, cudaStream_t stream) {
-  // About four 16-byte weight loads a lane a step, fewer where the activations' registers are many.
-  constexpr int X_LOADS = MT * H * (INT8 ? 2 : 1);  // 16-byte activation loads per chunk
-  constexpr int U0 = (NB == 1 ? 4 : NB == 2 ? 2 : 1) / (X_LOADS >= 4 ? 4 : X_LOADS >= 2 ? 2 : 1);
-  constexpr int U = U0 > 0 ? U0 : 1;
-  auto kernel = skinny_gemm_kernel<INT8, MT, H, NB, WARPS, U, OUT_F32>;
+  // About eight 16-byte loads a lane a step (weights and activations), in registers twice over.
+  constexpr int LOADS_PER_CHUNK = 2 * CG + NT * (INT8 ? 2 : 1);
+  constexpr int U = pow2_floor(8 / LOADS_PER_CHUNK);
+  auto kernel = skinny_gemm_kernel<INT8, NT, CG, WARPS, U, OUT_F32>;
   // Resident blocks per multiprocessor, asked once per instantiation (and per process: one kind
   // of GPU); atomics because service handler threads may make the first call together.
   static std::atomic<int> resident_cache{0}, sms_cache{0};
@@ -268,73 +291,75 @@ cudaError_t launch_kernel(const void* x, const void* w, const float* scale, cons
   // 0: a block per column tile (the hardware refills multiprocessors as blocks finish); else a
   // persistent grid of at most that many blocks a multiprocessor, each walking tiles.
   const int per_sm = max_blocks_per_sm < resident ? max_blocks_per_sm : resident;
-  const int tiles = (cols + 8 * NB - 1) / (8 * NB);
+  const int tiles = (cols + 16 * CG - 1) / (16 * CG);
   const int blocks = max_blocks_per_sm <= 0 || tiles < sms * per_sm ? tiles : sms * per_sm;
   kernel<<<blocks, WARPS * 32, 0, stream>>>(static_cast<const __nv_bfloat16*>(x), static_cast<const uint4*>(w),
                                             scale, static_cast<const __nv_bfloat16*>(bias), out, rows, cols, inner);
   return cudaGetLastError();
 }
 
-template <bool INT8, int MT, int H, int NB, int WARPS>
+template <bool INT8, int NT, int CG, int WARPS>
 cudaError_t launch_with(const void* x, const void* w, const float* scale, const void* bias, void* out, int rows,
-                        int cols, int inner, bool out_f32, int max_blocks_per_sm, cudaStream_t stream) {
+                        int cols, int inner, bool out_f32, int per_sm, cudaStream_t stream) {
   // The partial sums' shared memory must fit the static 48 KB.
-  if constexpr (WARPS * NB * MT * 4 * 32 * 4 > 48 * 1024) {
+  if constexpr (WARPS * CG * NT * 4 * 32 * 4 > 48 * 1024) {
     return cudaErrorInvalidConfiguration;
   } else {
-    return out_f32 ? launch_kernel<INT8, MT, H, NB, WARPS, true>(x, w, scale, bias, out, rows, cols, inner,
-                                                              max_blocks_per_sm, stream)
-                   : launch_kernel<INT8, MT, H, NB, WARPS, false>(x, w, scale, bias, out, rows, cols, inner,
-                                                               max_blocks_per_sm, stream);
+    return out_f32 ? launch_kernel<INT8, NT, CG, WARPS, true>(x, w, scale, bias, out, rows, cols, inner, per_sm, stream)
+                   : launch_kernel<INT8, NT, CG, WARPS, false>(x, w, scale, bias, out, rows, cols, inner, per_sm, stream);
   }
 }
 
-template <bool INT8, int MT, int H, int NB>
+template <bool INT8, int NT, int CG>
 cudaError_t by_warps(int warps, const void* x, const void* w, const float* scale, const void* bias, void* out,
                      int rows, int cols, int inner, bool out_f32, int per_sm, cudaStream_t stream) {
   switch (warps) {
-    case 2: return launch_with<INT8, MT, H, NB, 2>(x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
-    case 4: return launch_with<INT8, MT, H, NB, 4>(x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
-    case 8: return launch_with<INT8, MT, H, NB, 8>(x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
-    case 16: return launch_with<INT8, MT, H, NB, 16>(x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
+    case 2: return launch_with<INT8, NT, CG, 2>(x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
+    case 4: return launch_with<INT8, NT, CG, 4>(x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
+    case 8: return launch_with<INT8, NT, CG, 8>(x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
+    case 16: return launch_with<INT8, NT, CG, 16>(x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
     default: return cudaErrorInvalidValue;
   }
 }
 
-template <bool INT8, int MT, int H>
-cudaError_t by_groups(int groups, int warps, const void* x, const void* w, const float* scale, const void* bias,
-                      void* out, int rows, int cols, int inner, bool out_f32, int per_sm, cudaStream_t stream) {
-  switch (groups) {
-    case 1: return by_warps<INT8, MT, H, 1>(warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
-    case 2: return by_warps<INT8, MT, H, 2>(warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
-    case 4: return by_warps<INT8, MT, H, 4>(warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
+template <bool INT8, int NT>
+cudaError_t by_columns(int column_groups, int warps, const void* x, const void* w, const float* scale,
+                       const void* bias, void* out, int rows, int cols, int inner, bool out_f32, int per_sm,
+                       cudaStream_t stream) {
+  switch (column_groups) {
+    case 1: return by_warps<INT8, NT, 1>(warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
+    case 2: return by_warps<INT8, NT, 2>(warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
     default: return cudaErrorInvalidValue;
   }
 }
 
 template <bool INT8>
-cudaError_t by_tiles(int row_tiles, int groups, int warps, const void* x, const void* w, const float* scale,
-                     const void* bias, void* out, int rows, int cols, int inner, bool out_f32, int per_sm,
-                     cudaStream_t stream) {
-  switch (row_tiles) {
-    case 0: return by_groups<INT8, 1, 1>(groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
-    case 1: return by_groups<INT8, 1, 2>(groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
-    case 2: return by_groups<INT8, 2, 2>(groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
-    case 4: return by_groups<INT8, 4, 2>(groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
+cudaError_t by_rows(int row_groups, int column_groups, int warps, const void* x, const void* w, const float* scale,
+                    const void* bias, void* out, int rows, int cols, int inner, bool out_f32, int per_sm,
+                    cudaStream_t stream) {
+  switch (row_groups) {
+    case 1: return by_columns<INT8, 1>(column_groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
+    case 2: return by_columns<INT8, 2>(column_groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
+    case 4: return by_columns<INT8, 4>(column_groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
+    case 8: return by_columns<INT8, 8>(column_groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
     default: return cudaErrorInvalidValue;
   }
 }
 
 }  // namespace
 
-// The entry point kernels/cuda_skinny.py calls (ctypes). Returns a cudaError_t (0: launched).
+// The entry point kernels/cuda_skinny.py calls (ctypes). row_groups: 8-row groups (1, 2, 4, 8);
+// column_groups: 16-column groups a warp covers (1, 2); warps: 2, 4, 8, 16; blocks_per_sm: 0 for
+// a block per column tile, else the persistent grid's blocks a multiprocessor. Returns a
+// cudaError_t (0: launched).
 extern "C" int bass_skinny_gemm(const void* x, const void* w, const float* scale, const void* bias, void* out,
-                                int rows, int cols, int inner, int w_int8, int out_f32, int row_tiles,
-                                int groups, int warps, int blocks_per_sm, void* stream) {
+                                int rows, int cols, int inner, int w_int8, int out_f32, int row_groups,
+                                int column_groups, int warps, int blocks_per_sm, void* stream) {
   const int chunk = w_int8 ? 64 : 32;
-  if (rows < 1 || rows > (row_tiles == 0 ? 8 : 16 * row_tiles) || inner % chunk != 0) return static_cast<int>(cudaErrorInvalidValue);
+  if (rows < 1 || rows > 8 * row_groups || inner % chunk != 0) return static_cast<int>(cudaErrorInvalidValue);
   auto s = static_cast<cudaStream_t>(stream);
-  return static_cast<int>(
-      w_int8 ? by_tiles<true>(row_tiles, groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32 != 0, blocks_per_sm, s)
-             : by_tiles<false>(row_tiles, groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32 != 0, blocks_per_sm, s));
+  return static_cast<int>(w_int8 ? by_rows<true>(row_groups, column_groups, warps, x, w, scale, bias, out, rows, cols,
+                                                 inner, out_f32 != 0, blocks_per_sm, s)
+                                 : by_rows<false>(row_groups, column_groups, warps, x, w, scale, bias, out, rows, cols,
+                                                  inner, out_f32 != 0, blocks_per_sm, s));
 }

@@ -19,7 +19,7 @@ import json
 import torch
 import torch.nn.functional as F
 
-from bass.kernels.cuda_skinny import Launch, launch_for, load_skinny_gemm, row_tiles_for
+from bass.kernels.cuda_skinny import Launch, launch_for, load_skinny_gemm, row_groups_for
 from bass.kernels.triton_int8 import Int8Linear, Int8Weight
 from graph_timing import graph_us
 
@@ -40,9 +40,8 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def sweep_launches(rows: int, int8: bool) -> list[Launch]:
-    tiles = row_tiles_for(rows)
-    return [Launch(tiles, g, w, b) for g in (1, 2, 4) for w in (2, 4, 8, 16) for b in (0, 2)
-            if w * g * max(1, tiles) * 512 <= 48 * 1024]
+    launches = [Launch(row_groups_for(rows), g, w, b) for g in (1, 2) for w in (2, 4, 8, 16) for b in (0, 2)]
+    return [launch for launch in launches if launch.fits()]
 
 
 def main() -> None:
