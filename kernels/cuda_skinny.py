@@ -43,9 +43,31 @@ class Launch:
     column_groups: int  # 1 or 2
     warps: int  # 2, 4, 8 or 16, splitting the inner dimension
     blocks_per_sm: int = 0  # 0: a block per column tile; else a persistent grid of this many a multiprocessor
+    k_splits: int = 1  # blocks a column tile's inner dimension is split over (needs a SplitScratch)
 
     def fits(self) -> bool:
         return self.warps * self.column_groups * self.row_groups * 128 <= SHARED_FLOATS
+
+    def tiles(self, cols: int) -> int:
+        return -(-cols // (16 * self.column_groups))
+
+    def split_floats(self, cols: int) -> int:
+        """fp32 partial sums a split launch keeps in its SplitScratch."""
+        return self.k_splits * self.tiles(cols) * self.column_groups * self.row_groups * 128
+
+
+class SplitScratch:
+    """Global memory for launches that split the inner dimension over blocks: partial sums and a
+    counter a column tile (zero between calls). One per model: products that run at the same time
+    on two streams must not share one."""
+
+    def __init__(self, device: torch.device, floats: int = 1 << 21, tiles: int = 1 << 12):
+        self.partials = torch.empty(floats, dtype=torch.float32, device=device)
+        self.arrivals = torch.zeros(tiles, dtype=torch.int32, device=device)
+
+    def holds(self, launch: Launch, cols: int) -> bool:
+        return (launch.split_floats(cols) <= self.partials.numel()
+                and launch.tiles(cols) <= self.arrivals.numel())
 
 
 def inner_multiple(weight_int8: bool) -> int:
@@ -74,23 +96,27 @@ class SkinnyGemm:
     def __init__(self, library: ctypes.CDLL):
         self._fn = library.bass_skinny_gemm
         self._fn.restype = ctypes.c_int
-        self._fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 9 + [ctypes.c_void_p]
+        self._fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 10 + [ctypes.c_void_p] * 3
 
     def supports(self, rows: int, inner: int, weight_int8: bool) -> bool:
         return 1 <= rows <= MAX_ROWS and inner % inner_multiple(weight_int8) == 0
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
-                 out: torch.Tensor, launch: Launch | None = None) -> torch.Tensor:
+                 out: torch.Tensor, launch: Launch | None = None, split: SplitScratch | None = None) -> torch.Tensor:
         """x [rows, K] bf16 contiguous; weight [N, K] int8 (with fp32 scale [N]) or bf16; out
-        [rows, N] bf16 or fp32."""
+        [rows, N] bf16 or fp32; split: the scratch of a launch with k_splits > 1."""
         rows, inner = x.shape
         cols = weight.shape[0]
         weight_int8 = weight.dtype == torch.int8
         launch = launch or launch_for(rows, cols, inner, weight_int8)
+        if launch.k_splits > 1 and (split is None or not split.holds(launch, cols)):
+            raise ValueError(f"{launch} needs a SplitScratch that holds {launch.split_floats(cols)} partial sums")
         err = self._fn(x.data_ptr(), weight.data_ptr(), scale.data_ptr() if scale is not None else None,
                        bias.data_ptr() if bias is not None else None, out.data_ptr(), rows, cols, inner,
                        int(weight_int8), int(out.dtype == torch.float32), launch.row_groups, launch.column_groups,
-                       launch.warps, launch.blocks_per_sm, torch.cuda.current_stream(x.device).cuda_stream)
+                       launch.warps, launch.blocks_per_sm, launch.k_splits,
+                       split.partials.data_ptr() if launch.k_splits > 1 else None,
+                       split.arrivals.data_ptr() if launch.k_splits > 1 else None, torch.cuda.current_stream(x.device).cuda_stream)
         if err:
             raise RuntimeError(f"skinny_gemm launch failed (cudaError {err}): rows={rows} cols={cols} "
                                f"inner={inner} int8={weight_int8} {launch}")

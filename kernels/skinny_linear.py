@@ -22,12 +22,13 @@ from typing import Callable
 
 import torch
 
-from bass.kernels.cuda_skinny import Launch, SkinnyGemm, row_groups_for
+from bass.kernels.cuda_skinny import Launch, SkinnyGemm, SplitScratch, row_groups_for
 
 log = logging.getLogger(__name__)
 
 ROW_BUCKETS = (8, 16)  # a plan covers 1-8 rows (timed at 8) or 9-16 (timed at 16)
 _MIN_GAIN = 0.03  # a plan must beat the fallback by this fraction: timing noise is ~1%
+_NARROW_COLS = 4096  # weights this narrow also try splitting the inner dimension over blocks
 PlanKey = tuple[tuple[int, int], torch.dtype, int]  # (weight shape, weight dtype, row bucket)
 
 
@@ -35,10 +36,14 @@ def _bucket(rows: int) -> int:
     return ROW_BUCKETS[0] if rows <= ROW_BUCKETS[0] else ROW_BUCKETS[1]
 
 
-def _candidates(rows: int) -> list[Launch]:
-    launches = [Launch(row_groups_for(rows), groups, warps, per_sm) for groups in (1, 2) for warps in (4, 8, 16)
-                for per_sm in (0, 2)]
-    return [launch for launch in launches if launch.fits()]
+def _candidates(rows: int, cols: int, split: SplitScratch) -> list[Launch]:
+    """Launch shapes worth timing: a block per tile or a persistent grid, and for narrow weights
+    (few column tiles for the multiprocessors) the inner dimension split over 2 or 4 blocks."""
+    groups = row_groups_for(rows)
+    launches = [Launch(groups, cg, warps, per_sm) for cg in (1, 2) for warps in (4, 8, 16) for per_sm in (0, 2)]
+    if cols <= _NARROW_COLS:
+        launches += [Launch(groups, cg, warps, 0, ways) for cg in (1, 2) for warps in (4, 8, 16) for ways in (2, 4)]
+    return [launch for launch in launches if launch.fits() and (launch.k_splits == 1 or split.holds(launch, cols))]
 
 
 @dataclass(frozen=True)
@@ -55,8 +60,8 @@ class SkinnyLinear:
     """Called like the fallback: (x, weight, bias=None, out_dtype=None) -> x @ weight.T (+ bias)."""
 
     def __init__(self, kernel: SkinnyGemm, fallback: Callable, plans: dict[PlanKey, Launch],
-                 timings: list[PlanTiming]):
-        self.kernel, self.fallback, self.plans, self.timings = kernel, fallback, plans, timings
+                 timings: list[PlanTiming], split: SplitScratch | None = None):
+        self.kernel, self.fallback, self.plans, self.timings, self.split = kernel, fallback, plans, timings, split
 
     def __call__(self, x: torch.Tensor, weight, bias: torch.Tensor | None = None,
                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -67,7 +72,7 @@ class SkinnyLinear:
             if launch is not None:
                 out = torch.empty((rows, w.shape[0]), dtype=out_dtype or x.dtype, device=x.device)
                 return self.kernel(x if x.is_contiguous() else x.contiguous(), w, getattr(weight, "scale", None),
-                                   bias, out, launch)
+                                   bias, out, launch, self.split)
         return self.fallback(x, weight, bias) if out_dtype is None else self.fallback(x, weight, bias, out_dtype)
 
 
@@ -110,20 +115,22 @@ def plan_products(kernel: SkinnyGemm, fallback: Callable,
     faster by min_gain, a fraction), or None where the kernel won nowhere."""
     plans: dict[PlanKey, Launch] = {}
     timings: list[PlanTiming] = []
+    split: SplitScratch | None = None
     for name, layers in projections.items():
         w0 = getattr(layers[0][0], "q", layers[0][0])
         cols, inner = w0.shape
         int8 = w0.dtype == torch.int8
         if not kernel.supports(ROW_BUCKETS[-1], inner, int8) or not all(_fits(w, b) for w, b in layers):
             continue
+        split = split or SplitScratch(w0.device)
         gen = torch.Generator(device=w0.device).manual_seed(0)
         for rows in ROW_BUCKETS:
             x = torch.randn(rows, inner, device=w0.device, generator=gen).to(torch.bfloat16)
             out = torch.empty(rows, cols, device=w0.device, dtype=torch.bfloat16)
             fallback_us = _graph_us(lambda: [fallback(x, w, b) for w, b in layers], len(layers))
             best_us, best = float("inf"), None
-            for launch in _candidates(rows):
-                us = _graph_us(lambda: [kernel(x, getattr(w, "q", w), getattr(w, "scale", None), b, out, launch)
+            for launch in _candidates(rows, cols, split):
+                us = _graph_us(lambda: [kernel(x, getattr(w, "q", w), getattr(w, "scale", None), b, out, launch, split)
                                         for w, b in layers], len(layers))
                 if us < best_us:
                     best_us, best = us, launch
@@ -133,4 +140,4 @@ def plan_products(kernel: SkinnyGemm, fallback: Callable,
             timings.append(PlanTiming(name, rows, round(fallback_us, 2), round(best_us, 2), best, chosen))
             log.info("few-row product %s [%d x %d] at %d rows: CUDA kernel %.2f µs, fallback %.2f µs -> %s", name,
                      cols, inner, rows, best_us, fallback_us, "kernel" if chosen else "fallback")
-    return SkinnyLinear(kernel, fallback, plans, timings) if plans else None
+    return SkinnyLinear(kernel, fallback, plans, timings, split) if plans else None

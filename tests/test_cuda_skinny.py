@@ -16,7 +16,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bass.kernels.cuda_skinny import MAX_ROWS, Launch, build_library, launch_for, load_skinny_gemm, row_groups_for
+from bass.kernels.cuda_skinny import (MAX_ROWS, Launch, SplitScratch, build_library, launch_for, load_skinny_gemm,
+                                      row_groups_for)
 from bass.kernels.skinny_linear import ROW_BUCKETS, SkinnyLinear
 
 CUDA = torch.cuda.is_available()
@@ -50,9 +51,26 @@ class _RecordingKernel:
     def __init__(self):
         self.calls = []
 
-    def __call__(self, x, w, scale, bias, out, launch):
+    def __call__(self, x, w, scale, bias, out, launch, split=None):
         self.calls.append((x.shape[0], tuple(w.shape), launch))
         return out.fill_(7)
+
+
+def test_a_split_launch_refuses_to_run_without_room_for_its_partial_sums():
+    from bass.kernels.cuda_skinny import SkinnyGemm
+
+    class _Library:
+        class bass_skinny_gemm:  # noqa: N801 - stands in for the C function; never reached
+            def __call__(self, *args):
+                raise AssertionError("launched")
+
+    kernel = SkinnyGemm(_Library())
+    x, w = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(4096, 64, dtype=torch.bfloat16)
+    small = SplitScratch(torch.device("cpu"), floats=1024, tiles=8)
+    with pytest.raises(ValueError, match="SplitScratch"):
+        kernel(x, w, None, None, torch.empty(4, 4096, dtype=torch.bfloat16), Launch(1, 1, 4, 0, 2), small)
+    with pytest.raises(ValueError, match="SplitScratch"):
+        kernel(x, w, None, None, torch.empty(4, 4096, dtype=torch.bfloat16), Launch(1, 1, 4, 0, 2), None)
 
 
 def test_router_takes_only_planned_shapes_and_row_counts():
@@ -103,18 +121,20 @@ def test_products_equal_fp32_of_the_same_weights_for_every_launch_shape(kernel, 
     x = torch.randn(rows, inner, device="cuda", generator=gen).bfloat16()
     bias = torch.randn(cols, device="cuda", generator=gen).bfloat16()
     want = x.float() @ reference_w.T + bias.float()
+    split = SplitScratch(torch.device("cuda"))
     for groups in (1, 2):
         for warps in (2, 4, 8, 16):
-            for per_sm in (0, 1):
-                launch = Launch(row_groups_for(rows), groups, warps, per_sm)
-                if not launch.fits():
+            for per_sm, ways in ((0, 1), (1, 1), (0, 2), (0, 3), (0, 64)):  # 64 ways: more than the chunks
+                launch = Launch(row_groups_for(rows), groups, warps, per_sm, ways)
+                if not launch.fits() or not split.holds(launch, cols):
                     continue
                 out = torch.full((rows, cols), float("nan"), device="cuda")
-                kernel(x, w, weight.scale if int8 else None, bias, out, launch)
+                kernel(x, w, weight.scale if int8 else None, bias, out, launch, split)
                 torch.testing.assert_close(out, want, rtol=2e-3, atol=2e-3, msg=f"{launch}")
                 again = torch.empty(rows, cols, device="cuda")
-                kernel(x, w, weight.scale if int8 else None, bias, again, launch)
+                kernel(x, w, weight.scale if int8 else None, bias, again, launch, split)
                 assert torch.equal(out, again)  # a fixed order of sums: the same bits every call
+                assert int(split.arrivals.count_nonzero()) == 0  # counters left zeroed for the next call
     out16 = torch.empty(rows, cols, device="cuda", dtype=torch.bfloat16)
     kernel(x, w, weight.scale if int8 else None, None, out16)
     torch.testing.assert_close(out16.float(), want - bias.float(), rtol=2e-2, atol=2e-2)

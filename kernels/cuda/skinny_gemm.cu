@@ -98,7 +98,8 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
 template <bool INT8, int NT, int CG, int WARPS, int U, bool OUT_F32>
 __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
     const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scale,
-    const __nv_bfloat16* __restrict__ bias, void* __restrict__ out, int rows, int cols, int inner) {
+    const __nv_bfloat16* __restrict__ bias, void* __restrict__ out, int rows, int cols, int inner,
+    float* __restrict__ split_partials, int* __restrict__ split_arrivals) {
   constexpr int KL = INT8 ? 16 : 8;  // inner positions in one lane's 16-byte weight load
   constexpr int STEPS = KL / 4;      // mma k-steps per load (4 lanes x 4 positions each)
   constexpr int CHUNK = 4 * KL;      // inner positions a warp covers per load
@@ -106,12 +107,19 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
   constexpr int TILE_COLS = 16 * CG;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, q = lane & 3;
-  const int chunks = inner / CHUNK;
-  // Each warp takes a contiguous run of chunks; every warp makes the same number of steps (they
-  // meet at the tile's barrier).
-  const int per_warp = (chunks + WARPS - 1) / WARPS;
-  const int steps_per_tile = (per_warp + U - 1) / U;
-  const int my_first = warp * per_warp;
+  // With a split inner dimension (gridDim.y > 1: narrow weights, whose column tiles alone would
+  // leave multiprocessors idle), block (tile, s) takes the s-th run of chunks, and the last block
+  // of a tile to finish adds the splits' sums in split order.
+  const int splits = gridDim.y, split = blockIdx.y;
+  const int all_chunks = inner / CHUNK;
+  const int per_split = (all_chunks + splits - 1) / splits;
+  const int split_first = split * per_split;
+  const int chunks = split_first + per_split < all_chunks ? split_first + per_split : all_chunks;
+  // Each warp takes a contiguous run of the block's chunks; every warp makes the same number of
+  // steps (they meet at the tile's barrier).
+  const int per_warp = (chunks - split_first + WARPS - 1) / WARPS;
+  const int steps_per_tile = per_warp > 0 ? (per_warp + U - 1) / U : 1;  // more splits than chunks: idle
+  const int my_first = split_first + warp * per_warp;
   const int my_end = my_first + per_warp < chunks ? my_first + per_warp : chunks;
   const int tiles = (cols + TILE_COLS - 1) / TILE_COLS;
   const int w_stride = inner / KL;  // uint4 per weight row
@@ -231,14 +239,36 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
           }
       __syncthreads();
       const int col0 = tile * TILE_COLS;
-      for (int e = threadIdx.x; e < PER_WARP; e += WARPS * 32) {
+      bool finish = true;
+      if (splits > 1) {
+        // This split's sums to global memory; the last of the tile's blocks to arrive adds them.
+        float* mine = split_partials + (static_cast<size_t>(split) * tiles + tile) * PER_WARP;
+        for (int e = threadIdx.x; e < PER_WARP; e += WARPS * 32) {
+          float v = 0.f;
+#pragma unroll
+          for (int s = 0; s < WARPS; ++s) v += partial[s * PER_WARP + e];
+          mine[e] = v;
+        }
+        __threadfence();  // release: the sums are visible before the arrival is
+        __syncthreads();
+        __shared__ int last;
+        if (threadIdx.x == 0) last = atomicAdd(split_arrivals + tile, 1) == splits - 1;
+        __syncthreads();
+        finish = last;
+        if (finish) __threadfence();  // acquire: the other splits' sums, read from L2 below
+      }
+      for (int e = threadIdx.x; finish && e < PER_WARP; e += WARPS * 32) {
         const int l = e % 32, idx = e / 32, i = idx % 4, nt = (idx / 4) % NT, cg = idx / (4 * NT);
         const int col = col0 + cg * 16 + (l >> 2) + (i >= 2 ? 8 : 0);
         const int row = nt * 8 + 2 * (l & 3) + (i & 1);
         if (row < rows && col < cols) {
           float v = 0.f;
+          if (splits > 1) {
+            for (int s = 0; s < splits; ++s) v += __ldcg(split_partials + (static_cast<size_t>(s) * tiles + tile) * PER_WARP + e);
+          } else {
 #pragma unroll
-          for (int s = 0; s < WARPS; ++s) v += partial[s * PER_WARP + e];
+            for (int s = 0; s < WARPS; ++s) v += partial[s * PER_WARP + e];
+          }
           if (scale != nullptr) v *= scale[col];
           if (bias != nullptr) v += __bfloat162float(bias[col]);
           if constexpr (OUT_F32)
@@ -247,6 +277,7 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
             static_cast<__nv_bfloat16*>(out)[static_cast<size_t>(row) * cols + col] = __float2bfloat16(v);
         }
       }
+      if (splits > 1 && finish && threadIdx.x == 0) split_arrivals[tile] = 0;  // zeroed for the next call
       __syncthreads();  // partial is rewritten by the next tile
     }
 #pragma unroll
@@ -268,9 +299,15 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
 
 constexpr int pow2_floor(int v) { return v >= 4 ? 4 : v >= 2 ? 2 : 1; }
 
+struct Split {
+  int ways;          // 1: none
+  float* partials;   // ways x tiles x the tile's entries
+  int* arrivals;     // a counter a tile, zero between calls
+};
+
 template <bool INT8, int NT, int CG, int WARPS, bool OUT_F32>
 cudaError_t launch_kernel(const void* x, const void* w, const float* scale, const void* bias, void* out, int rows,
-                          int cols, int inner, int max_blocks_per_sm, cudaStream_t stream) {
+                          int cols, int inner, int max_blocks_per_sm, Split split, cudaStream_t stream) {
   // About eight 16-byte loads a lane a step (weights and activations), in registers twice over.
   constexpr int LOADS_PER_CHUNK = 2 * CG + NT * (INT8 ? 2 : 1);
   constexpr int U = pow2_floor(8 / LOADS_PER_CHUNK);
@@ -292,32 +329,33 @@ cudaError_t launch_kernel(const void* x, const void* w, const float* scale, cons
   // persistent grid of at most that many blocks a multiprocessor, each walking tiles.
   const int per_sm = max_blocks_per_sm < resident ? max_blocks_per_sm : resident;
   const int tiles = (cols + 16 * CG - 1) / (16 * CG);
-  const int blocks = max_blocks_per_sm <= 0 || tiles < sms * per_sm ? tiles : sms * per_sm;
-  kernel<<<blocks, WARPS * 32, 0, stream>>>(static_cast<const __nv_bfloat16*>(x), static_cast<const uint4*>(w),
-                                            scale, static_cast<const __nv_bfloat16*>(bias), out, rows, cols, inner);
+  const int blocks = split.ways > 1 || max_blocks_per_sm <= 0 || tiles < sms * per_sm ? tiles : sms * per_sm;
+  kernel<<<dim3(blocks, split.ways), WARPS * 32, 0, stream>>>(
+      static_cast<const __nv_bfloat16*>(x), static_cast<const uint4*>(w), scale,
+      static_cast<const __nv_bfloat16*>(bias), out, rows, cols, inner, split.partials, split.arrivals);
   return cudaGetLastError();
 }
 
 template <bool INT8, int NT, int CG, int WARPS>
 cudaError_t launch_with(const void* x, const void* w, const float* scale, const void* bias, void* out, int rows,
-                        int cols, int inner, bool out_f32, int per_sm, cudaStream_t stream) {
+                        int cols, int inner, bool out_f32, int per_sm, Split split, cudaStream_t stream) {
   // The partial sums' shared memory must fit the static 48 KB.
   if constexpr (WARPS * CG * NT * 4 * 32 * 4 > 48 * 1024) {
     return cudaErrorInvalidConfiguration;
   } else {
-    return out_f32 ? launch_kernel<INT8, NT, CG, WARPS, true>(x, w, scale, bias, out, rows, cols, inner, per_sm, stream)
-                   : launch_kernel<INT8, NT, CG, WARPS, false>(x, w, scale, bias, out, rows, cols, inner, per_sm, stream);
+    return out_f32 ? launch_kernel<INT8, NT, CG, WARPS, true>(x, w, scale, bias, out, rows, cols, inner, per_sm, split, stream)
+                   : launch_kernel<INT8, NT, CG, WARPS, false>(x, w, scale, bias, out, rows, cols, inner, per_sm, split, stream);
   }
 }
 
 template <bool INT8, int NT, int CG>
 cudaError_t by_warps(int warps, const void* x, const void* w, const float* scale, const void* bias, void* out,
-                     int rows, int cols, int inner, bool out_f32, int per_sm, cudaStream_t stream) {
+                     int rows, int cols, int inner, bool out_f32, int per_sm, Split split, cudaStream_t stream) {
   switch (warps) {
-    case 2: return launch_with<INT8, NT, CG, 2>(x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
-    case 4: return launch_with<INT8, NT, CG, 4>(x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
-    case 8: return launch_with<INT8, NT, CG, 8>(x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
-    case 16: return launch_with<INT8, NT, CG, 16>(x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
+    case 2: return launch_with<INT8, NT, CG, 2>(x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, split, stream);
+    case 4: return launch_with<INT8, NT, CG, 4>(x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, split, stream);
+    case 8: return launch_with<INT8, NT, CG, 8>(x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, split, stream);
+    case 16: return launch_with<INT8, NT, CG, 16>(x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, split, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -325,10 +363,10 @@ cudaError_t by_warps(int warps, const void* x, const void* w, const float* scale
 template <bool INT8, int NT>
 cudaError_t by_columns(int column_groups, int warps, const void* x, const void* w, const float* scale,
                        const void* bias, void* out, int rows, int cols, int inner, bool out_f32, int per_sm,
-                       cudaStream_t stream) {
+                       Split split, cudaStream_t stream) {
   switch (column_groups) {
-    case 1: return by_warps<INT8, NT, 1>(warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
-    case 2: return by_warps<INT8, NT, 2>(warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
+    case 1: return by_warps<INT8, NT, 1>(warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, split, stream);
+    case 2: return by_warps<INT8, NT, 2>(warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, split, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -336,12 +374,12 @@ cudaError_t by_columns(int column_groups, int warps, const void* x, const void* 
 template <bool INT8>
 cudaError_t by_rows(int row_groups, int column_groups, int warps, const void* x, const void* w, const float* scale,
                     const void* bias, void* out, int rows, int cols, int inner, bool out_f32, int per_sm,
-                    cudaStream_t stream) {
+                    Split split, cudaStream_t stream) {
   switch (row_groups) {
-    case 1: return by_columns<INT8, 1>(column_groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
-    case 2: return by_columns<INT8, 2>(column_groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
-    case 4: return by_columns<INT8, 4>(column_groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
-    case 8: return by_columns<INT8, 8>(column_groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, stream);
+    case 1: return by_columns<INT8, 1>(column_groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, split, stream);
+    case 2: return by_columns<INT8, 2>(column_groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, split, stream);
+    case 4: return by_columns<INT8, 4>(column_groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, split, stream);
+    case 8: return by_columns<INT8, 8>(column_groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, split, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -350,16 +388,22 @@ cudaError_t by_rows(int row_groups, int column_groups, int warps, const void* x,
 
 // The entry point kernels/cuda_skinny.py calls (ctypes). row_groups: 8-row groups (1, 2, 4, 8);
 // column_groups: 16-column groups a warp covers (1, 2); warps: 2, 4, 8, 16; blocks_per_sm: 0 for
-// a block per column tile, else the persistent grid's blocks a multiprocessor. Returns a
-// cudaError_t (0: launched).
+// a block per column tile, else the persistent grid's blocks a multiprocessor (ignored with a
+// split); k_splits: blocks a tile's inner dimension is split over, with split_partials (k_splits
+// x tiles x warps' entries fp32) and split_arrivals (a zeroed counter a tile, left zeroed) where
+// it is > 1. Returns a cudaError_t (0: launched).
 extern "C" int bass_skinny_gemm(const void* x, const void* w, const float* scale, const void* bias, void* out,
                                 int rows, int cols, int inner, int w_int8, int out_f32, int row_groups,
-                                int column_groups, int warps, int blocks_per_sm, void* stream) {
+                                int column_groups, int warps, int blocks_per_sm, int k_splits, float* split_partials,
+                                int* split_arrivals, void* stream) {
   const int chunk = w_int8 ? 64 : 32;
-  if (rows < 1 || rows > 8 * row_groups || inner % chunk != 0) return static_cast<int>(cudaErrorInvalidValue);
+  if (rows < 1 || rows > 8 * row_groups || inner % chunk != 0 || k_splits < 1 ||
+      (k_splits > 1 && (split_partials == nullptr || split_arrivals == nullptr)))
+    return static_cast<int>(cudaErrorInvalidValue);
   auto s = static_cast<cudaStream_t>(stream);
+  const Split split{k_splits, split_partials, split_arrivals};
   return static_cast<int>(w_int8 ? by_rows<true>(row_groups, column_groups, warps, x, w, scale, bias, out, rows, cols,
-                                                 inner, out_f32 != 0, blocks_per_sm, s)
+                                                 inner, out_f32 != 0, blocks_per_sm, split, s)
                                  : by_rows<false>(row_groups, column_groups, warps, x, w, scale, bias, out, rows, cols,
-                                                  inner, out_f32 != 0, blocks_per_sm, s));
+                                                  inner, out_f32 != 0, blocks_per_sm, split, s));
 }

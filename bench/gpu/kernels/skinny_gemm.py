@@ -19,7 +19,7 @@ import json
 import torch
 import torch.nn.functional as F
 
-from bass.kernels.cuda_skinny import Launch, launch_for, load_skinny_gemm, row_groups_for
+from bass.kernels.cuda_skinny import Launch, SplitScratch, launch_for, load_skinny_gemm, row_groups_for
 from bass.kernels.triton_int8 import Int8Linear, Int8Weight
 from graph_timing import graph_us
 
@@ -39,9 +39,11 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.float() - ref).abs().max() / ref.abs().max().clamp(min=1e-6))
 
 
-def sweep_launches(rows: int, int8: bool) -> list[Launch]:
+def sweep_launches(rows: int, cols: int, split: SplitScratch) -> list[Launch]:
     launches = [Launch(row_groups_for(rows), g, w, b) for g in (1, 2) for w in (2, 4, 8, 16) for b in (0, 2)]
-    return [launch for launch in launches if launch.fits()]
+    launches += [Launch(row_groups_for(rows), g, w, 0, s) for g in (1, 2) for w in (4, 8, 16) for s in (2, 4)
+                 if cols <= 4096]
+    return [launch for launch in launches if launch.fits() and (launch.k_splits == 1 or split.holds(launch, cols))]
 
 
 def main() -> None:
@@ -55,6 +57,7 @@ def main() -> None:
     skinny = load_skinny_gemm(dev)
     assert skinny is not None, "the CUDA kernel did not build"
     int8_linear = Int8Linear(dev)
+    split = SplitScratch(dev)
     gen = torch.Generator(device="cuda").manual_seed(0)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "projections": [], "forward": []}
 
@@ -74,12 +77,12 @@ def main() -> None:
                 if int8:
                     ref = x.float() @ ws[0].dequantized().T
                     today = lambda: [int8_linear(x, w, None, out_dtype) for w in ws]  # noqa: E731
-                    run = lambda launch=None: [skinny(x, w.q, w.scale, None, out, launch) for w in ws]  # noqa: E731
+                    run = lambda launch=None: [skinny(x, w.q, w.scale, None, out, launch, split) for w in ws]  # noqa: E731
                     skinny(x, ws[0].q, ws[0].scale, None, out)
                 else:
                     ref = x.float() @ ws[0].float().T
                     today = lambda: [F.linear(x, w) for w in ws]  # noqa: E731
-                    run = lambda launch=None: [skinny(x, w, None, None, out, launch) for w in ws]  # noqa: E731
+                    run = lambda launch=None: [skinny(x, w, None, None, out, launch, split) for w in ws]  # noqa: E731
                     skinny(x, ws[0], None, None, out)
                 err = rel_err(out, ref)
                 today_err = rel_err(today()[0], ref) if int8 else rel_err(F.linear(x, ws[0]), ref)
@@ -88,7 +91,7 @@ def main() -> None:
                        "today_us": round(graph_us(today, n), 3), "skinny_us": round(graph_us(run, n), 3),
                        "launch": default.__dict__, "rel_err": err, "today_rel_err": today_err}
                 if not args.quick:
-                    best = min(((graph_us(lambda: run(launch), n), launch) for launch in sweep_launches(rows, int8)),
+                    best = min(((graph_us(lambda: run(launch), n), launch) for launch in sweep_launches(rows, cols, split)),
                                key=lambda t: t[0])
                     row["best_us"], row["best_launch"] = round(best[0], 3), best[1].__dict__
                 report["projections"].append(row)
