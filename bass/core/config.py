@@ -120,13 +120,23 @@ class RunnerConfig:
     # Products of 1-16 rows through the CUDA few-row kernel (kernels/skinny_linear.py) where it
     # times faster than the default path at load on this GPU (a few seconds; the kernel is
     # compiled once per machine with nvcc, ~20 s, and skipped where there is none). bf16 models
-    # with the Triton kernels on CUDA only; never in the batch-invariant mode.
-    few_row_cuda: bool = True
+    # with the Triton kernels on CUDA only; never in the batch-invariant mode. None ("auto"): on
+    # for a draft (its numbers only decide proposals), off for a target: the kernel rounds
+    # differently from cuBLAS, and a target whose regular steps (1-16 rows) and verifications
+    # (more rows, cuBLAS) round differently can flip a near-tied greedy token between them (seen
+    # at 8 sequences on the README's bench, 2026-11-27). On for a target: faster regular decoding
+    # (H200: 1.78 -> 1.65 ms/token at one sequence, 2.16 -> 1.76 at eight), with that caveat.
+    few_row_cuda: bool | None = None
 
     def as_draft(self) -> "RunnerConfig":
-        """This runner as a draft's: int8_weights "auto" (None) turned on, unless the runner is
-        batch-invariant (whose fixed GEMM tiling int8 would replace)."""
-        return self if self.int8_weights is not None else replace(self, int8_weights=not self.batch_invariant)
+        """This runner as a draft's: int8_weights and few_row_cuda "auto" (None) turned on (int8
+        unless the runner is batch-invariant, whose fixed GEMM tiling int8 would replace)."""
+        changes = {}
+        if self.int8_weights is None:
+            changes["int8_weights"] = not self.batch_invariant
+        if self.few_row_cuda is None:
+            changes["few_row_cuda"] = True
+        return replace(self, **changes) if changes else self
 
     @property
     def attention_backend(self) -> str:
@@ -255,7 +265,7 @@ class WorkerServiceConfig:
     graph_max_draft: int = GRAPH_MAX_DRAFT  # target service: draft lengths whose verification is graph-captured
     batch_invariant: bool = False  # target service: rows computed the same way whatever the batch (slower)
     int8_weights: bool | None = None  # draft only (None: on for a draft): int8 projections for few-row steps
-    few_row_cuda: bool = True  # 1-16-row products through the CUDA kernel where it times faster at load
+    few_row_cuda: bool | None = None  # 1-16-row products through the CUDA kernel where faster (None: draft only)
 
     def __post_init__(self) -> None:
         if self.model_dir is not None:

@@ -126,7 +126,8 @@ def expected_tokens(alpha: float, k: int) -> float:
 
 
 def measure(target: str, draft: str, *, batches: list[int], draft_lengths: list[int], context: int, alpha: float,
-            configs: list[tuple[str, bool]], dtype: str, repeats: int, progress=None) -> list[dict]:
+            configs: list[tuple[str, bool]], dtype: str, repeats: int, progress=None,
+            draft_int8: bool = False) -> list[dict]:
     device = "cuda"
     rows = []
     max_q = max(draft_lengths) + 1
@@ -137,7 +138,8 @@ def measure(target: str, draft: str, *, batches: list[int], draft_lengths: list[
         models[name] = {att: random_transformer(shape_config(name), dtype=dtype, device=device,
                                                 max_seq_len=context + max_q + 8, attention=_attention(att),
                                                 batch_invariant=name == target and att.endswith("-invariant"),
-                                                few_row_cuda=att.endswith("-cuda"))
+                                                few_row_cuda=att.endswith("-cuda"),
+                                                int8_weights=draft_int8 and name == draft)
                         for att in {a for a, _ in configs}}
     for config_name, graphs in configs:
         attention = _attention(config_name)

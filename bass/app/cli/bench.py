@@ -180,8 +180,9 @@ def bench_invariance(target_dir, draft_dir, problems, max_new_tokens, modes, pol
 @click.option("--draft-int8/--no-draft-int8", default=None,
               help="The draft's projections and LM head in weight-only int8 for few-row steps [on with the "
                    "Triton kernels].")
-@click.option("--few-row-cuda/--no-few-row-cuda", default=True, show_default=True,
-              help="Products of 1-16 rows through the CUDA kernel where it times faster at load.")
+@click.option("--few-row-cuda/--no-few-row-cuda", default=None,
+              help="Both models' products of 1-16 rows through the CUDA kernel where it times faster at load "
+                   "[the draft's only].")
 @click.option("--trace", is_flag=True, help="Keep the reported round's per-step trace (draft length, sequences, "
                                              "tokens, times) and the coordinator's garbage collections "
                                              "in each row.")
@@ -251,7 +252,9 @@ def bench_hf(model_dir, problems, batches, max_new_tokens, static_compile, devic
 @click.option("--configs", default="pad:eager,triton:eager,triton:graphs", show_default=True,
               help="attention:eager|graphs pairs.")
 @click.option("--repeats", default=30, show_default=True)
-def bench_steps(target, draft, batches, draft_lengths, context, alpha, configs, dtype, repeats, out) -> None:
+@click.option("--draft-int8", is_flag=True, help="The draft with int8 projections, as served (default: bf16).")
+def bench_steps(target, draft, batches, draft_lengths, context, alpha, configs, dtype, repeats, draft_int8,
+                out) -> None:
     """Measured step costs (random weights, real shapes) and derived speculative latency (GPU)."""
     import torch
 
@@ -266,13 +269,14 @@ def bench_steps(target, draft, batches, draft_lengths, context, alpha, configs, 
     pairs = [(c.split(":")[0], c.split(":")[1] == "graphs") for c in configs.split(",")]
     rows = measure(target, draft, batches=[int(b) for b in batches.split(",")],
                    draft_lengths=[int(k) for k in draft_lengths.split(",")], context=context, alpha=alpha,
-                   configs=pairs, dtype=dtype, repeats=repeats, progress=lambda m: click.echo(m, err=True))
+                   configs=pairs, dtype=dtype, repeats=repeats, progress=lambda m: click.echo(m, err=True),
+                   draft_int8=draft_int8)
     props = torch.cuda.get_device_properties(0)
     floor_ms = {name: weight_bytes(shape_config(name), dtype) / 4.28e12 * 1e3 for name in (target, draft)}
     result = {"benchmark": "steps", "environment": describe("cuda"), "target": target, "draft": draft, "dtype": dtype,
               "weights_floor_ms_at_4.28TBps": {k: round(v, 4) for k, v in floor_ms.items()},
               "gpu_memory_gb": round(props.total_memory / 2**30, 1), "alpha_for_derived": alpha,
-              "note": "random weights at real shapes; speculative figures are derived from measured step costs "
+              "draft_int8": draft_int8, "note": "random weights at real shapes; speculative figures are derived from measured step costs "
                       "and alpha", "results": rows}
     _emit_result(result, out)
 
