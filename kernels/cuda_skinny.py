@@ -111,12 +111,12 @@ class SkinnyGemm:
         launch = launch or launch_for(rows, cols, inner, weight_int8)
         if launch.k_splits > 1 and (split is None or not split.holds(launch, cols)):
             raise ValueError(f"{launch} needs a SplitScratch that holds {launch.split_floats(cols)} partial sums")
+        partials, arrivals = (split.partials.data_ptr(), split.arrivals.data_ptr()) if launch.k_splits > 1 else (None, None)
         err = self._fn(x.data_ptr(), weight.data_ptr(), scale.data_ptr() if scale is not None else None,
                        bias.data_ptr() if bias is not None else None, out.data_ptr(), rows, cols, inner,
                        int(weight_int8), int(out.dtype == torch.float32), launch.row_groups, launch.column_groups,
-                       launch.warps, launch.blocks_per_sm, launch.k_splits,
-                       split.partials.data_ptr() if launch.k_splits > 1 else None,
-                       split.arrivals.data_ptr() if launch.k_splits > 1 else None, torch.cuda.current_stream(x.device).cuda_stream)
+                       launch.warps, launch.blocks_per_sm, launch.k_splits, partials, arrivals,
+                       torch.cuda.current_stream(x.device).cuda_stream)
         if err:
             raise RuntimeError(f"skinny_gemm launch failed (cudaError {err}): rows={rows} cols={cols} "
                                f"inner={inner} int8={weight_int8} {launch}")
@@ -145,8 +145,7 @@ def load_skinny_gemm(device: torch.device) -> SkinnyGemm | None:
     if major < 8:  # bf16 mma.sync needs Ampere or newer
         return None
     arch = f"{major}{minor}"
-    digest = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:16]
-    target = _cache_dir() / f"skinny_gemm-{digest}-sm{arch}.so"
+    target = _cache_dir() / library_name(arch)
     if not target.exists():
         nvcc = _nvcc()
         if nvcc is None:
@@ -160,6 +159,12 @@ def load_skinny_gemm(device: torch.device) -> SkinnyGemm | None:
             return None
         log.info("compiled %s in %.1f s", _SOURCE.name, time.monotonic() - started)
     return SkinnyGemm(ctypes.CDLL(str(target)))
+
+
+def library_name(arch: str) -> str:
+    """The built library's file name: the source's hash (a new source is rebuilt) and the GPU
+    architecture. deploy/docker/Dockerfile's kernels stage builds the same names."""
+    return f"skinny_gemm-{hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:16]}-sm{arch}.so"
 
 
 def build_library(nvcc: str, arch: str, target: Path) -> str | None:

@@ -802,13 +802,16 @@ def test_dockerfile_base_images_are_pinned_cuda_images():
     args = docker_args()
     froms = [c.value[0] for c in docker_commands() if c.cmd.lower() == "from"]
     stage_names = {c.value[2].lower() for c in docker_commands() if c.cmd.lower() == "from" and len(c.value) == 3}
+    stage_refs = [c.value[2].lower() if len(c.value) == 3 else "" for c in docker_commands() if c.cmd.lower() == "from"]
     assert len(froms) >= 2, "a build stage and a runtime stage"
     for ref in froms:
         image = re.sub(r"\$\{?(\w+)\}?", lambda m: args[m.group(1)], ref)
         if image.lower() in stage_names:
             continue
         assert pinned(image), f"base image {image} is not pinned"
-        assert image.startswith("nvidia/cuda:") and "runtime" in image and re.search(r"ubuntu2[24]\.04", image)
+        assert image.startswith("nvidia/cuda:") and re.search(r"ubuntu2[24]\.04", image)
+        # the compiler image only for the stage that builds the CUDA kernel; the rest on the runtime image
+        assert "runtime" in image or ("devel" in image and ref == froms[stage_refs.index("kernels")]), ref
 
 
 def test_dockerfile_installs_bass_as_documented():
@@ -827,6 +830,28 @@ def test_dockerfile_installs_bass_as_documented():
     copies = [c for c in runtime_stage if c.cmd.lower() == "copy"]
     assert all("/opt/protoc" not in " ".join(c.value) for c in copies)
     assert any("--from=build" in c.flags and "/opt/venv" in c.value for c in copies)
+
+
+def test_dockerfile_builds_the_cuda_kernel_where_its_loader_looks():
+    """The runtime image has no nvcc: the kernels stage compiles the few-row kernel under the
+    names kernels/cuda_skinny.py looks for, and the runtime stage points its cache there."""
+    import hashlib
+
+    from bass.kernels.cuda_skinny import _SOURCE, library_name
+
+    stages = {c.value[2].lower(): stage for stage in docker_stages() for c in stage[:1] if len(c.value) == 3}
+    (build,) = [c.value[0] for c in stages["kernels"] if c.cmd.lower() == "run"]
+    assert "sha256sum /src/skinny_gemm.cu | cut -c1-16" in build
+    digest = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:16]
+    archs = docker_args()["CUDA_ARCHS"].strip('"').split()
+    assert "90" in archs
+    for arch in archs:
+        name = build[build.index("/opt/bass-kernels/skinny_gemm-"):].split('"')[0]
+        assert name.replace("${digest}", digest).replace("${arch}", arch) == f"/opt/bass-kernels/{library_name(arch)}"
+    runtime = docker_stages()[-1]
+    assert any("--from=kernels" in c.flags and "/opt/bass-kernels" in c.value for c in runtime if c.cmd.lower() == "copy")
+    envs = " ".join(" ".join(c.value) for c in runtime if c.cmd.lower() == "env")
+    assert "BASS_KERNEL_CACHE /opt/bass-kernels" in envs or "BASS_KERNEL_CACHE=/opt/bass-kernels" in envs
 
 
 def test_dockerfile_runs_bass_as_non_root():
