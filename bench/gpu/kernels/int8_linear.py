@@ -40,7 +40,7 @@ def main() -> None:
                    "int8_us": round(graph_us(lambda: [linear(x, w, None, out_dtype) for w in weights], copies), 3)}
             report["results"].append(row)
             print(json.dumps(row), flush=True)
-        del weights
+        weights = []  # free them before the next projection (a `del` would leave the lambdas above unresolved)
         torch.cuda.empty_cache()
     json.dump(report, open(sys.argv[1], "w"), indent=1)
 

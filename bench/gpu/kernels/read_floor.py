@@ -58,7 +58,7 @@ def main() -> None:
                "blocks": best[3], "tb_per_s": round(nbytes / best[0] / 1e6, 2)}
         report["reads"].append(row)
         print(json.dumps(row), flush=True)
-        del bufs
+        bufs = []  # free them before the next size
     json.dump(report, open(sys.argv[1], "w"), indent=1)
 
 

@@ -96,7 +96,7 @@ def main() -> None:
                     row["best_us"], row["best_launch"] = round(best[0], 3), best[1].__dict__
                 report["projections"].append(row)
                 print(json.dumps(row), flush=True)
-            del ws
+            ws = full = []  # free them before the next projection
             torch.cuda.empty_cache()
 
     # A forward's products in layer order (no attention or glue): what the step pays for them.
@@ -133,7 +133,7 @@ def main() -> None:
                    "today_us": round(graph_us(today), 1), "skinny_us": round(graph_us(new), 1)}
             report["forward"].append(row)
             print(json.dumps(row), flush=True)
-        del ws, full
+        ws = full = {}  # free them before the next model
         torch.cuda.empty_cache()
     json.dump(report, open(args.out, "w"), indent=1)
 
