@@ -16,13 +16,13 @@ choice of kernel by shape; not used in the batch-invariant mode.
 from __future__ import annotations
 
 import logging
-import statistics
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from bass.kernels.cuda_skinny import Launch, SkinnyGemm, SplitScratch, row_groups_for
+from bass.kernels.timing import graph_us
 
 log = logging.getLogger(__name__)
 
@@ -83,29 +83,6 @@ def _fits(weight, bias: torch.Tensor | None) -> bool:
             and (bias is None or (bias.is_contiguous() and bias.dtype == torch.bfloat16)))
 
 
-def _graph_us(fn: Callable[[], object], calls: int, replays: int = 10, rounds: int = 3) -> float:
-    """µs per call of fn (which makes `calls` calls) replayed as a CUDA graph: median of rounds."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    times = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / replays / calls)
-    return statistics.median(times)
-
-
 @torch.inference_mode()
 def plan_products(kernel: SkinnyGemm, fallback: Callable,
                   projections: dict[str, list[tuple[object, torch.Tensor | None]]],
@@ -127,11 +104,11 @@ def plan_products(kernel: SkinnyGemm, fallback: Callable,
         for rows in ROW_BUCKETS:
             x = torch.randn(rows, inner, device=w0.device, generator=gen).to(torch.bfloat16)
             out = torch.empty(rows, cols, device=w0.device, dtype=torch.bfloat16)
-            fallback_us = _graph_us(lambda: [fallback(x, w, b) for w, b in layers], len(layers))
+            fallback_us = graph_us(lambda: [fallback(x, w, b) for w, b in layers], len(layers), replays=10, rounds=3)
             best_us, best = float("inf"), None
             for launch in _candidates(rows, cols, split):
-                us = _graph_us(lambda: [kernel(x, getattr(w, "q", w), getattr(w, "scale", None), b, out, launch, split)
-                                        for w, b in layers], len(layers))
+                us = graph_us(lambda: [kernel(x, getattr(w, "q", w), getattr(w, "scale", None), b, out, launch, split)
+                                       for w, b in layers], len(layers), replays=10, rounds=3)
                 if us < best_us:
                     best_us, best = us, launch
             chosen = best_us < (1 - min_gain) * fallback_us
