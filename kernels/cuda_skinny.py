@@ -144,21 +144,32 @@ def load_skinny_gemm(device: torch.device) -> SkinnyGemm | None:
     major, minor = torch.cuda.get_device_capability(device)
     if major < 8:  # bf16 mma.sync needs Ampere or newer
         return None
-    arch = f"{major}{minor}"
+    return load_library(f"{major}{minor}")
+
+
+def load_library(arch: str) -> SkinnyGemm | None:
+    """The library built for sm_`arch` from the cache, compiled into it first where it is not
+    there; None (with a warning: the products keep their fallback) where that cannot be done:
+    no nvcc, a compiler error, a cache that cannot be written or a file that does not load."""
     target = _cache_dir() / library_name(arch)
-    if not target.exists():
-        nvcc = _nvcc()
-        if nvcc is None:
-            log.warning("no nvcc on PATH or under CUDA_HOME: few-row products stay on Triton / cuBLAS")
-            return None
-        log.info("compiling %s for sm_%s into %s (once per machine, ~20 s)", _SOURCE.name, arch, target)
-        started = time.monotonic()
-        error = build_library(nvcc, arch, target)
-        if error is not None:
-            log.warning("building %s failed; few-row products stay on Triton / cuBLAS:\n%s", _SOURCE.name, error)
-            return None
-        log.info("compiled %s in %.1f s", _SOURCE.name, time.monotonic() - started)
-    return SkinnyGemm(ctypes.CDLL(str(target)))
+    fallback = "few-row products stay on Triton / cuBLAS"
+    try:
+        if not target.exists():
+            nvcc = _nvcc()
+            if nvcc is None:
+                log.warning("no nvcc on PATH or under CUDA_HOME: %s", fallback)
+                return None
+            log.info("compiling %s for sm_%s into %s (once per machine, ~20 s)", _SOURCE.name, arch, target)
+            started = time.monotonic()
+            error = build_library(nvcc, arch, target)
+            if error is not None:
+                log.warning("building %s failed; %s:\n%s", _SOURCE.name, fallback, error)
+                return None
+            log.info("compiled %s in %.1f s", _SOURCE.name, time.monotonic() - started)
+        return SkinnyGemm(ctypes.CDLL(str(target)))
+    except OSError as exc:  # an unwritable cache (BASS_KERNEL_CACHE), a truncated library
+        log.warning("few-row CUDA kernel unavailable (%s); %s", exc, fallback)
+        return None
 
 
 def library_name(arch: str) -> str:

@@ -47,6 +47,25 @@ def test_source_compiles_for_hopper_and_exports_its_entry_point(tmp_path):
     assert hasattr(ctypes.CDLL(str(target)), "bass_skinny_gemm")
 
 
+def test_a_cache_that_cannot_be_written_or_read_leaves_the_fallback(tmp_path, monkeypatch, caplog):
+    """No kernel, a warning, and no error for the model that asked: an unwritable cache (a path
+    under a file) and a library file that does not load."""
+    import bass.kernels.cuda_skinny as cuda_skinny
+    from bass.kernels.cuda_skinny import library_name, load_library
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("BASS_KERNEL_CACHE", str(blocker / "kernels"))
+    monkeypatch.setattr(cuda_skinny, "_nvcc", lambda: "/nonexistent/nvcc")  # the cache fails before it runs
+    assert load_library("90") is None
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / library_name("90")).write_bytes(b"not a shared library")
+    monkeypatch.setenv("BASS_KERNEL_CACHE", str(cache))
+    assert load_library("90") is None
+    assert "unavailable" in caplog.text and "stay on Triton / cuBLAS" in caplog.text
+
+
 class _RecordingKernel:
     def __init__(self):
         self.calls = []
