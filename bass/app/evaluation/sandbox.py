@@ -10,7 +10,6 @@ program starts.
 from __future__ import annotations
 
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -26,6 +25,21 @@ def _no_network(*a, **k):
 _s.socket = _no_network
 _s.create_connection = _no_network
 del _s
+"""
+
+
+# Sets the limits in the program's own process, then becomes the program. Not preexec_fn: that
+# runs Python between fork and exec in the caller's child, which is unsafe in a threaded process
+# (the evaluation runs programs from a thread pool; a child crashed once in the interpreter's
+# at-fork hooks, CI 2026-11-27).
+_LAUNCHER = """
+import os, resource, sys
+memory, cpu, file_bytes, processes = (int(v) for v in sys.argv[1:5])
+resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
+resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
+os.execv(sys.executable, [sys.executable, "-I", sys.argv[5]])
 """
 
 
@@ -59,19 +73,14 @@ def run_program(source: str, limits: SandboxLimits = SandboxLimits()) -> Outcome
     if _ISOLATE is None:
         _ISOLATE = _network_isolation()
 
-    def limit() -> None:  # in the child, before exec
-        resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
-        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.max_file_bytes, limits.max_file_bytes))
-        resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_processes, limits.max_processes))
-
     with tempfile.TemporaryDirectory(prefix="bass-sandbox-") as tmp:
         path = os.path.join(tmp, "program.py")
         with open(path, "w") as f:
             f.write(_PRELUDE + "\n" + source)
-        proc = subprocess.Popen([*_ISOLATE, sys.executable, "-I", path], cwd=tmp, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-                                preexec_fn=limit, env={"PATH": "/usr/bin:/bin", "HOME": tmp})
+        limit_args = [str(v) for v in (limits.memory_bytes, limits.cpu_s, limits.max_file_bytes, limits.max_processes)]
+        proc = subprocess.Popen([*_ISOLATE, sys.executable, "-I", "-c", _LAUNCHER, *limit_args, path], cwd=tmp,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                start_new_session=True, env={"PATH": "/usr/bin:/bin", "HOME": tmp})
         try:
             _, err = proc.communicate(timeout=limits.timeout_s)
         except subprocess.TimeoutExpired:
