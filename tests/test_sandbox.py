@@ -42,3 +42,12 @@ def test_network_is_unreachable():
 def test_files_stay_in_a_temporary_directory():
     out = run_program("import os\nopen('scratch.txt', 'w').write('x')\nassert os.getcwd().startswith('/tmp')\n")
     assert out.passed
+
+
+def test_cpu_time_and_file_size_are_limited():
+    spin = run_program("while True:\n    pass\n", SandboxLimits(timeout_s=20.0, cpu_s=1))
+    assert not spin.passed and spin.reason != "timeout"  # SIGXCPU after a second of CPU, not the wall clock
+    big = run_program("open('big.bin', 'wb').write(b'x' * (4 << 20))\n", SandboxLimits(max_file_bytes=1 << 20))
+    assert not big.passed
+    small = run_program("open('small.bin', 'wb').write(b'x' * (512 << 10))\n", SandboxLimits(max_file_bytes=1 << 20))
+    assert small.passed
