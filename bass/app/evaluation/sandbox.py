@@ -9,6 +9,7 @@ program starts.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -58,29 +59,25 @@ class Outcome:
     reason: str  # "passed", "failed", "timeout", or the error's last line
 
 
-def _network_isolation() -> list[str]:
+@functools.cache
+def _network_isolation() -> tuple[str, ...]:
+    """`unshare --net` where it works here (root, Linux), asked once."""
     unshare = shutil.which("unshare")
     if unshare and subprocess.run([unshare, "--net", "true"], capture_output=True).returncode == 0:
-        return [unshare, "--net"]
-    return []
-
-
-_ISOLATE = None
+        return (unshare, "--net")
+    return ()
 
 
 def run_program(source: str, limits: SandboxLimits = SandboxLimits()) -> Outcome:
-    global _ISOLATE
-    if _ISOLATE is None:
-        _ISOLATE = _network_isolation()
-
     with tempfile.TemporaryDirectory(prefix="bass-sandbox-") as tmp:
         path = os.path.join(tmp, "program.py")
         with open(path, "w") as f:
             f.write(_PRELUDE + "\n" + source)
         limit_args = [str(v) for v in (limits.memory_bytes, limits.cpu_s, limits.max_file_bytes, limits.max_processes)]
-        proc = subprocess.Popen([*_ISOLATE, sys.executable, "-I", "-c", _LAUNCHER, *limit_args, path], cwd=tmp,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                start_new_session=True, env={"PATH": "/usr/bin:/bin", "HOME": tmp})
+        command = [*_network_isolation(), sys.executable, "-I", "-c", _LAUNCHER, *limit_args, path]
+        proc = subprocess.Popen(command, cwd=tmp, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, start_new_session=True,
+                                env={"PATH": "/usr/bin:/bin", "HOME": tmp})
         try:
             _, err = proc.communicate(timeout=limits.timeout_s)
         except subprocess.TimeoutExpired:
