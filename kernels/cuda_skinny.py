@@ -123,7 +123,7 @@ class SkinnyGemm:
         return out
 
 
-def _nvcc() -> str | None:
+def find_nvcc() -> str | None:
     found = shutil.which("nvcc")
     if found:
         return found
@@ -132,7 +132,7 @@ def _nvcc() -> str | None:
     return str(candidate) if candidate is not None and candidate.exists() else None
 
 
-def _cache_dir() -> Path:
+def cache_dir() -> Path:
     return Path(os.environ.get("BASS_KERNEL_CACHE", Path.home() / ".cache" / "bass" / "kernels"))
 
 
@@ -151,11 +151,11 @@ def load_library(arch: str) -> SkinnyGemm | None:
     """The library built for sm_`arch` from the cache, compiled into it first where it is not
     there; None (with a warning: the products keep their fallback) where that cannot be done:
     no nvcc, a compiler error, a cache that cannot be written or a file that does not load."""
-    target = _cache_dir() / library_name(arch)
+    target = cache_dir() / library_name(arch)
     fallback = "few-row products stay on Triton / cuBLAS"
     try:
         if not target.exists():
-            nvcc = _nvcc()
+            nvcc = find_nvcc()
             if nvcc is None:
                 log.warning("no nvcc on PATH or under CUDA_HOME: %s", fallback)
                 return None

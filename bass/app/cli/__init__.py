@@ -9,6 +9,7 @@
 - `bench.py`: `bass bench ...` measurements
 - `models.py`: `bass fetch-models`, `bass convert-gguf`
 - `eval.py`: `bass eval humaneval`
+- `kernels.py`: `bass build-kernels` (the few-row CUDA kernel, ahead of the first model load)
 - `options.py`: what several groups share
 
 Commands import what they run when they run, so `bass --help` stays fast.
@@ -21,7 +22,7 @@ import sys
 
 import click
 
-from bass.app.cli import bench, generate, models, serve, services
+from bass.app.cli import bench, generate, kernels, models, serve, services
 from bass.app.cli import eval as evaluation  # as `eval`, it would hide the builtin here
 
 
@@ -33,7 +34,7 @@ def main(verbose: int) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 
 
-for group in (generate, serve, services, bench, models, evaluation):
+for group in (generate, serve, services, bench, models, evaluation, kernels):
     for command in group.COMMANDS:
         main.add_command(command)
 
