@@ -9,7 +9,8 @@ Built once per machine with the CUDA compiler (`nvcc`, found on PATH or under CU
 BASS_KERNEL_CACHE (default ~/.cache/bass/kernels), keyed by the source's hash and the GPU's
 architecture; loaded with ctypes and launched on PyTorch's current stream, so CUDA graphs capture
 it like any other launch. Where there is no compiler or no GPU, `load_skinny_gemm` returns None and
-callers keep their Triton / cuBLAS path.
+callers keep their Triton / cuBLAS path. `bass build-kernels` builds it ahead of the first load;
+deploy/docker/Dockerfile's kernels stage builds it into the image.
 """
 
 from __future__ import annotations
