@@ -265,6 +265,11 @@ class GenerationRouter:
             finally:
                 call.cancel()
 
+    def _new_attempts(self, raw: bytes, context) -> tuple[int, tuple, list[Replica], list[tuple[grpc.StatusCode, str]]]:
+        """A request's sequence count, the metadata to forward, and the (empty) replicas it tried
+        and refusals it met, which its retries fill."""
+        return self._sequences(raw), forwardable(context.invocation_metadata()), [], []
+
     async def _answered(self, replica: Replica, call, context, initial_sent: bool) -> None:
         self.metrics.requests.labels(replica.address, "ok").inc()
         if not initial_sent:
@@ -273,10 +278,7 @@ class GenerationRouter:
 
     @_status_on_error("/bass.v1.Generation/Generate")
     async def generate(self, raw: bytes, context) -> bytes:
-        n = self._sequences(raw)
-        metadata = forwardable(context.invocation_metadata())
-        tried: list[Replica] = []
-        refusals: list[tuple[grpc.StatusCode, str]] = []
+        n, metadata, tried, refusals = self._new_attempts(raw, context)
         while True:
             replica = self._next(n, tried, refusals)
             with self._forwarding(replica, n, self._stubs(replica)[0], raw, context, metadata) as call:
@@ -290,10 +292,7 @@ class GenerationRouter:
 
     @_status_on_error("/bass.v1.Generation/GenerateStream")
     async def generate_stream(self, raw: bytes, context):
-        n = self._sequences(raw)
-        metadata = forwardable(context.invocation_metadata())
-        tried: list[Replica] = []
-        refusals: list[tuple[grpc.StatusCode, str]] = []
+        n, metadata, tried, refusals = self._new_attempts(raw, context)
         while True:
             replica = self._next(n, tried, refusals)
             sent = 0

@@ -169,7 +169,6 @@ class Transformer:
                     setattr(layer, name, Int8Weight.quantize(getattr(layer, name)))
             weights.lm_head = Int8Weight.quantize(weights.lm_head)
             self.linear = Int8Linear(weights.embed.device)
-        self.product_timings = []  # what the few-row planning measured (benchmarks report it)
         if (few_row_cuda and attention == "triton" and not batch_invariant and weights.embed.device.type == "cuda"
                 and weights.embed.dtype == torch.bfloat16):
             self._plan_few_row_products(weights)
@@ -192,7 +191,11 @@ class Transformer:
         planned = plan_products(kernel, self.linear, projections)
         if planned is not None:
             self.linear = planned
-            self.product_timings = planned.timings
+
+    @property
+    def product_timings(self) -> list:
+        """What the few-row planning measured at load (benchmarks report it); empty without it."""
+        return getattr(self.linear, "timings", [])
 
     @property
     def device(self) -> torch.device:
