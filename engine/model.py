@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from bass.engine import fused_layers
 from bass.engine.kv_cache import KVCache
 from bass.kernels import attention_kernel
 from bass.kernels.batch import RaggedBatch
@@ -115,7 +116,7 @@ def rope_inv_freq(config: TransformerConfig) -> torch.Tensor:
 class Transformer:
     def __init__(self, config: TransformerConfig, weights: TransformerWeights, *, max_seq_len: int,
                  attention: str = "pad", batch_invariant: bool = False, int8_weights: bool = False,
-                 few_row_cuda: bool = False):
+                 few_row_cuda: bool = False, fuse_layers: bool = True):
         """batch_invariant: every row's values are computed the same way whatever the batch
         around it (one GEMM tiling without split-K, attention with one launch plan and no
         split-KV), so a sequence's logits, and so its tokens, do not depend on what it is
@@ -126,7 +127,11 @@ class Transformer:
         RunnerConfig refuses the two together.
         few_row_cuda (bf16 with the Triton kernels on CUDA, not batch-invariant): products of
         1-16 rows through the CUDA few-row kernel where it times faster than the path above on
-        this GPU, timed here over the model's own weights (kernels/skinny_linear.py)."""
+        this GPU, timed here over the model's own weights (kernels/skinny_linear.py).
+        fuse_layers (with int8_weights and the few-row CUDA kernel, so a draft): decode steps of
+        up to 16 tokens run each layer in six launches instead of nine, the norms, residual adds
+        and SiLU * up in the products' epilogues (engine/fused_layers.py; changes the weights'
+        layout and the values' rounding)."""
         self.config = config
         self.weights = weights
         self.attend = attention_kernel(attention)
@@ -161,6 +166,17 @@ class Transformer:
             self.add_norm, self.rope_into_cache, self.silu_mul = (add_rms_norm_reference, rope_into_cache_reference,
                                                                   silu_mul_reference)
         self.int8_weights = int8_weights and attention == "triton"
+        few_row_kernel = None
+        if (few_row_cuda and attention == "triton" and not batch_invariant and weights.embed.device.type == "cuda"
+                and weights.embed.dtype == torch.bfloat16):
+            from bass.kernels.cuda_skinny import load_skinny_gemm
+
+            few_row_kernel = load_skinny_gemm(weights.embed.device)
+        self.fused_layers = (few_row_kernel is not None and self.int8_weights and fuse_layers
+                             and fused_layers.can_fuse(config))
+        if self.fused_layers:
+            fused_layers.prepare_weights(weights)
+            self.silu_mul = functools.partial(self.silu_mul, paired=True)
         if self.int8_weights:
             from bass.kernels.triton_int8 import Int8Linear, Int8Weight
 
@@ -169,9 +185,8 @@ class Transformer:
                     setattr(layer, name, Int8Weight.quantize(getattr(layer, name)))
             weights.lm_head = Int8Weight.quantize(weights.lm_head)
             self.linear = Int8Linear(weights.embed.device)
-        if (few_row_cuda and attention == "triton" and not batch_invariant and weights.embed.device.type == "cuda"
-                and weights.embed.dtype == torch.bfloat16):
-            self._plan_few_row_products(weights)
+        if few_row_kernel is not None:
+            self._plan_few_row_products(few_row_kernel, weights)
         self.scale = config.head_dim ** -0.5
         device, dtype = weights.embed.device, weights.embed.dtype
         positions = torch.arange(max_seq_len, dtype=torch.float32, device=device)
@@ -179,16 +194,14 @@ class Transformer:
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos, self.sin = emb.cos().to(dtype), emb.sin().to(dtype)
 
-    def _plan_few_row_products(self, weights: "TransformerWeights") -> None:
-        from bass.kernels.cuda_skinny import load_skinny_gemm
-        from bass.kernels.skinny_linear import plan_products
+    def _plan_few_row_products(self, kernel, weights: "TransformerWeights") -> None:
+        from bass.kernels.skinny_linear import SkinnyLinear, plan_products
 
-        kernel = load_skinny_gemm(weights.embed.device)
-        if kernel is None:
-            return
         projections = {name: [(getattr(layer, name), getattr(layer, f"{name}_bias", None)) for layer in weights.layers]
                        for name in ("qkv", "o", "gate_up", "down")}
         planned = plan_products(kernel, self.linear, projections)
+        if planned is None and self.fused_layers:  # the fused layers take the kernel with its default launches
+            planned = SkinnyLinear(kernel, self.linear, {}, [])
         if planned is not None:
             self.linear = planned
 
@@ -226,6 +239,8 @@ class Transformer:
 
         The residual stream x and the normed input h of the next block travel together, so each
         residual add is fused with the norm that follows it."""
+        if self.fused_layers and batch.input_ids.shape[0] <= fused_layers.MAX_FUSED_ROWS:
+            return self._fused_hidden(batch, cache)
         c, layers, eps = self.config, self.weights.layers, self.config.rms_norm_eps
         q_size = c.num_heads * c.head_dim
         cos, sin = self.cos[batch.positions], self.sin[batch.positions]
@@ -244,4 +259,21 @@ class Transformer:
         # work, and so its rounding, changes with the number of rows.
         rows = batch.logit_rows
         h, _ = self.add_norm(mlp[rows], x[rows], self.weights.final_norm, eps)
+        return h
+
+    def _fused_hidden(self, batch: RaggedBatch, cache: KVCache) -> torch.Tensor:
+        """hidden() for a step of <= 16 tokens through the fused layers (engine/fused_layers.py):
+        the residual stream x is updated in place by the o and down products."""
+        c, layers, eps, product = self.config, self.weights.layers, self.config.rms_norm_eps, self.linear.fused
+        q_size = c.num_heads * c.head_dim
+        cos, sin = self.cos[batch.positions], self.sin[batch.positions]
+        x = self.weights.embed[batch.input_ids]
+        for i, layer in enumerate(layers):
+            q = self.rope_into_cache(product(x, layer.qkv, layer.qkv_bias, norm_eps=eps), cos, sin, cache.k[i],
+                                     cache.v[i], batch.token_slots, batch.positions, c.num_heads, c.num_kv_heads)
+            attn = self.attend(q, cache.k[i], cache.v[i], batch, self.scale)
+            product(attn.reshape(-1, q_size), layer.o, layer.o_bias, out=x, residual=x)
+            product(product(x, layer.gate_up, norm_eps=eps, silu_pairs=True), layer.down, out=x, residual=x)
+        rows = batch.logit_rows
+        h, _ = self.add_norm(x[rows], None, self.weights.final_norm, eps)
         return h

@@ -53,8 +53,9 @@ class Launch:
         return -(-cols // (16 * self.column_groups))
 
     def split_floats(self, cols: int) -> int:
-        """fp32 partial sums a split launch keeps in its SplitScratch."""
-        return self.k_splits * self.tiles(cols) * self.column_groups * self.row_groups * 128
+        """fp32 partial sums a split launch keeps in its SplitScratch (a tile's entries, then its
+        rows' sums of squares for a normed product)."""
+        return self.k_splits * self.tiles(cols) * (self.column_groups * self.row_groups * 128 + self.row_groups * 8)
 
 
 class SplitScratch:
@@ -91,36 +92,50 @@ def launch_for(rows: int, cols: int, inner: int, weight_int8: bool) -> Launch:
     return launch
 
 
+MAX_NORM_ROWS = 16  # a normed product (a fused decode layer) takes at most two 8-row groups
+
+
 class SkinnyGemm:
-    """The loaded library: out = x @ w.T (* scale per column) (+ bias), for 1-64 rows."""
+    """The loaded library: out = x @ w.T (* scale per column) (+ bias), for 1-64 rows, optionally
+    with a fused epilogue (the .cu file's top comment): each row scaled by 1 / rms(x row), a
+    residual added, or gate/up column pairs combined as silu(gate) * up."""
 
     def __init__(self, library: ctypes.CDLL):
         self._fn = library.bass_skinny_gemm
         self._fn.restype = ctypes.c_int
-        self._fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 10 + [ctypes.c_void_p] * 3
+        self._fn.argtypes = ([ctypes.c_void_p] * 5 + [ctypes.c_int] * 10 + [ctypes.c_void_p] * 3
+                             + [ctypes.c_int, ctypes.c_float, ctypes.c_int, ctypes.c_void_p])
 
     def supports(self, rows: int, inner: int, weight_int8: bool) -> bool:
         return 1 <= rows <= MAX_ROWS and inner % inner_multiple(weight_int8) == 0
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
-                 out: torch.Tensor, launch: Launch | None = None, split: SplitScratch | None = None) -> torch.Tensor:
+                 out: torch.Tensor, launch: Launch | None = None, split: SplitScratch | None = None, *,
+                 residual: torch.Tensor | None = None, norm_eps: float | None = None,
+                 silu_pairs: bool = False) -> torch.Tensor:
         """x [rows, K] bf16 contiguous; weight [N, K] int8 (with fp32 scale [N]) or bf16; out
-        [rows, N] bf16 or fp32; split: the scratch of a launch with k_splits > 1."""
+        [rows, N] bf16 or fp32 ([rows, N / 2] bf16 with silu_pairs); split: the scratch of a
+        launch with k_splits > 1. residual: bf16 [rows, N] added to the product (out may be the
+        same tensor); norm_eps: scale row r by 1 / sqrt(mean(x[r]^2) + eps) (<= 16 rows)."""
         rows, inner = x.shape
         cols = weight.shape[0]
         weight_int8 = weight.dtype == torch.int8
         launch = launch or launch_for(rows, cols, inner, weight_int8)
         if launch.k_splits > 1 and (split is None or not split.holds(launch, cols)):
             raise ValueError(f"{launch} needs a SplitScratch that holds {launch.split_floats(cols)} partial sums")
+        if norm_eps is not None and launch.row_groups > MAX_NORM_ROWS // 8:
+            raise ValueError(f"a normed product takes at most {MAX_NORM_ROWS} rows, got {launch}")
         partials, arrivals = (split.partials.data_ptr(), split.arrivals.data_ptr()) if launch.k_splits > 1 else (None, None)
         err = self._fn(x.data_ptr(), weight.data_ptr(), scale.data_ptr() if scale is not None else None,
                        bias.data_ptr() if bias is not None else None, out.data_ptr(), rows, cols, inner,
                        int(weight_int8), int(out.dtype == torch.float32), launch.row_groups, launch.column_groups,
                        launch.warps, launch.blocks_per_sm, launch.k_splits, partials, arrivals,
-                       torch.cuda.current_stream(x.device).cuda_stream)
+                       residual.data_ptr() if residual is not None else None, int(norm_eps is not None),
+                       float(norm_eps or 0.0), int(silu_pairs), torch.cuda.current_stream(x.device).cuda_stream)
         if err:
             raise RuntimeError(f"skinny_gemm launch failed (cudaError {err}): rows={rows} cols={cols} "
-                               f"inner={inner} int8={weight_int8} {launch}")
+                               f"inner={inner} int8={weight_int8} {launch} residual={residual is not None} "
+                               f"norm={norm_eps is not None} silu_pairs={silu_pairs}")
         return out
 
 

@@ -18,8 +18,13 @@ def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor | None, weigh
     return weight * h.to(x.dtype), summed
 
 
-def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
-    gate, up = gate_up.chunk(2, dim=-1)
+def silu_mul_reference(gate_up: torch.Tensor, paired: bool = False) -> torch.Tensor:
+    """paired: gate|up columns in groups of 8 gates and their 8 ups (engine/fused_layers.py)."""
+    if paired:
+        groups = gate_up.unflatten(-1, (-1, 2, 8))
+        gate, up = groups[..., 0, :].flatten(-2), groups[..., 1, :].flatten(-2)
+    else:
+        gate, up = gate_up.chunk(2, dim=-1)
     return torch.nn.functional.silu(gate) * up
 
 

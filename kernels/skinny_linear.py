@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from bass.kernels.cuda_skinny import Launch, SkinnyGemm, SplitScratch, row_groups_for
+from bass.kernels.cuda_skinny import Launch, SkinnyGemm, SplitScratch, launch_for, row_groups_for
 from bass.kernels.timing import graph_us
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,22 @@ class SkinnyLinear:
                 return self.kernel(x if x.is_contiguous() else x.contiguous(), w, getattr(weight, "scale", None),
                                    bias, out, launch, self.split)
         return self.fallback(x, weight, bias) if out_dtype is None else self.fallback(x, weight, bias, out_dtype)
+
+    def fused(self, x: torch.Tensor, weight, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
+              residual: torch.Tensor | None = None, norm_eps: float | None = None,
+              silu_pairs: bool = False) -> torch.Tensor:
+        """A product through the kernel with its fused epilogue (SkinnyGemm; engine/fused_layers.py),
+        whatever the plan chose for the plain product: the launch planned for its shape where
+        there is one, else the default launch."""
+        rows = x.shape[0]
+        w = getattr(weight, "q", weight)
+        cols, inner = w.shape
+        launch = self.plans.get((tuple(w.shape), w.dtype, _bucket(rows))) or launch_for(rows, cols, inner,
+                                                                                         w.dtype == torch.int8)
+        if out is None:
+            out = torch.empty((rows, cols // 2 if silu_pairs else cols), dtype=x.dtype, device=x.device)
+        return self.kernel(x if x.is_contiguous() else x.contiguous(), w, getattr(weight, "scale", None), bias, out,
+                           launch, self.split, residual=residual, norm_eps=norm_eps, silu_pairs=silu_pairs)
 
 
 def _fits(weight, bias: torch.Tensor | None) -> bool:

@@ -35,12 +35,18 @@ def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, n_cols, eps,
     tl.store(out_ptr + row * n_cols + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, n_cols, BLOCK: tl.constexpr, PAIRED: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
-    g = tl.load(gu_ptr + row * 2 * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(gu_ptr + row * 2 * n_cols + n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+    if PAIRED:  # groups of 16 columns: 8 gates, then their 8 ups
+        gate_col = (cols // 8) * 16 + cols % 8
+        up_col = gate_col + 8
+    else:
+        gate_col = cols
+        up_col = n_cols + cols
+    g = tl.load(gu_ptr + row * 2 * n_cols + gate_col, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + row * 2 * n_cols + up_col, mask=mask, other=0.0).to(tl.float32)
     s = (g / (1.0 + tl.exp(-g))).to(out_ptr.dtype.element_ty).to(tl.float32)
     tl.store(out_ptr + row * n_cols + cols, (s * u).to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -89,11 +95,12 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     return out, summed
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor, paired: bool = False) -> torch.Tensor:
+    """paired: gate|up columns in groups of 8 gates and their 8 ups (engine/fused_layers.py)."""
     rows, cols = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty((rows, cols), dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
-    _silu_mul_kernel[(rows, triton.cdiv(cols, block))](gate_up, out, cols, BLOCK=block)
+    _silu_mul_kernel[(rows, triton.cdiv(cols, block))](gate_up, out, cols, BLOCK=block, PAIRED=paired)
     return out
 
 

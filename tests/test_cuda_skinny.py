@@ -230,3 +230,81 @@ def test_a_model_routed_through_the_kernel_decodes_as_without_it(qwen_target, in
         tokens[name] = (out, torch.stack(logits))
     torch.testing.assert_close(tokens["routed"][1], tokens["plain"][1], rtol=5e-2, atol=5e-2)
     assert tokens["routed"][0] == tokens["plain"][0]
+
+
+@gpu
+@pytest.mark.parametrize("int8", [True, False])
+@pytest.mark.parametrize("rows", [1, 5, 8, 9, 16])
+def test_fused_epilogues_equal_their_unfused_parts(kernel, int8, rows):
+    """The norm (rows scaled by 1 / rms of their x), the residual add (in place) and the paired
+    SiLU * up, for every launch shape a plan may pick, against fp32 of the same weights."""
+    from bass.engine.fused_layers import pair_gate_up
+    from bass.kernels.triton_int8 import Int8Weight
+
+    cols, inner, eps = 1024, 896, 1e-6
+    gen = torch.Generator(device="cuda").manual_seed(rows)
+    halves = (torch.randn(cols, inner, device="cuda", generator=gen) / inner ** 0.5).bfloat16()
+    plain = Int8Weight.quantize(halves) if int8 else None
+    paired = Int8Weight.quantize(pair_gate_up(halves)) if int8 else None
+    w, wp = (plain.q, paired.q) if int8 else (halves, pair_gate_up(halves))
+    scale, scale_p = (plain.scale, paired.scale) if int8 else (None, None)
+    reference_w = plain.dequantized() if int8 else halves.float()
+    x = (3 * torch.randn(rows, inner, device="cuda", generator=gen)).bfloat16()
+    bias = torch.randn(cols, device="cuda", generator=gen).bfloat16()
+    normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+    want_norm = normed @ reference_w.T + bias.float()
+    gate, up = (normed @ reference_w.T).chunk(2, dim=-1)
+    want_silu = F.silu(gate) * up
+    residual = torch.randn(rows, cols, device="cuda", generator=gen).bfloat16()
+    want_residual = x.float() @ reference_w.T + residual.float()
+    split = SplitScratch(torch.device("cuda"))
+    for groups in (1, 2):
+        for warps in (4, 16):
+            for per_sm, ways in ((0, 1), (1, 1), (0, 2), (0, 4)):
+                launch = Launch(row_groups_for(rows), groups, warps, per_sm, ways)
+                if not launch.fits() or not split.holds(launch, cols):
+                    continue
+                out = torch.empty(rows, cols, device="cuda", dtype=torch.bfloat16)
+                kernel(x, w, scale, bias, out, launch, split, norm_eps=eps)
+                torch.testing.assert_close(out.float(), want_norm, rtol=2e-2, atol=2e-2, msg=f"norm {launch}")
+                act = torch.empty(rows, cols // 2, device="cuda", dtype=torch.bfloat16)
+                kernel(x, wp, scale_p, None, act, launch, split, norm_eps=eps, silu_pairs=True)
+                torch.testing.assert_close(act.float(), want_silu, rtol=2e-2, atol=2e-2, msg=f"silu {launch}")
+                stream = residual.clone()
+                kernel(x, w, scale, None, stream, launch, split, residual=stream)  # in place, as a layer runs it
+                torch.testing.assert_close(stream.float(), want_residual, rtol=2e-2, atol=5e-2, msg=f"residual {launch}")
+                assert int(split.arrivals.count_nonzero()) == 0
+
+
+@gpu
+def test_a_fused_draft_decodes_as_its_unfused_layers(qwen_target):
+    """An int8 model with the kernel builds its decode layers fused (engine/fused_layers.py); its
+    steps of 1-16 tokens give the logits of the same (prepared) weights on the unfused path,
+    bf16 rounding apart, and the same greedy tokens; steps of more tokens run unfused."""
+    from bass.core.config import RunnerConfig
+    from bass.core.worker_api import AddSequence
+    from bass.engine.model import Transformer
+    from bass.engine.runner import ModelRunner
+    from bass.engine.weights import load_config, load_weights
+
+    config = load_config(qwen_target)
+    cfg = RunnerConfig(model_dir=qwen_target, device="cuda", dtype="bfloat16", num_slots=2, max_seq_len=64,
+                       attention="triton", cuda_graphs=False, few_row_cuda=False)
+    model = Transformer(config, load_weights(qwen_target, config, dtype="bfloat16", device="cuda"), max_seq_len=64,
+                        attention="triton", int8_weights=True, few_row_cuda=True)
+    assert model.fused_layers
+    runner = ModelRunner(cfg, model=model)
+    prompt = tuple(range(3, 40))
+    tokens = {}
+    for fused in (True, False):
+        model.fused_layers = fused
+        runner.add([AddSequence(int(fused), prompt)])
+        state, out, logits = runner.get(int(fused)), [], []
+        for _ in range(6):
+            step = runner.forward([(state, [])], [1])
+            logits.append(step.float())
+            out.append(int(step[-1].argmax()))
+            runner.commit(state, [out[-1]])
+        tokens[fused] = (out, torch.stack(logits))
+    torch.testing.assert_close(tokens[True][1], tokens[False][1], rtol=5e-2, atol=5e-2)
+    assert tokens[True][0] == tokens[False][0]

@@ -46,6 +46,20 @@ def test_silu_mul(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul_paired(dtype):
+    """Gate and up columns interleaved in groups of 8 (a fused draft's layout) give the same
+    values as the halves layout they were taken from."""
+    from bass.engine.fused_layers import pair_gate_up
+
+    torch.manual_seed(2)
+    halves = (3 * torch.randn(5, 2 * 1504, device=DEVICE)).to(dtype)  # 1504: 188 groups, not a block multiple
+    paired = pair_gate_up(halves.T.contiguous()).T.contiguous()  # the rows of a weight are these columns
+    assert not torch.equal(paired, halves)
+    assert torch.equal(silu_mul_reference(paired, paired=True), silu_mul_reference(halves))
+    close(silu_mul(paired, paired=True), silu_mul_reference(halves), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_rope_into_cache(dtype):
     """Rotated q returned, rotated k and v written at each token's (slot, position), every
     other cache entry untouched; tokens of several sequences at scattered positions."""

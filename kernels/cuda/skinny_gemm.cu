@@ -25,6 +25,13 @@
 // of a warp's columns, saturating at +-65504 (a draft's numbers only: lossless whatever it
 // proposes). The inner size must be a multiple of 4 * KL (64 for int8, 32 for bf16); the caller
 // checks.
+//
+// Fused epilogues (a draft's decoder layer in four products, engine/fused_layers.py): NORM scales
+// each output row by 1 / rms(x row), its sum of squares gathered from the activation words the lanes
+// load anyway (the norm's weight is folded into the projection's at load), so no RMSNorm kernel
+// runs before the product; `residual` adds a bf16 matrix of the output's shape (the residual
+// stream, updated in place when out is the same memory); `silu_pairs` takes columns in groups of
+// 16 as 8 gates then their 8 ups and writes silu(gate) * up, half as many columns.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -95,11 +102,12 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
 // step's: the activations come from L2 on an SM's first touch, and a load issued only when it is
 // needed puts that round trip on the critical path once a step (1-5 µs of a product at the
 // target's shapes on an H200, bench/results/2026-11-27-h200-few-row-cuda).
-template <bool INT8, int NT, int CG, int WARPS, int U, bool OUT_F32>
+template <bool INT8, int NT, int CG, int WARPS, int U, bool OUT_F32, bool NORM>
 __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
     const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scale,
-    const __nv_bfloat16* __restrict__ bias, void* __restrict__ out, int rows, int cols, int inner,
-    float* __restrict__ split_partials, int* __restrict__ split_arrivals) {
+    const __nv_bfloat16* __restrict__ bias, void* out, int rows, int cols, int inner,
+    float* __restrict__ split_partials, int* __restrict__ split_arrivals, const __nv_bfloat16* residual,
+    float eps, bool silu_pairs) {
   constexpr int KL = INT8 ? 16 : 8;  // inner positions in one lane's 16-byte weight load
   constexpr int STEPS = KL / 4;      // mma k-steps per load (4 lanes x 4 positions each)
   constexpr int CHUNK = 4 * KL;      // inner positions a warp covers per load
@@ -171,7 +179,15 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
       for (int i = 0; i < 4; ++i) acc[cg][nt][i] = 0.f;
 
   constexpr int PER_WARP = CG * NT * 4 * 32;
+  constexpr int SPLIT_STRIDE = PER_WARP + NT * 8;  // a split's entries, then its rows' sums of squares
   __shared__ float partial[WARPS * PER_WARP];
+  // NORM: each lane's sum of squares of activation row 8 nt + g over the words it multiplied; the
+  // warps' sums per row; the rows' 1 / rms.
+  float sq[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) sq[nt] = 0.f;
+  __shared__ float sq_partial[NORM ? WARPS * NT * 8 : 1];
+  __shared__ float row_scale[NORM ? NT * 8 : 1];
 
   uint4 cur_w[U][CG][2], nxt_w[U][CG][2];
   uint4 cur_x[U][NT][XV], nxt_x[U][NT][XV];
@@ -198,6 +214,10 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const uint32_t v = word(cur_x[u][nt][(2 * j + e) / 4], (2 * j + e) % 4);
+              if constexpr (NORM) {
+                const float lo = __uint_as_float(v << 16), hi = __uint_as_float(v & 0xffff0000u);
+                sq[nt] = fmaf(lo, lo, fmaf(hi, hi, sq[nt]));
+              }
               if constexpr (INT8)
                 b[nt][e] = bf16x2_to_f16x2(v);
               else
@@ -237,17 +257,35 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
             partial[warp * PER_WARP + ((cg * NT + nt) * 4 + i) * 32 + lane] = acc[cg][nt][i];
             acc[cg][nt][i] = 0.f;
           }
+      if constexpr (NORM) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          float v = sq[nt];
+          v += __shfl_xor_sync(0xffffffffu, v, 1);
+          v += __shfl_xor_sync(0xffffffffu, v, 2);
+          if (q == 0) sq_partial[warp * NT * 8 + nt * 8 + g] = v;
+          sq[nt] = 0.f;
+        }
+      }
       __syncthreads();
       const int col0 = tile * TILE_COLS;
       bool finish = true;
       if (splits > 1) {
         // This split's sums to global memory; the last of the tile's blocks to arrive adds them.
-        float* mine = split_partials + (static_cast<size_t>(split) * tiles + tile) * PER_WARP;
+        float* mine = split_partials + (static_cast<size_t>(split) * tiles + tile) * SPLIT_STRIDE;
         for (int e = threadIdx.x; e < PER_WARP; e += WARPS * 32) {
           float v = 0.f;
 #pragma unroll
           for (int s = 0; s < WARPS; ++s) v += partial[s * PER_WARP + e];
           mine[e] = v;
+        }
+        if constexpr (NORM) {
+          for (int r = threadIdx.x; r < NT * 8; r += WARPS * 32) {
+            float v = 0.f;
+#pragma unroll
+            for (int s = 0; s < WARPS; ++s) v += sq_partial[s * NT * 8 + r];
+            mine[PER_WARP + r] = v;
+          }
         }
         __threadfence();  // release: the sums are visible before the arrival is
         __syncthreads();
@@ -257,25 +295,58 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
         finish = last;
         if (finish) __threadfence();  // acquire: the other splits' sums, read from L2 below
       }
+      if constexpr (NORM) {
+        // Block-uniform: `finish` is the same for every thread of the block.
+        if (finish) {
+          for (int r = threadIdx.x; r < NT * 8; r += WARPS * 32) {
+            float v = 0.f;
+            if (splits > 1) {
+              for (int s = 0; s < splits; ++s)
+                v += __ldcg(split_partials + (static_cast<size_t>(s) * tiles + tile) * SPLIT_STRIDE + PER_WARP + r);
+            } else {
+#pragma unroll
+              for (int s = 0; s < WARPS; ++s) v += sq_partial[s * NT * 8 + r];
+            }
+            row_scale[r] = rsqrtf(v / static_cast<float>(inner) + eps);
+          }
+        }
+        __syncthreads();
+      }
+      // The finished value of entry e: the warps' (or the splits') sums in order, scaled, normed, biased.
+      auto entry = [&](int e, int row, int col) {
+        float v = 0.f;
+        if (splits > 1) {
+          for (int s = 0; s < splits; ++s)
+            v += __ldcg(split_partials + (static_cast<size_t>(s) * tiles + tile) * SPLIT_STRIDE + e);
+        } else {
+#pragma unroll
+          for (int s = 0; s < WARPS; ++s) v += partial[s * PER_WARP + e];
+        }
+        if (scale != nullptr) v *= scale[col];
+        if constexpr (NORM) v *= row_scale[row];
+        if (bias != nullptr) v += __bfloat162float(bias[col]);
+        return v;
+      };
       for (int e = threadIdx.x; finish && e < PER_WARP; e += WARPS * 32) {
         const int l = e % 32, idx = e / 32, i = idx % 4, nt = (idx / 4) % NT, cg = idx / (4 * NT);
         const int col = col0 + cg * 16 + (l >> 2) + (i >= 2 ? 8 : 0);
         const int row = nt * 8 + 2 * (l & 3) + (i & 1);
-        if (row < rows && col < cols) {
-          float v = 0.f;
-          if (splits > 1) {
-            for (int s = 0; s < splits; ++s) v += __ldcg(split_partials + (static_cast<size_t>(s) * tiles + tile) * PER_WARP + e);
-          } else {
-#pragma unroll
-            for (int s = 0; s < WARPS; ++s) v += partial[s * PER_WARP + e];
-          }
-          if (scale != nullptr) v *= scale[col];
-          if (bias != nullptr) v += __bfloat162float(bias[col]);
-          if constexpr (OUT_F32)
-            static_cast<float*>(out)[static_cast<size_t>(row) * cols + col] = v;
-          else
-            static_cast<__nv_bfloat16*>(out)[static_cast<size_t>(row) * cols + col] = __float2bfloat16(v);
+        if (row >= rows || col >= cols) continue;
+        if (silu_pairs) {
+          // Entry e (column g of the 16) is a gate, e + 64 (column g + 8) its up.
+          if (i >= 2) continue;
+          const float gate = entry(e, row, col), up = entry(e + 64, row, col + 8);
+          const int half_cols = cols / 2, ocol = (col0 + cg * 16) / 2 + (l >> 2);
+          static_cast<__nv_bfloat16*>(out)[static_cast<size_t>(row) * half_cols + ocol] =
+              __float2bfloat16(gate / (1.f + __expf(-gate)) * up);
+          continue;
         }
+        float v = entry(e, row, col);
+        if (residual != nullptr) v += __bfloat162float(residual[static_cast<size_t>(row) * cols + col]);
+        if constexpr (OUT_F32)
+          static_cast<float*>(out)[static_cast<size_t>(row) * cols + col] = v;
+        else
+          static_cast<__nv_bfloat16*>(out)[static_cast<size_t>(row) * cols + col] = __float2bfloat16(v);
       }
       if (splits > 1 && finish && threadIdx.x == 0) split_arrivals[tile] = 0;  // zeroed for the next call
       __syncthreads();  // partial is rewritten by the next tile
@@ -301,17 +372,31 @@ constexpr int pow2_floor(int v) { return v >= 4 ? 4 : v >= 2 ? 2 : 1; }
 
 struct Split {
   int ways;          // 1: none
-  float* partials;   // ways x tiles x the tile's entries
+  float* partials;   // ways x tiles x (the tile's entries + its rows' sums of squares)
   int* arrivals;     // a counter a tile, zero between calls
 };
 
-template <bool INT8, int NT, int CG, int WARPS, bool OUT_F32>
-cudaError_t launch_kernel(const void* x, const void* w, const float* scale, const void* bias, void* out, int rows,
-                          int cols, int inner, int max_blocks_per_sm, Split split, cudaStream_t stream) {
+// What one product computes: its operands, and what the epilogue adds to x @ w.T.
+struct Product {
+  const void* x;
+  const void* w;
+  const float* scale;  // null: bf16 weights
+  const void* bias;
+  void* out;
+  int rows, cols, inner;
+  bool out_f32;
+  const void* residual;  // null: none
+  bool norm;             // scale each row by 1 / rms(its x row)
+  float eps;
+  bool silu_pairs;
+};
+
+template <bool INT8, int NT, int CG, int WARPS, bool OUT_F32, bool NORM>
+cudaError_t launch_kernel(const Product& p, int max_blocks_per_sm, Split split, cudaStream_t stream) {
   // About eight 16-byte loads a lane a step (weights and activations), in registers twice over.
   constexpr int LOADS_PER_CHUNK = 2 * CG + NT * (INT8 ? 2 : 1);
   constexpr int U = pow2_floor(8 / LOADS_PER_CHUNK);
-  auto kernel = skinny_gemm_kernel<INT8, NT, CG, WARPS, U, OUT_F32>;
+  auto kernel = skinny_gemm_kernel<INT8, NT, CG, WARPS, U, OUT_F32, NORM>;
   // Resident blocks per multiprocessor, asked once per instantiation (and per process: one kind
   // of GPU); atomics because service handler threads may make the first call together.
   static std::atomic<int> resident_cache{0}, sms_cache{0};
@@ -328,58 +413,57 @@ cudaError_t launch_kernel(const void* x, const void* w, const float* scale, cons
   // 0: a block per column tile (the hardware refills multiprocessors as blocks finish); else a
   // persistent grid of at most that many blocks a multiprocessor, each walking tiles.
   const int per_sm = max_blocks_per_sm < resident ? max_blocks_per_sm : resident;
-  const int tiles = (cols + 16 * CG - 1) / (16 * CG);
+  const int tiles = (p.cols + 16 * CG - 1) / (16 * CG);
   const int blocks = split.ways > 1 || max_blocks_per_sm <= 0 || tiles < sms * per_sm ? tiles : sms * per_sm;
   kernel<<<dim3(blocks, split.ways), WARPS * 32, 0, stream>>>(
-      static_cast<const __nv_bfloat16*>(x), static_cast<const uint4*>(w), scale,
-      static_cast<const __nv_bfloat16*>(bias), out, rows, cols, inner, split.partials, split.arrivals);
+      static_cast<const __nv_bfloat16*>(p.x), static_cast<const uint4*>(p.w), p.scale,
+      static_cast<const __nv_bfloat16*>(p.bias), p.out, p.rows, p.cols, p.inner, split.partials, split.arrivals,
+      static_cast<const __nv_bfloat16*>(p.residual), p.eps, p.silu_pairs);
   return cudaGetLastError();
 }
 
 template <bool INT8, int NT, int CG, int WARPS>
-cudaError_t launch_with(const void* x, const void* w, const float* scale, const void* bias, void* out, int rows,
-                        int cols, int inner, bool out_f32, int per_sm, Split split, cudaStream_t stream) {
+cudaError_t launch_with(const Product& p, int per_sm, Split split, cudaStream_t stream) {
   // The partial sums' shared memory must fit the static 48 KB.
   if constexpr (WARPS * CG * NT * 4 * 32 * 4 > 48 * 1024) {
     return cudaErrorInvalidConfiguration;
   } else {
-    return out_f32 ? launch_kernel<INT8, NT, CG, WARPS, true>(x, w, scale, bias, out, rows, cols, inner, per_sm, split, stream)
-                   : launch_kernel<INT8, NT, CG, WARPS, false>(x, w, scale, bias, out, rows, cols, inner, per_sm, split, stream);
+    if (p.out_f32) return launch_kernel<INT8, NT, CG, WARPS, true, false>(p, per_sm, split, stream);
+    if constexpr (NT <= 2) {  // the norm is built for decode steps (a fused draft layer), <= 16 rows
+      if (p.norm) return launch_kernel<INT8, NT, CG, WARPS, false, true>(p, per_sm, split, stream);
+    }
+    return launch_kernel<INT8, NT, CG, WARPS, false, false>(p, per_sm, split, stream);
   }
 }
 
 template <bool INT8, int NT, int CG>
-cudaError_t by_warps(int warps, const void* x, const void* w, const float* scale, const void* bias, void* out,
-                     int rows, int cols, int inner, bool out_f32, int per_sm, Split split, cudaStream_t stream) {
+cudaError_t by_warps(int warps, const Product& p, int per_sm, Split split, cudaStream_t stream) {
   switch (warps) {
-    case 2: return launch_with<INT8, NT, CG, 2>(x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, split, stream);
-    case 4: return launch_with<INT8, NT, CG, 4>(x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, split, stream);
-    case 8: return launch_with<INT8, NT, CG, 8>(x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, split, stream);
-    case 16: return launch_with<INT8, NT, CG, 16>(x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, split, stream);
+    case 2: return launch_with<INT8, NT, CG, 2>(p, per_sm, split, stream);
+    case 4: return launch_with<INT8, NT, CG, 4>(p, per_sm, split, stream);
+    case 8: return launch_with<INT8, NT, CG, 8>(p, per_sm, split, stream);
+    case 16: return launch_with<INT8, NT, CG, 16>(p, per_sm, split, stream);
     default: return cudaErrorInvalidValue;
   }
 }
 
 template <bool INT8, int NT>
-cudaError_t by_columns(int column_groups, int warps, const void* x, const void* w, const float* scale,
-                       const void* bias, void* out, int rows, int cols, int inner, bool out_f32, int per_sm,
-                       Split split, cudaStream_t stream) {
+cudaError_t by_columns(int column_groups, int warps, const Product& p, int per_sm, Split split, cudaStream_t stream) {
   switch (column_groups) {
-    case 1: return by_warps<INT8, NT, 1>(warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, split, stream);
-    case 2: return by_warps<INT8, NT, 2>(warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, split, stream);
+    case 1: return by_warps<INT8, NT, 1>(warps, p, per_sm, split, stream);
+    case 2: return by_warps<INT8, NT, 2>(warps, p, per_sm, split, stream);
     default: return cudaErrorInvalidValue;
   }
 }
 
 template <bool INT8>
-cudaError_t by_rows(int row_groups, int column_groups, int warps, const void* x, const void* w, const float* scale,
-                    const void* bias, void* out, int rows, int cols, int inner, bool out_f32, int per_sm,
-                    Split split, cudaStream_t stream) {
+cudaError_t by_rows(int row_groups, int column_groups, int warps, const Product& p, int per_sm, Split split,
+                    cudaStream_t stream) {
   switch (row_groups) {
-    case 1: return by_columns<INT8, 1>(column_groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, split, stream);
-    case 2: return by_columns<INT8, 2>(column_groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, split, stream);
-    case 4: return by_columns<INT8, 4>(column_groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, split, stream);
-    case 8: return by_columns<INT8, 8>(column_groups, warps, x, w, scale, bias, out, rows, cols, inner, out_f32, per_sm, split, stream);
+    case 1: return by_columns<INT8, 1>(column_groups, warps, p, per_sm, split, stream);
+    case 2: return by_columns<INT8, 2>(column_groups, warps, p, per_sm, split, stream);
+    case 4: return by_columns<INT8, 4>(column_groups, warps, p, per_sm, split, stream);
+    case 8: return by_columns<INT8, 8>(column_groups, warps, p, per_sm, split, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -390,20 +474,24 @@ cudaError_t by_rows(int row_groups, int column_groups, int warps, const void* x,
 // column_groups: 16-column groups a warp covers (1, 2); warps: 2, 4, 8, 16; blocks_per_sm: 0 for
 // a block per column tile, else the persistent grid's blocks a multiprocessor (ignored with a
 // split); k_splits: blocks a tile's inner dimension is split over, with split_partials (k_splits
-// x tiles x warps' entries fp32) and split_arrivals (a zeroed counter a tile, left zeroed) where
-// it is > 1. Returns a cudaError_t (0: launched).
+// x tiles x (warps' entries + 8 row_groups) fp32) and split_arrivals (a zeroed counter a tile,
+// left zeroed) where it is > 1. The fused epilogue (see the top): residual (null: none; bf16 out
+// only), norm with eps (bf16 out, row_groups <= 2), silu_pairs (bf16 out of cols / 2 columns, cols
+// a multiple of 16, no residual). Returns a cudaError_t (0: launched).
 extern "C" int bass_skinny_gemm(const void* x, const void* w, const float* scale, const void* bias, void* out,
                                 int rows, int cols, int inner, int w_int8, int out_f32, int row_groups,
                                 int column_groups, int warps, int blocks_per_sm, int k_splits, float* split_partials,
-                                int* split_arrivals, void* stream) {
+                                int* split_arrivals, const void* residual, int norm, float eps, int silu_pairs,
+                                void* stream) {
   const int chunk = w_int8 ? 64 : 32;
+  const bool fused = residual != nullptr || norm || silu_pairs;
   if (rows < 1 || rows > 8 * row_groups || inner % chunk != 0 || k_splits < 1 ||
-      (k_splits > 1 && (split_partials == nullptr || split_arrivals == nullptr)))
+      (k_splits > 1 && (split_partials == nullptr || split_arrivals == nullptr)) || (fused && out_f32) ||
+      (norm && row_groups > 2) || (silu_pairs && (cols % 16 != 0 || residual != nullptr)))
     return static_cast<int>(cudaErrorInvalidValue);
   auto s = static_cast<cudaStream_t>(stream);
   const Split split{k_splits, split_partials, split_arrivals};
-  return static_cast<int>(w_int8 ? by_rows<true>(row_groups, column_groups, warps, x, w, scale, bias, out, rows, cols,
-                                                 inner, out_f32 != 0, blocks_per_sm, split, s)
-                                 : by_rows<false>(row_groups, column_groups, warps, x, w, scale, bias, out, rows, cols,
-                                                  inner, out_f32 != 0, blocks_per_sm, split, s));
+  const Product p{x, w, scale, bias, out, rows, cols, inner, out_f32 != 0, residual, norm != 0, eps, silu_pairs != 0};
+  return static_cast<int>(w_int8 ? by_rows<true>(row_groups, column_groups, warps, p, blocks_per_sm, split, s)
+                                 : by_rows<false>(row_groups, column_groups, warps, p, blocks_per_sm, split, s));
 }

@@ -250,7 +250,9 @@ def bench_hf(model_dir, problems, batches, max_new_tokens, static_compile, devic
 @click.option("--alpha", default=0.94, show_default=True,
               help="Per-token acceptance for the derived speculative figures (0.94: measured on the real pair).")
 @click.option("--configs", default="pad:eager,triton:eager,triton:graphs", show_default=True,
-              help="attention:eager|graphs pairs.")
+              help="attention:eager|graphs pairs; attention is pad, triton, triton-invariant (the target "
+                   "batch-invariant), triton-cuda (1-16-row products through the CUDA kernel where faster, an "
+                   "int8 draft's layers fused) or triton-cuda-unfused.")
 @click.option("--repeats", default=30, show_default=True)
 @click.option("--draft-int8", is_flag=True, help="The draft with int8 projections, as served (default: bf16).")
 def bench_steps(target, draft, batches, draft_lengths, context, alpha, configs, dtype, repeats, draft_int8,

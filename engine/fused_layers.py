@@ -1,0 +1,62 @@
+"""A draft's decoder layer in six launches: its four products carry the norms, the residual adds
+and SiLU * up in their epilogues (kernels/cuda/skinny_gemm.cu).
+
+Why: at 1-16 rows every launch of the 0.5B draft costs ~1 µs of boundary on top of its work, and
+the unfused layer runs nine (bench/results/journal/2026-11-27-draft-layers.md: 17% of its GPU
+time in the elementwise kernels, another 17-20% between kernels). Fused, a layer is
+
+    q|k|v = rows_scaled(x @ (W_qkv * g_in).T) + b    (the input RMSNorm: 1 / rms(x) a row)
+    RoPE + KV write, attention                        (as before)
+    x += attn @ W_o.T + b_o                           (in place)
+    act = silu(gate) * up of rows_scaled(x @ (W_gate_up * g_post).T)
+    x += act @ W_down.T                               (in place)
+
+The earlier attempts at fusing this layer (Triton, retired) made each product slower by what they
+saved; here the norm's sums of squares come from the activation words a product's lanes load
+anyway, and the epilogue adds a few operations per output.
+
+The weights are changed once at load, for every path of the model: the norms' weights folded
+into the columns of q|k|v and gate|up (the norms become weightless) and gate|up's rows
+interleaved in groups of 8 gates and their 8 ups, so one lane of the product holds a gate and its
+up. The unfused path (more than 16 rows: prefill, catch-up) computes the same function from them.
+Rounding differs from transformers' (the norm's weight multiplies the weight, not the normed
+activation; intermediate sums stay in fp32): only for a draft, whose numbers decide what it
+proposes, never what the target emits.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bass.kernels.cuda_skinny import MAX_NORM_ROWS
+
+MAX_FUSED_ROWS = MAX_NORM_ROWS  # steps of more tokens run the unfused layer
+PAIR = 8  # gate|up columns interleave in groups of 8 gates and their 8 ups
+
+
+def pair_gate_up(gate_up: torch.Tensor) -> torch.Tensor:
+    """[2 I, H] with the gates' rows first -> rows in groups of 8 gates, then their 8 ups."""
+    gate, up = gate_up.chunk(2, dim=0)
+    rows = gate.shape[0]
+    if rows % PAIR:
+        raise ValueError(f"pairing gate|up needs an intermediate size divisible by {PAIR}, got {rows}")
+    return torch.stack((gate.unflatten(0, (-1, PAIR)), up.unflatten(0, (-1, PAIR))), dim=1).flatten(0, 2).contiguous()
+
+
+def fold_norm(weight: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
+    """W * g over W's inputs: (x / rms(x) * g) @ W.T == (x / rms(x)) @ (W * g).T."""
+    return (weight.float() * norm.float()[None, :]).to(weight.dtype)
+
+
+def can_fuse(config) -> bool:
+    return config.intermediate_size % PAIR == 0
+
+
+def prepare_weights(weights) -> None:
+    """Fold every layer's norms into its projections and pair gate|up, in place, before any
+    quantization (TransformerWeights of bf16 tensors)."""
+    for layer in weights.layers:
+        layer.qkv = fold_norm(layer.qkv, layer.input_norm)
+        layer.gate_up = pair_gate_up(fold_norm(layer.gate_up, layer.post_norm))
+        layer.input_norm = torch.ones_like(layer.input_norm)
+        layer.post_norm = torch.ones_like(layer.post_norm)

@@ -1,0 +1,68 @@
+"""The weight layout of a fused draft (engine/fused_layers.py): the norms folded into the
+projections and gate|up paired compute the function of the original weights on the unfused path,
+which runs every step of more than 16 tokens (and every step on the CPU). The fused products
+themselves run on a GPU only (tests/test_cuda_skinny.py)."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from bass.engine.fused_layers import can_fuse, pair_gate_up, prepare_weights
+from bass.engine.model import Transformer
+from bass.engine.weights import load_config, load_weights
+
+
+def test_pairing_interleaves_eight_gates_with_their_eight_ups():
+    gate = torch.arange(16).repeat_interleave(3).view(16, 3).float()
+    up = 100 + gate
+    paired = pair_gate_up(torch.cat([gate, up]))
+    assert paired[:, 0].tolist() == [*range(8), *range(100, 108), *range(8, 16), *range(108, 116)]
+    with pytest.raises(ValueError, match="divisible by 8"):
+        pair_gate_up(torch.zeros(2 * 12, 4))
+
+
+def test_prepared_weights_compute_the_same_logits_on_the_unfused_path(qwen_target):
+    from bass.core.config import RunnerConfig
+    from bass.core.worker_api import AddSequence
+    from bass.engine.runner import ModelRunner
+
+    config = load_config(qwen_target)
+    assert can_fuse(config)
+    original = load_weights(qwen_target, config, dtype="float32", device="cpu")
+    prepared = load_weights(qwen_target, config, dtype="float32", device="cpu")
+    # Norm weights away from 1, so that folding them is tested, not skipped.
+    for a, b in zip(original.layers, prepared.layers):
+        for name in ("input_norm", "post_norm"):
+            g = 1 + 0.3 * torch.randn_like(getattr(a, name))
+            setattr(a, name, g)
+            setattr(b, name, g.clone())
+    gate_up_before = prepared.layers[0].gate_up.clone()
+    prepare_weights(prepared)
+    layer = prepared.layers[0]
+    assert torch.equal(layer.input_norm, torch.ones_like(layer.input_norm))
+    assert torch.equal(layer.post_norm, torch.ones_like(layer.post_norm))
+    assert not torch.equal(layer.gate_up, gate_up_before)
+
+    logits = []
+    for weights, paired in ((original, False), (prepared, True)):
+        model = Transformer(config, weights, max_seq_len=64, attention="pad")
+        assert not model.fused_layers  # no CUDA kernel here: the layout only, set by hand below
+        if paired:
+            model.silu_mul = functools.partial(model.silu_mul, paired=True)
+        runner = ModelRunner(RunnerConfig(model_dir=qwen_target, num_slots=1, max_seq_len=64, attention="pad"),
+                             model=model)
+        runner.add([AddSequence(0, tuple(range(3, 30)))])
+        state = runner.get(0)
+        logits.append(runner.forward([(state, [7, 8, 9])], [3]))
+    torch.testing.assert_close(logits[1], logits[0], rtol=1e-4, atol=1e-4)
+
+
+def test_without_the_kernel_nothing_is_fused_or_changed(qwen_target):
+    config = load_config(qwen_target)
+    weights = load_weights(qwen_target, config, dtype="float32", device="cpu")
+    gate_up = weights.layers[0].gate_up.clone()
+    model = Transformer(config, weights, max_seq_len=32, attention="pad", few_row_cuda=True, fuse_layers=True)
+    assert not model.fused_layers and torch.equal(model.weights.layers[0].gate_up, gate_up)
