@@ -3,15 +3,18 @@
 # end on the real pair, off then on, in one machine session: `bass bench speed --services` (the
 # README's bench: first 16 HumanEval prompts, 128 new tokens), regular decoding and k = 3 (or
 # POLICIES), at BATCHES (default 1,8), REPEATS runs each (medians). Usage: few_row_cuda.sh [MODE].
+# FLAGS: the settings compared, in order (default "--no-few-row-cuda --few-row-cuda"; "default"
+# runs with neither flag: the draft's products on the kernel and its layers fused, the target's not).
 set -uo pipefail
 mode=${1:-greedy}
 cd /tmp  # so that the installed package, not the repo's bass/ folder, is imported
 export PYTHONPATH=${PYTHONPATH:-/tmp/site} PYTHONUNBUFFERED=1
-for flag in --no-few-row-cuda --few-row-cuda; do
+for flag in ${FLAGS:---no-few-row-cuda --few-row-cuda}; do
+  arg=$flag; [ "$flag" = default ] && arg=
   timeout ${LIMIT_S:-280} python3 -m bass.cli bench speed --target /tmp/models/qwen2.5-coder-1.5b-instruct \
     --draft /tmp/models/qwen2.5-coder-0.5b-instruct --device cuda --dtype bfloat16 --max-seq-len 1024 \
     --max-new-tokens 128 --problems 0:16 --batches ${BATCHES:-1,8} --policies ${POLICIES:-0,3} \
-    --repeats ${REPEATS:-3} --mode $mode --services $flag --out $OUT/speed-$mode$flag.json > /dev/null \
+    --repeats ${REPEATS:-3} --mode $mode --services $arg --out $OUT/speed-$mode$flag.json > /dev/null \
     2> $OUT/speed-$mode$flag.log
   python3 - $OUT/speed-$mode$flag.json $flag <<'PY'
 import json, sys
