@@ -1,12 +1,14 @@
-"""A draft's decoder layer in six launches: its four products carry the norms, the residual adds
-and SiLU * up in their epilogues (kernels/cuda/skinny_gemm.cu).
+"""A draft's decoder layer in five launches: its four products carry the norms, RoPE and the KV
+cache writes, the residual adds and SiLU * up in their epilogues (kernels/cuda/skinny_gemm.cu).
 
 Why: at 1-16 rows every launch of the 0.5B draft costs ~1 µs of boundary on top of its work, and
 the unfused layer runs nine (bench/results/journal/2026-11-27-draft-layers.md: 17% of its GPU
 time in the elementwise kernels, another 17-20% between kernels). Fused, a layer is
 
-    q|k|v = rows_scaled(x @ (W_qkv * g_in).T) + b    (the input RMSNorm: 1 / rms(x) a row)
-    RoPE + KV write, attention                        (as before)
+    q, cache k, v = RoPE(rows_scaled(x @ (W_qkv * g_in).T) + b)
+                                                      (the input RMSNorm: 1 / rms(x) a row; q
+                                                       rotated, k rotated and v written into the cache)
+    attention                                         (as before)
     x += attn @ W_o.T + b_o                           (in place)
     act = silu(gate) * up of rows_scaled(x @ (W_gate_up * g_post).T)
     x += act @ W_down.T                               (in place)
@@ -16,9 +18,10 @@ saved; here the norm's sums of squares come from the activation words a product'
 anyway, and the epilogue adds a few operations per output.
 
 The weights are changed once at load, for every path of the model: the norms' weights folded
-into the columns of q|k|v and gate|up (the norms become weightless) and gate|up's rows
-interleaved in groups of 8 gates and their 8 ups, so one lane of the product holds a gate and its
-up. The unfused path (more than 16 rows: prefill, catch-up) computes the same function from them.
+into the columns of q|k|v and gate|up (the norms become weightless), gate|up's rows interleaved
+in groups of 8 gates and their 8 ups, so one lane of the product holds a gate and its up, and
+each query and key head's rows in groups of 8 dims and their 8 rotation partners
+(kernels/elementwise.rope_pair_order), so one lane holds both halves of a rotation. The unfused path (more than 16 rows: prefill, catch-up) computes the same function from them.
 Rounding differs from transformers' (the norm's weight multiplies the weight, not the normed
 activation; intermediate sums stay in fp32): only for a draft, whose numbers decide what it
 proposes, never what the target emits.
@@ -29,6 +32,7 @@ from __future__ import annotations
 import torch
 
 from bass.kernels.cuda_skinny import MAX_NORM_ROWS
+from bass.kernels.elementwise import rope_pair_order
 
 MAX_FUSED_ROWS = MAX_NORM_ROWS  # steps of more tokens run the unfused layer
 PAIR = 8  # gate|up columns interleave in groups of 8 gates and their 8 ups
@@ -48,15 +52,27 @@ def fold_norm(weight: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
     return (weight.float() * norm.float()[None, :]).to(weight.dtype)
 
 
+def pair_rope_heads(qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int) -> torch.Tensor:
+    """q|k|v's rows (or bias) [(heads + 2 kv_heads) head_dim, ...] with each query and key head's
+    rows in rope_pair_order; the values' rows as they were."""
+    rotated = (heads + kv_heads) * head_dim
+    order = rope_pair_order(head_dim).to(qkv.device)
+    heads_rows = qkv[:rotated].unflatten(0, (-1, head_dim))[:, order].flatten(0, 1)
+    return torch.cat((heads_rows, qkv[rotated:])).contiguous()
+
+
 def can_fuse(config) -> bool:
-    return config.intermediate_size % PAIR == 0
+    return config.intermediate_size % PAIR == 0 and config.head_dim % 16 == 0
 
 
-def prepare_weights(weights) -> None:
-    """Fold every layer's norms into its projections and pair gate|up, in place, before any
-    quantization (TransformerWeights of bf16 tensors)."""
+def prepare_weights(weights, config) -> None:
+    """Fold every layer's norms into its projections, pair gate|up and the rotary halves of
+    q|k|v, in place, before any quantization (TransformerWeights of bf16 tensors)."""
+    c = config
     for layer in weights.layers:
-        layer.qkv = fold_norm(layer.qkv, layer.input_norm)
+        layer.qkv = pair_rope_heads(fold_norm(layer.qkv, layer.input_norm), c.num_heads, c.num_kv_heads, c.head_dim)
+        if layer.qkv_bias is not None:
+            layer.qkv_bias = pair_rope_heads(layer.qkv_bias, c.num_heads, c.num_kv_heads, c.head_dim)
         layer.gate_up = pair_gate_up(fold_norm(layer.gate_up, layer.post_norm))
         layer.input_norm = torch.ones_like(layer.input_norm)
         layer.post_norm = torch.ones_like(layer.post_norm)

@@ -20,6 +20,7 @@ from bass.engine import fused_layers
 from bass.engine.kv_cache import KVCache
 from bass.kernels import attention_kernel
 from bass.kernels.batch import RaggedBatch
+from bass.kernels.cuda_skinny import Rope
 from bass.kernels.elementwise import add_rms_norm_reference, rope_into_cache_reference, silu_mul_reference
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
@@ -175,8 +176,9 @@ class Transformer:
         self.fused_layers = (few_row_kernel is not None and self.int8_weights and fuse_layers
                              and fused_layers.can_fuse(config))
         if self.fused_layers:
-            fused_layers.prepare_weights(weights)
+            fused_layers.prepare_weights(weights, config)
             self.silu_mul = functools.partial(self.silu_mul, paired=True)
+            self.rope_into_cache = functools.partial(self.rope_into_cache, paired=True)
         if self.int8_weights:
             from bass.kernels.triton_int8 import Int8Linear, Int8Weight
 
@@ -263,14 +265,15 @@ class Transformer:
 
     def _fused_hidden(self, batch: RaggedBatch, cache: KVCache) -> torch.Tensor:
         """hidden() for a step of <= 16 tokens through the fused layers (engine/fused_layers.py):
-        the residual stream x is updated in place by the o and down products."""
+        the residual stream x is updated in place by the o and down products; q is rewritten by
+        each layer's q|k|v product."""
         c, layers, eps, product = self.config, self.weights.layers, self.config.rms_norm_eps, self.linear.fused
         q_size = c.num_heads * c.head_dim
-        cos, sin = self.cos[batch.positions], self.sin[batch.positions]
         x = self.weights.embed[batch.input_ids]
+        q = torch.empty((x.shape[0], c.num_heads, c.head_dim), dtype=x.dtype, device=x.device)
         for i, layer in enumerate(layers):
-            q = self.rope_into_cache(product(x, layer.qkv, layer.qkv_bias, norm_eps=eps), cos, sin, cache.k[i],
-                                     cache.v[i], batch.token_slots, batch.positions, c.num_heads, c.num_kv_heads)
+            rope = Rope(self.cos, self.sin, batch.positions, batch.token_slots, q, cache.k[i], cache.v[i])
+            product(x, layer.qkv, layer.qkv_bias, norm_eps=eps, rope=rope)
             attn = self.attend(q, cache.k[i], cache.v[i], batch, self.scale)
             product(attn.reshape(-1, q_size), layer.o, layer.o_bias, out=x, residual=x)
             product(product(x, layer.gate_up, norm_eps=eps, silu_pairs=True), layer.down, out=x, residual=x)

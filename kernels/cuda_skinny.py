@@ -95,16 +95,54 @@ def launch_for(rows: int, cols: int, inner: int, weight_int8: bool) -> Launch:
 MAX_NORM_ROWS = 16  # a normed product (a fused decode layer) takes at most two 8-row groups
 
 
+@dataclass(frozen=True)
+class Rope:
+    """Where a q|k|v product's rotary epilogue writes: the rotated queries into q_out [rows,
+    heads, head_dim], the rotated keys and the values into one layer's caches [slots, positions,
+    kv_heads, head_dim] at each row's slot and position (int64 [rows]); cos and sin are the
+    model's tables [positions, head_dim], bf16."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    q_out: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+
+    def args(self) -> "_RopeArgs":
+        heads, head_dim = self.q_out.shape[1], self.q_out.shape[2]
+        for t in (self.q_out, self.k_cache, self.v_cache, self.cos, self.sin):
+            if t.dtype != torch.bfloat16 or not t.is_contiguous():
+                raise ValueError("rotary operands must be contiguous bf16")
+        if self.positions.dtype != torch.int64 or self.slots.dtype != torch.int64:
+            raise ValueError("positions and slots must be int64")
+        return _RopeArgs(self.cos.data_ptr(), self.sin.data_ptr(), self.positions.data_ptr(), self.slots.data_ptr(),
+                         self.q_out.data_ptr(), self.k_cache.data_ptr(), self.v_cache.data_ptr(), heads,
+                         self.k_cache.shape[2], head_dim, self.k_cache.stride(0), self.k_cache.stride(1))
+
+
+class _RopeArgs(ctypes.Structure):
+    """skinny_gemm.cu's RopeArgs."""
+
+    _fields_ = [(name, ctypes.c_void_p) for name in ("cos", "sin", "positions", "slots", "q_out", "k_cache",
+                                                     "v_cache")] + \
+               [(name, ctypes.c_int) for name in ("heads", "kv_heads", "head_dim")] + \
+               [(name, ctypes.c_int64) for name in ("slot_stride", "position_stride")]
+
+
 class SkinnyGemm:
     """The loaded library: out = x @ w.T (* scale per column) (+ bias), for 1-64 rows, optionally
     with a fused epilogue (the .cu file's top comment): each row scaled by 1 / rms(x row), a
-    residual added, or gate/up column pairs combined as silu(gate) * up."""
+    residual added, gate/up column pairs combined as silu(gate) * up, or q|k|v rotated into the
+    queries and the KV cache."""
 
     def __init__(self, library: ctypes.CDLL):
         self._fn = library.bass_skinny_gemm
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = ([ctypes.c_void_p] * 5 + [ctypes.c_int] * 10 + [ctypes.c_void_p] * 3
-                             + [ctypes.c_int, ctypes.c_float, ctypes.c_int, ctypes.c_void_p])
+                             + [ctypes.c_int, ctypes.c_float, ctypes.c_int, ctypes.POINTER(_RopeArgs),
+                                ctypes.c_void_p])
 
     def supports(self, rows: int, inner: int, weight_int8: bool) -> bool:
         return 1 <= rows <= MAX_ROWS and inner % inner_multiple(weight_int8) == 0
@@ -112,11 +150,13 @@ class SkinnyGemm:
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
                  out: torch.Tensor, launch: Launch | None = None, split: SplitScratch | None = None, *,
                  residual: torch.Tensor | None = None, norm_eps: float | None = None,
-                 silu_pairs: bool = False) -> torch.Tensor:
+                 silu_pairs: bool = False, rope: Rope | None = None) -> torch.Tensor:
         """x [rows, K] bf16 contiguous; weight [N, K] int8 (with fp32 scale [N]) or bf16; out
         [rows, N] bf16 or fp32 ([rows, N / 2] bf16 with silu_pairs); split: the scratch of a
         launch with k_splits > 1. residual: bf16 [rows, N] added to the product (out may be the
-        same tensor); norm_eps: scale row r by 1 / sqrt(mean(x[r]^2) + eps) (<= 16 rows)."""
+        same tensor); norm_eps: scale row r by 1 / sqrt(mean(x[r]^2) + eps) (<= 16 rows); rope:
+        the product is q|k|v with its query and key heads' columns paired for the rotation
+        (engine/fused_layers.py): written where `rope` says, `out` untouched (returns q_out)."""
         rows, inner = x.shape
         cols = weight.shape[0]
         weight_int8 = weight.dtype == torch.int8
@@ -131,12 +171,14 @@ class SkinnyGemm:
                        int(weight_int8), int(out.dtype == torch.float32), launch.row_groups, launch.column_groups,
                        launch.warps, launch.blocks_per_sm, launch.k_splits, partials, arrivals,
                        residual.data_ptr() if residual is not None else None, int(norm_eps is not None),
-                       float(norm_eps or 0.0), int(silu_pairs), torch.cuda.current_stream(x.device).cuda_stream)
+                       float(norm_eps or 0.0), int(silu_pairs),
+                       ctypes.byref(rope.args()) if rope is not None else None,
+                       torch.cuda.current_stream(x.device).cuda_stream)
         if err:
             raise RuntimeError(f"skinny_gemm launch failed (cudaError {err}): rows={rows} cols={cols} "
                                f"inner={inner} int8={weight_int8} {launch} residual={residual is not None} "
-                               f"norm={norm_eps is not None} silu_pairs={silu_pairs}")
-        return out
+                               f"norm={norm_eps is not None} silu_pairs={silu_pairs} rope={rope is not None}")
+        return rope.q_out if rope is not None else out
 
 
 def find_nvcc() -> str | None:

@@ -35,13 +35,28 @@ def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
     return x * cos[:, None] + rotated * sin[:, None]
 
 
+def rope_pair_order(head_dim: int) -> torch.Tensor:
+    """A head's dims in the order a fused q|k|v product computes them (engine/fused_layers.py):
+    groups of 16 columns, 8 dims of the first half then their 8 rotation partners (d + D / 2).
+    Entry p is the dim at column p."""
+    half = head_dim // 2
+    return torch.tensor([(p // 16) * 8 + p % 16 if p % 16 < 8 else half + (p // 16) * 8 + p % 16 - 8
+                         for p in range(head_dim)])
+
+
 def rope_into_cache_reference(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                               v_cache: torch.Tensor, token_slots: torch.Tensor, positions: torch.Tensor,
-                              heads: int, kv_heads: int) -> torch.Tensor:
+                              heads: int, kv_heads: int, paired: bool = False) -> torch.Tensor:
     """The attention block's step between the q|k|v projection and attention: rotate q and k,
     write k and v into one layer's cache ([slots, max_seq_len, kv_heads, D]) at each token's
-    (slot, position), return the rotated q [T, heads, D]."""
+    (slot, position), return the rotated q [T, heads, D]. paired: the query and key heads'
+    columns in rope_pair_order."""
     dim = cos.shape[-1]
+    if paired:
+        rotated = qkv[:, :(heads + kv_heads) * dim].unflatten(-1, (-1, dim))
+        natural = torch.empty_like(rotated)
+        natural[..., rope_pair_order(dim).to(qkv.device)] = rotated
+        qkv = torch.cat((natural.flatten(-2), qkv[:, (heads + kv_heads) * dim:]), dim=-1)
     q, k, v = qkv.split((heads * dim, kv_heads * dim, kv_heads * dim), dim=-1)
     k_cache[token_slots, positions] = rope_reference(k.view(-1, kv_heads, dim), cos, sin)
     v_cache[token_slots, positions] = v.view(-1, kv_heads, dim)

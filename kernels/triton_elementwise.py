@@ -52,7 +52,8 @@ def _silu_mul_kernel(gu_ptr, out_ptr, n_cols, BLOCK: tl.constexpr, PAIRED: tl.co
 
 @triton.jit
 def _rope_into_cache_kernel(qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, slots_ptr, pos_ptr,
-                            qkv_stride, slot_stride, pos_stride, heads, kv_heads, HALF: tl.constexpr):
+                            qkv_stride, slot_stride, pos_stride, heads, kv_heads, HALF: tl.constexpr,
+                            PAIRED: tl.constexpr):
     """One program per (token, head): heads [0, heads) are query heads, rotated into q_out;
     heads [heads, heads + kv_heads) are key/value heads, the key rotated and both written to
     the cache at the token's (slot, position). In q|k|v, head h's input starts at h * D."""
@@ -60,8 +61,12 @@ def _rope_into_cache_kernel(qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_pt
     head = tl.program_id(1)
     d = tl.arange(0, HALF)
     src = qkv_ptr + token * qkv_stride + head * 2 * HALF
-    x1 = tl.load(src + d).to(tl.float32)
-    x2 = tl.load(src + HALF + d).to(tl.float32)
+    if PAIRED:  # a head's columns in groups of 16: 8 first-half dims, then their 8 partners
+        x1 = tl.load(src + (d // 8) * 16 + d % 8).to(tl.float32)
+        x2 = tl.load(src + (d // 8) * 16 + d % 8 + 8).to(tl.float32)
+    else:
+        x1 = tl.load(src + d).to(tl.float32)
+        x2 = tl.load(src + HALF + d).to(tl.float32)
     c1 = tl.load(cos_ptr + token * 2 * HALF + d).to(tl.float32)
     c2 = tl.load(cos_ptr + token * 2 * HALF + HALF + d).to(tl.float32)
     s1 = tl.load(sin_ptr + token * 2 * HALF + d).to(tl.float32)
@@ -106,13 +111,14 @@ def silu_mul(gate_up: torch.Tensor, paired: bool = False) -> torch.Tensor:
 
 def rope_into_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, token_slots: torch.Tensor, positions: torch.Tensor, heads: int,
-                    kv_heads: int) -> torch.Tensor:
+                    kv_heads: int, paired: bool = False) -> torch.Tensor:
     """kernels/elementwise.rope_into_cache_reference in one launch (instead of two RoPEs and
     two indexed cache writes): qkv [T, (heads + 2 kv_heads) D] rows, caches of one layer
-    [slots, max_seq_len, kv_heads, D], contiguous."""
+    [slots, max_seq_len, kv_heads, D], contiguous. paired: the query and key heads' columns in
+    the order of kernels/elementwise.rope_pair_order."""
     tokens, dim = qkv.shape[0], cos.shape[-1]
     q = torch.empty((tokens, heads, dim), dtype=qkv.dtype, device=qkv.device)
     _rope_into_cache_kernel[(tokens, heads + kv_heads)](
         qkv, q, k_cache, v_cache, cos, sin, token_slots, positions, qkv.stride(0), k_cache.stride(0),
-        k_cache.stride(1), heads, kv_heads, HALF=dim // 2)
+        k_cache.stride(1), heads, kv_heads, HALF=dim // 2, PAIRED=paired)
     return q

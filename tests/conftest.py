@@ -118,6 +118,12 @@ def qwen_target(models_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def qwen_wide_heads(models_dir) -> Path:
+    """Heads of 64 dims (the real pair's draft's): a fused draft's rotary pairing moves columns."""
+    return make_model(models_dir / "qwen-wide-heads", "qwen2", seed=6, hidden=128, heads=2, kv_heads=1)
+
+
+@pytest.fixture(scope="session")
 def qwen_draft(models_dir, qwen_target) -> Path:
     return make_model(models_dir / "qwen-draft", "qwen2", seed=5, perturb_from=qwen_target, perturb_scale=0.1)
 

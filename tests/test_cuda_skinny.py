@@ -277,7 +277,7 @@ def test_fused_epilogues_equal_their_unfused_parts(kernel, int8, rows):
 
 
 @gpu
-def test_a_fused_draft_decodes_as_its_unfused_layers(qwen_target):
+def test_a_fused_draft_decodes_as_its_unfused_layers(qwen_wide_heads):
     """An int8 model with the kernel builds its decode layers fused (engine/fused_layers.py); its
     steps of 1-16 tokens give the logits of the same (prepared) weights on the unfused path,
     bf16 rounding apart, and the same greedy tokens; steps of more tokens run unfused."""
@@ -287,10 +287,10 @@ def test_a_fused_draft_decodes_as_its_unfused_layers(qwen_target):
     from bass.engine.runner import ModelRunner
     from bass.engine.weights import load_config, load_weights
 
-    config = load_config(qwen_target)
-    cfg = RunnerConfig(model_dir=qwen_target, device="cuda", dtype="bfloat16", num_slots=2, max_seq_len=64,
+    config = load_config(qwen_wide_heads)
+    cfg = RunnerConfig(model_dir=qwen_wide_heads, device="cuda", dtype="bfloat16", num_slots=2, max_seq_len=64,
                        attention="triton", cuda_graphs=False, few_row_cuda=False)
-    model = Transformer(config, load_weights(qwen_target, config, dtype="bfloat16", device="cuda"), max_seq_len=64,
+    model = Transformer(config, load_weights(qwen_wide_heads, config, dtype="bfloat16", device="cuda"), max_seq_len=64,
                         attention="triton", int8_weights=True, few_row_cuda=True)
     assert model.fused_layers
     runner = ModelRunner(cfg, model=model)
@@ -308,3 +308,56 @@ def test_a_fused_draft_decodes_as_its_unfused_layers(qwen_target):
         tokens[fused] = (out, torch.stack(logits))
     torch.testing.assert_close(tokens[True][1], tokens[False][1], rtol=5e-2, atol=5e-2)
     assert tokens[True][0] == tokens[False][0]
+
+
+@gpu
+@pytest.mark.parametrize("int8", [True, False])
+@pytest.mark.parametrize("rows", [1, 7, 16])
+def test_rotary_epilogue_writes_the_queries_and_cache_entries_of_the_unfused_step(kernel, int8, rows):
+    """A q|k|v product with its heads' rotary halves paired (the draft's shape: 14 query and 2
+    key/value heads of 64 dims) writes, through the norm and rope epilogue, the queries and KV
+    cache entries that the product, RoPE and cache write give unfused; nothing else in the cache."""
+    from bass.engine.fused_layers import pair_rope_heads
+    from bass.kernels.cuda_skinny import Rope
+    from bass.kernels.elementwise import rope_into_cache_reference, rope_pair_order
+    from bass.kernels.triton_int8 import Int8Weight
+
+    heads, kv_heads, dim, inner, slots, max_len, eps = 14, 2, 64, 896, 3, 40, 1e-6
+    cols = (heads + 2 * kv_heads) * dim
+    gen = torch.Generator(device="cuda").manual_seed(rows)
+    natural = (torch.randn(cols, inner, device="cuda", generator=gen) / inner ** 0.5).bfloat16()
+    bias = torch.randn(cols, device="cuda", generator=gen).bfloat16()
+    paired = pair_rope_heads(natural, heads, kv_heads, dim)
+    weight = Int8Weight.quantize(paired) if int8 else None
+    # What the kernel multiplies by, back in the natural order (int8: the dequantized rows).
+    rotated = (heads + kv_heads) * dim
+    computed = weight.dequantized() if int8 else paired.float()
+    natural_rows = torch.empty_like(computed[:rotated].unflatten(0, (-1, dim)))
+    natural_rows[:, rope_pair_order(dim).cuda()] = computed[:rotated].unflatten(0, (-1, dim))
+    reference_w = torch.cat((natural_rows.flatten(0, 1), computed[rotated:]))
+    if not int8:
+        assert torch.equal(reference_w, natural.float())
+    x = (3 * torch.randn(rows, inner, device="cuda", generator=gen)).bfloat16()
+    normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+    qkv = (normed @ reference_w.T + bias.float()).bfloat16()
+    angles = torch.rand(max_len, dim // 2, device="cuda", generator=gen) * 6
+    cos, sin = (torch.cat([f(angles)] * 2, -1).bfloat16() for f in (torch.cos, torch.sin))
+    token_slots = torch.randint(0, slots, (rows,), device="cuda", generator=gen)
+    positions = torch.randperm(max_len, device="cuda", generator=gen)[:rows]  # no two rows share an entry
+    caches = [torch.zeros(slots, max_len, kv_heads, dim, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+    want_q = rope_into_cache_reference(qkv, cos[positions], sin[positions], caches[0], caches[1], token_slots,
+                                       positions, heads, kv_heads)
+    split = SplitScratch(torch.device("cuda"))
+    for launch in (Launch(row_groups_for(rows), 1, 4), Launch(row_groups_for(rows), 2, 8, 1),
+                   Launch(row_groups_for(rows), 1, 4, 0, 2)):
+        for c in caches[2:]:
+            c.zero_()
+        q = torch.full((rows, heads, dim), float("nan"), device="cuda", dtype=torch.bfloat16)
+        out = kernel(x, weight.q if int8 else paired, weight.scale if int8 else None,
+                     pair_rope_heads(bias, heads, kv_heads, dim), torch.empty(0, device="cuda", dtype=torch.bfloat16),
+                     launch, split, norm_eps=eps, rope=Rope(cos, sin, positions, token_slots, q, caches[2], caches[3]))
+        assert out is q
+        torch.testing.assert_close(q.float(), want_q.float(), rtol=3e-2, atol=3e-2, msg=f"q {launch}")
+        torch.testing.assert_close(caches[2].float(), caches[0].float(), rtol=3e-2, atol=3e-2, msg=f"k {launch}")
+        torch.testing.assert_close(caches[3].float(), caches[1].float(), rtol=3e-2, atol=3e-2, msg=f"v {launch}")
+        assert torch.equal(caches[2] != 0, caches[0] != 0)  # written exactly where the reference writes

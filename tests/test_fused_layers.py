@@ -1,5 +1,6 @@
 """The weight layout of a fused draft (engine/fused_layers.py): the norms folded into the
-projections and gate|up paired compute the function of the original weights on the unfused path,
+projections, gate|up and the rotary halves of q|k|v paired compute the function of the original
+weights on the unfused path,
 which runs every step of more than 16 tokens (and every step on the CPU). The fused products
 themselves run on a GPU only (tests/test_cuda_skinny.py)."""
 
@@ -10,7 +11,7 @@ import functools
 import pytest
 import torch
 
-from bass.engine.fused_layers import can_fuse, pair_gate_up, prepare_weights
+from bass.engine.fused_layers import can_fuse, fold_norm, pair_gate_up, prepare_weights
 from bass.engine.model import Transformer
 from bass.engine.weights import load_config, load_weights
 
@@ -24,27 +25,30 @@ def test_pairing_interleaves_eight_gates_with_their_eight_ups():
         pair_gate_up(torch.zeros(2 * 12, 4))
 
 
-def test_prepared_weights_compute_the_same_logits_on_the_unfused_path(qwen_target):
+def test_prepared_weights_compute_the_same_logits_on_the_unfused_path(qwen_wide_heads):
     from bass.core.config import RunnerConfig
     from bass.core.worker_api import AddSequence
     from bass.engine.runner import ModelRunner
 
-    config = load_config(qwen_target)
-    assert can_fuse(config)
-    original = load_weights(qwen_target, config, dtype="float32", device="cpu")
-    prepared = load_weights(qwen_target, config, dtype="float32", device="cpu")
-    # Norm weights away from 1, so that folding them is tested, not skipped.
+    config = load_config(qwen_wide_heads)
+    assert can_fuse(config) and config.head_dim == 64
+    original = load_weights(qwen_wide_heads, config, dtype="float32", device="cpu")
+    prepared = load_weights(qwen_wide_heads, config, dtype="float32", device="cpu")
+    # Norm weights away from 1 and a q|k|v bias away from 0, so that folding and pairing them is
+    # tested, not skipped.
     for a, b in zip(original.layers, prepared.layers):
-        for name in ("input_norm", "post_norm"):
-            g = 1 + 0.3 * torch.randn_like(getattr(a, name))
+        for name, base in (("input_norm", 1), ("post_norm", 1), ("qkv_bias", 0)):
+            g = base + 0.3 * torch.randn_like(getattr(a, name))
             setattr(a, name, g)
             setattr(b, name, g.clone())
     gate_up_before = prepared.layers[0].gate_up.clone()
-    prepare_weights(prepared)
+    prepare_weights(prepared, config)
     layer = prepared.layers[0]
     assert torch.equal(layer.input_norm, torch.ones_like(layer.input_norm))
     assert torch.equal(layer.post_norm, torch.ones_like(layer.post_norm))
     assert not torch.equal(layer.gate_up, gate_up_before)
+    assert not torch.equal(layer.qkv[:64], fold_norm(original.layers[0].qkv, original.layers[0].input_norm)[:64])
+    assert layer.qkv_bias is not None and not torch.equal(layer.qkv_bias, original.layers[0].qkv_bias)
 
     logits = []
     for weights, paired in ((original, False), (prepared, True)):
@@ -52,7 +56,8 @@ def test_prepared_weights_compute_the_same_logits_on_the_unfused_path(qwen_targe
         assert not model.fused_layers  # no CUDA kernel here: the layout only, set by hand below
         if paired:
             model.silu_mul = functools.partial(model.silu_mul, paired=True)
-        runner = ModelRunner(RunnerConfig(model_dir=qwen_target, num_slots=1, max_seq_len=64, attention="pad"),
+            model.rope_into_cache = functools.partial(model.rope_into_cache, paired=True)
+        runner = ModelRunner(RunnerConfig(model_dir=qwen_wide_heads, num_slots=1, max_seq_len=64, attention="pad"),
                              model=model)
         runner.add([AddSequence(0, tuple(range(3, 30)))])
         state = runner.get(0)

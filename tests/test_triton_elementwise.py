@@ -83,6 +83,35 @@ def test_rope_into_cache(dtype):
     assert torch.equal(caches[1][1, 2, 7], v_of_token_0)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_into_cache_from_paired_columns(dtype):
+    """q|k|v whose query and key heads' columns are in rope_pair_order (a fused draft's layout)
+    give the queries and cache entries of the natural layout they were taken from."""
+    from bass.engine.fused_layers import pair_rope_heads
+
+    torch.manual_seed(3)
+    tokens, heads, kv_heads, dim, slots, max_len = 3, 4, 2, 32, 2, 8
+    natural = torch.randn(tokens, (heads + 2 * kv_heads) * dim, device=DEVICE).to(dtype)
+    paired = pair_rope_heads(natural.T, heads, kv_heads, dim).T.contiguous()
+    assert not torch.equal(paired, natural) and torch.equal(paired[:, -kv_heads * dim:], natural[:, -kv_heads * dim:])
+    angles = torch.randn(tokens, dim // 2, device=DEVICE)
+    cos = torch.cat([angles.cos()] * 2, -1).to(dtype)
+    sin = torch.cat([angles.sin()] * 2, -1).to(dtype)
+    token_slots = torch.tensor([1, 0, 1], device=DEVICE)
+    positions = torch.tensor([2, 5, 3], device=DEVICE)
+    caches = [torch.zeros(slots, max_len, kv_heads, dim, device=DEVICE).to(dtype) for _ in range(4)]
+    want = rope_into_cache_reference(natural, cos, sin, caches[0], caches[1], token_slots, positions, heads, kv_heads)
+    ref = rope_into_cache_reference(paired, cos, sin, caches[2], caches[3], token_slots, positions, heads, kv_heads,
+                                    paired=True)
+    assert torch.equal(ref, want) and torch.equal(caches[2], caches[0]) and torch.equal(caches[3], caches[1])
+    caches[2].zero_()
+    caches[3].zero_()
+    q = rope_into_cache(paired, cos, sin, caches[2], caches[3], token_slots, positions, heads, kv_heads, paired=True)
+    close(q, want, dtype)
+    close(caches[2], caches[0], dtype)
+    assert torch.equal(caches[3], caches[1])
+
+
 def test_model_on_the_fused_path_matches_transformers(llama_target, qwen_target):
     from transformers import AutoModelForCausalLM
 

@@ -31,7 +31,10 @@
 // load anyway (the norm's weight is folded into the projection's at load), so no RMSNorm kernel
 // runs before the product; `residual` adds a bf16 matrix of the output's shape (the residual
 // stream, updated in place when out is the same memory); `silu_pairs` takes columns in groups of
-// 16 as 8 gates then their 8 ups and writes silu(gate) * up, half as many columns.
+// 16 as 8 gates then their 8 ups and writes silu(gate) * up, half as many columns; `rope` (a
+// q|k|v product) rotates the query and key heads, whose columns come in groups of 16 as 8 dims of
+// a head's first half and their 8 partners of its second half, and writes q, and k and v into the
+// KV cache at each row's (slot, position), instead of `out`.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -93,6 +96,20 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+// The rotary epilogue's operands (rope.q_out null: none). cos and sin are the model's tables
+// [positions, head_dim]; the caches one layer's [slots, positions, kv_heads, head_dim].
+struct RopeArgs {
+  const __nv_bfloat16* cos;
+  const __nv_bfloat16* sin;
+  const int64_t* positions;  // a row's position
+  const int64_t* slots;      // a row's cache slot
+  __nv_bfloat16* q_out;      // [rows, heads, head_dim]
+  __nv_bfloat16* k_cache;
+  __nv_bfloat16* v_cache;
+  int heads, kv_heads, head_dim;
+  int64_t slot_stride, position_stride;  // elements
+};
+
 // NT: groups of 8 activation rows (rows <= 8 * NT); CG: groups of 16 weight columns per warp (the
 // activations' loads and conversions are shared by them); WARPS: warps per block, splitting the
 // inner dimension; U: chunks a warp loads per step.
@@ -107,7 +124,7 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
     const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scale,
     const __nv_bfloat16* __restrict__ bias, void* out, int rows, int cols, int inner,
     float* __restrict__ split_partials, int* __restrict__ split_arrivals, const __nv_bfloat16* residual,
-    float eps, bool silu_pairs) {
+    float eps, bool silu_pairs, RopeArgs rope) {
   constexpr int KL = INT8 ? 16 : 8;  // inner positions in one lane's 16-byte weight load
   constexpr int STEPS = KL / 4;      // mma k-steps per load (4 lanes x 4 positions each)
   constexpr int CHUNK = 4 * KL;      // inner positions a warp covers per load
@@ -332,6 +349,28 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
         const int col = col0 + cg * 16 + (l >> 2) + (i >= 2 ? 8 : 0);
         const int row = nt * 8 + 2 * (l & 3) + (i & 1);
         if (row >= rows || col >= cols) continue;
+        if (rope.q_out != nullptr) {
+          const int d_head = rope.head_dim, head = col / d_head;
+          const int64_t position = rope.positions[row], slot = rope.slots[row];
+          const int64_t kv_at = slot * rope.slot_stride + position * rope.position_stride;
+          if (head >= rope.heads + rope.kv_heads) {  // a value column, in the head's own order
+            const int vh = head - rope.heads - rope.kv_heads;
+            rope.v_cache[kv_at + vh * d_head + col % d_head] = __float2bfloat16(entry(e, row, col));
+            continue;
+          }
+          // Entry e (column g of the 16: dim d of the head's first half) and e + 64 (column g + 8:
+          // dim d + head_dim / 2) rotate together.
+          if (i >= 2) continue;
+          const int p = col % d_head, d = (p / 16) * 8 + p % 16, partner = d + d_head / 2;
+          const float x1 = entry(e, row, col), x2 = entry(e + 64, row, col + 8);
+          const float c = __bfloat162float(rope.cos[position * d_head + d]);
+          const float sn = __bfloat162float(rope.sin[position * d_head + d]);
+          __nv_bfloat16* dst = head < rope.heads ? rope.q_out + (static_cast<int64_t>(row) * rope.heads + head) * d_head
+                                                 : rope.k_cache + kv_at + (head - rope.heads) * d_head;
+          dst[d] = __float2bfloat16(x1 * c - x2 * sn);
+          dst[partner] = __float2bfloat16(x2 * c + x1 * sn);
+          continue;
+        }
         if (silu_pairs) {
           // Entry e (column g of the 16) is a gate, e + 64 (column g + 8) its up.
           if (i >= 2) continue;
@@ -389,6 +428,7 @@ struct Product {
   bool norm;             // scale each row by 1 / rms(its x row)
   float eps;
   bool silu_pairs;
+  RopeArgs rope;
 };
 
 template <bool INT8, int NT, int CG, int WARPS, bool OUT_F32, bool NORM>
@@ -418,7 +458,7 @@ cudaError_t launch_kernel(const Product& p, int max_blocks_per_sm, Split split, 
   kernel<<<dim3(blocks, split.ways), WARPS * 32, 0, stream>>>(
       static_cast<const __nv_bfloat16*>(p.x), static_cast<const uint4*>(p.w), p.scale,
       static_cast<const __nv_bfloat16*>(p.bias), p.out, p.rows, p.cols, p.inner, split.partials, split.arrivals,
-      static_cast<const __nv_bfloat16*>(p.residual), p.eps, p.silu_pairs);
+      static_cast<const __nv_bfloat16*>(p.residual), p.eps, p.silu_pairs, p.rope);
   return cudaGetLastError();
 }
 
@@ -477,21 +517,27 @@ cudaError_t by_rows(int row_groups, int column_groups, int warps, const Product&
 // x tiles x (warps' entries + 8 row_groups) fp32) and split_arrivals (a zeroed counter a tile,
 // left zeroed) where it is > 1. The fused epilogue (see the top): residual (null: none; bf16 out
 // only), norm with eps (bf16 out, row_groups <= 2), silu_pairs (bf16 out of cols / 2 columns, cols
-// a multiple of 16, no residual). Returns a cudaError_t (0: launched).
+// a multiple of 16, no residual), rope (null: none; else q, k and v written where it says, out
+// unused; head_dim a multiple of 16, cols = (heads + 2 kv_heads) head_dim). Returns a cudaError_t
+// (0: launched).
 extern "C" int bass_skinny_gemm(const void* x, const void* w, const float* scale, const void* bias, void* out,
                                 int rows, int cols, int inner, int w_int8, int out_f32, int row_groups,
                                 int column_groups, int warps, int blocks_per_sm, int k_splits, float* split_partials,
                                 int* split_arrivals, const void* residual, int norm, float eps, int silu_pairs,
-                                void* stream) {
+                                const RopeArgs* rope, void* stream) {
   const int chunk = w_int8 ? 64 : 32;
-  const bool fused = residual != nullptr || norm || silu_pairs;
+  const bool fused = residual != nullptr || norm || silu_pairs || rope != nullptr;
   if (rows < 1 || rows > 8 * row_groups || inner % chunk != 0 || k_splits < 1 ||
       (k_splits > 1 && (split_partials == nullptr || split_arrivals == nullptr)) || (fused && out_f32) ||
-      (norm && row_groups > 2) || (silu_pairs && (cols % 16 != 0 || residual != nullptr)))
+      (norm && row_groups > 2) || (silu_pairs && (cols % 16 != 0 || residual != nullptr)) ||
+      (rope != nullptr && (rope->q_out == nullptr || rope->head_dim % 16 != 0 || silu_pairs || residual != nullptr ||
+                           cols != (rope->heads + 2 * rope->kv_heads) * rope->head_dim)))
     return static_cast<int>(cudaErrorInvalidValue);
   auto s = static_cast<cudaStream_t>(stream);
   const Split split{k_splits, split_partials, split_arrivals};
-  const Product p{x, w, scale, bias, out, rows, cols, inner, out_f32 != 0, residual, norm != 0, eps, silu_pairs != 0};
+  const RopeArgs no_rope{};
+  const Product p{x, w, scale, bias, out, rows, cols, inner, out_f32 != 0, residual, norm != 0, eps, silu_pairs != 0,
+                  rope != nullptr ? *rope : no_rope};
   return static_cast<int>(w_int8 ? by_rows<true>(row_groups, column_groups, warps, p, blocks_per_sm, split, s)
                                  : by_rows<false>(row_groups, column_groups, warps, p, blocks_per_sm, split, s));
 }
