@@ -43,6 +43,21 @@
 
 #include <atomic>
 
+// The rotary epilogue's operands (rope.q_out null: none). Outside the anonymous namespace: the
+// exported entry point takes it. cos and sin are the model's tables
+// [positions, head_dim]; the caches one layer's [slots, positions, kv_heads, head_dim].
+struct RopeArgs {
+  const __nv_bfloat16* cos;
+  const __nv_bfloat16* sin;
+  const int64_t* positions;  // a row's position
+  const int64_t* slots;      // a row's cache slot
+  __nv_bfloat16* q_out;      // [rows, heads, head_dim]
+  __nv_bfloat16* k_cache;
+  __nv_bfloat16* v_cache;
+  int heads, kv_heads, head_dim;
+  int64_t slot_stride, position_stride;  // elements
+};
+
 namespace {
 
 template <bool F16>
@@ -95,20 +110,6 @@ __device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t v) {
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
-
-// The rotary epilogue's operands (rope.q_out null: none). cos and sin are the model's tables
-// [positions, head_dim]; the caches one layer's [slots, positions, kv_heads, head_dim].
-struct RopeArgs {
-  const __nv_bfloat16* cos;
-  const __nv_bfloat16* sin;
-  const int64_t* positions;  // a row's position
-  const int64_t* slots;      // a row's cache slot
-  __nv_bfloat16* q_out;      // [rows, heads, head_dim]
-  __nv_bfloat16* k_cache;
-  __nv_bfloat16* v_cache;
-  int heads, kv_heads, head_dim;
-  int64_t slot_stride, position_stride;  // elements
-};
 
 // NT: groups of 8 activation rows (rows <= 8 * NT); CG: groups of 16 weight columns per warp (the
 // activations' loads and conversions are shared by them); WARPS: warps per block, splitting the
