@@ -204,7 +204,7 @@ class Transformer:
         planned = plan_products(kernel, self.linear, projections)
         if planned is None and self.fused_layers:  # the fused layers take the kernel with its default launches
             planned = SkinnyLinear(kernel, self.linear, {}, [])
-        if planned is not None:
+        if planned is not None:  # routes only what it planned: the other shapes keep their path
             self.linear = planned
 
     @property

@@ -60,8 +60,12 @@ class SkinnyLinear:
     """Called like the fallback: (x, weight, bias=None, out_dtype=None) -> x @ weight.T (+ bias)."""
 
     def __init__(self, kernel: SkinnyGemm, fallback: Callable, plans: dict[PlanKey, Launch],
-                 timings: list[PlanTiming], split: SplitScratch | None = None):
+                 timings: list[PlanTiming], split: SplitScratch | None = None,
+                 best: dict[PlanKey, Launch] | None = None):
+        """plans: what the plain products route to the kernel; best: the fastest launch timed for
+        every shape and bucket, routed or not (the fused products take the kernel either way)."""
         self.kernel, self.fallback, self.plans, self.timings, self.split = kernel, fallback, plans, timings, split
+        self.best = best if best is not None else plans
 
     def __call__(self, x: torch.Tensor, weight, bias: torch.Tensor | None = None,
                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -79,13 +83,13 @@ class SkinnyLinear:
               residual: torch.Tensor | None = None, norm_eps: float | None = None,
               silu_pairs: bool = False, rope: Rope | None = None) -> torch.Tensor:
         """A product through the kernel with its fused epilogue (SkinnyGemm; engine/fused_layers.py),
-        whatever the plan chose for the plain product: the launch planned for its shape where
-        there is one, else the default launch."""
+        whatever the plan chose for the plain product: the fastest launch timed for its shape
+        and rows where there is one, else the default launch."""
         rows = x.shape[0]
         w = getattr(weight, "q", weight)
         cols, inner = w.shape
-        launch = self.plans.get((tuple(w.shape), w.dtype, _bucket(rows))) or launch_for(rows, cols, inner,
-                                                                                         w.dtype == torch.int8)
+        launch = self.best.get((tuple(w.shape), w.dtype, _bucket(rows))) or launch_for(rows, cols, inner,
+                                                                                        w.dtype == torch.int8)
         if out is None:
             out = rope.q_out if rope is not None else torch.empty((rows, cols // 2 if silu_pairs else cols),
                                                                   dtype=x.dtype, device=x.device)
@@ -105,9 +109,11 @@ def plan_products(kernel: SkinnyGemm, fallback: Callable,
                   projections: dict[str, list[tuple[object, torch.Tensor | None]]],
                   min_gain: float = _MIN_GAIN) -> SkinnyLinear | None:
     """Time each projection (name -> every layer's (weight, bias)) at each row bucket, the
-    fallback against the kernel's candidate launches; a SkinnyLinear with the winners (those
-    faster by min_gain, a fraction), or None where the kernel won nowhere."""
+    fallback against the kernel's candidate launches; a SkinnyLinear that routes the winners
+    (those faster by min_gain, a fraction) and knows the best launch of every shape, or None
+    where nothing could be timed."""
     plans: dict[PlanKey, Launch] = {}
+    best_launches: dict[PlanKey, Launch] = {}
     timings: list[PlanTiming] = []
     split: SplitScratch | None = None
     for name, layers in projections.items():
@@ -129,9 +135,11 @@ def plan_products(kernel: SkinnyGemm, fallback: Callable,
                 if us < best_us:
                     best_us, best = us, launch
             chosen = best_us < (1 - min_gain) * fallback_us
+            if best is not None:
+                best_launches[((cols, inner), w0.dtype, rows)] = best
             if chosen:
                 plans[((cols, inner), w0.dtype, rows)] = best
             timings.append(PlanTiming(name, rows, round(fallback_us, 2), round(best_us, 2), best, chosen))
             log.info("few-row product %s [%d x %d] at %d rows: CUDA kernel %.2f µs, fallback %.2f µs -> %s", name,
                      cols, inner, rows, best_us, fallback_us, "kernel" if chosen else "fallback")
-    return SkinnyLinear(kernel, fallback, plans, timings, split) if plans else None
+    return SkinnyLinear(kernel, fallback, plans, timings, split, best_launches) if best_launches else None

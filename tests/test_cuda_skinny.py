@@ -99,8 +99,9 @@ class _RecordingKernel:
     def __init__(self):
         self.calls = []
 
-    def __call__(self, x, w, scale, bias, out, launch, split=None):
-        self.calls.append((x.shape[0], tuple(w.shape), launch))
+    def __call__(self, x, w, scale, bias, out, launch, split=None, **epilogue):
+        self.calls.append((x.shape[0], tuple(w.shape), launch,
+                           *sorted(k for k, v in epilogue.items() if v is not None and v is not False)))
         return out.fill_(7)
 
 
@@ -142,6 +143,26 @@ def test_router_takes_only_planned_shapes_and_row_counts():
     assert len(kernel.calls) == 2 and kernel.calls[1][0] == 8
     assert fallback_calls == [(3, torch.bfloat16, None), (12, torch.bfloat16, None), (40, torch.bfloat16, None),
                               (4, torch.float32, None)]
+
+
+def test_fused_products_take_the_best_timed_launch_routed_or_not():
+    """A fused layer's products run on the kernel whatever the plan routes: with the fastest launch
+    timed for the shape and bucket, else the default; epilogues and output shapes as asked."""
+    kernel = _RecordingKernel()
+    w = torch.zeros(32, 64, dtype=torch.bfloat16)
+    routed, timed_only = Launch(1, 1, 4), Launch(2, 2, 8)
+    key = ((32, 64), torch.bfloat16)
+    linear = SkinnyLinear(kernel, F.linear, {(*key, 8): routed}, [], None, {(*key, 8): routed, (*key, 16): timed_only})
+    act = linear.fused(torch.ones(5, 64, dtype=torch.bfloat16), w, norm_eps=1e-6, silu_pairs=True)
+    assert act.shape == (5, 16) and kernel.calls[-1] == (5, (32, 64), routed, "norm_eps", "silu_pairs")
+    stream = torch.zeros(12, 32, dtype=torch.bfloat16)
+    assert linear.fused(torch.ones(12, 64, dtype=torch.bfloat16), w, out=stream, residual=stream) is stream
+    assert kernel.calls[-1] == (12, (32, 64), timed_only, "residual")
+    untimed = torch.zeros(48, 64, dtype=torch.bfloat16)
+    linear.fused(torch.ones(3, 64, dtype=torch.bfloat16), untimed)
+    assert kernel.calls[-1][2] == launch_for(3, 48, 64, False)
+    assert linear(torch.ones(12, 64, dtype=torch.bfloat16), w).shape == (12, 32)  # plain: bucket 16 not routed
+    assert len(kernel.calls) == 3
 
 
 gpu = pytest.mark.skipif(not CUDA or shutil.which("nvcc") is None, reason="needs a CUDA GPU and nvcc")
