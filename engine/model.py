@@ -130,9 +130,9 @@ class Transformer:
         1-16 rows through the CUDA few-row kernel where it times faster than the path above on
         this GPU, timed here over the model's own weights (kernels/skinny_linear.py).
         fuse_layers (with int8_weights and the few-row CUDA kernel, so a draft): decode steps of
-        up to 16 tokens run each layer in six launches instead of nine, the norms, residual adds
-        and SiLU * up in the products' epilogues (engine/fused_layers.py; changes the weights'
-        layout and the values' rounding)."""
+        up to 16 tokens run each layer in five launches instead of nine, the norms, RoPE and cache
+        writes, residual adds and SiLU * up in the products' epilogues (engine/fused_layers.py;
+        changes the weights' layout and the values' rounding)."""
         self.config = config
         self.weights = weights
         self.attend = attention_kernel(attention)

@@ -217,7 +217,7 @@ def load_library(arch: str) -> SkinnyGemm | None:
             if nvcc is None:
                 log.warning("no nvcc on PATH or under CUDA_HOME: %s", fallback)
                 return None
-            log.info("compiling %s for sm_%s into %s (once per machine, ~20 s)", _SOURCE.name, arch, target)
+            log.info("compiling %s for sm_%s into %s (once per machine, ~30 s)", _SOURCE.name, arch, target)
             started = time.monotonic()
             error = build_library(nvcc, arch, target)
             if error is not None:

@@ -36,7 +36,7 @@ def build_kernels_command(archs: tuple[str, ...], force: bool) -> None:
         if target.exists() and not force:
             click.echo(f"sm_{arch}: {target} (already built)")
             continue
-        click.echo(f"sm_{arch}: compiling {target.name} (about 20 s)...", err=True)
+        click.echo(f"sm_{arch}: compiling {target.name} (about 30 s)...", err=True)
         error = cuda_skinny.build_library(nvcc, arch, target)
         if error is not None:
             raise click.ClickException(f"sm_{arch}: nvcc failed:\n{error}")
