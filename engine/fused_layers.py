@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from bass.kernels.cuda_skinny import MAX_NORM_ROWS
+from bass.kernels.cuda_skinny import MAX_NORM_ROWS, inner_multiple
 from bass.kernels.elementwise import rope_pair_order
 
 MAX_FUSED_ROWS = MAX_NORM_ROWS  # steps of more tokens run the unfused layer
@@ -62,7 +62,12 @@ def pair_rope_heads(qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int)
 
 
 def can_fuse(config) -> bool:
-    return config.intermediate_size % PAIR == 0 and config.head_dim % 16 == 0
+    """Whether the kernel takes this model's layer: every product's inner size a whole number of
+    the int8 kernel's chunks, gate|up pairable, heads of whole 16-column groups."""
+    chunk = inner_multiple(weight_int8=True)
+    inners = (config.hidden_size, config.num_heads * config.head_dim, config.intermediate_size)
+    return (all(n % chunk == 0 for n in inners) and config.intermediate_size % PAIR == 0
+            and config.head_dim % 16 == 0)
 
 
 def prepare_weights(weights, config) -> None:

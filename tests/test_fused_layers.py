@@ -65,6 +65,16 @@ def test_prepared_weights_compute_the_same_logits_on_the_unfused_path(qwen_wide_
     torch.testing.assert_close(logits[1], logits[0], rtol=1e-4, atol=1e-4)
 
 
+def test_only_shapes_the_kernel_takes_are_fused(qwen_wide_heads):
+    from dataclasses import replace
+
+    config = load_config(qwen_wide_heads)
+    assert can_fuse(config)
+    assert not can_fuse(replace(config, hidden_size=96))  # not a whole number of 64-wide int8 chunks
+    assert not can_fuse(replace(config, head_dim=24, num_heads=8))  # heads not of whole 16-column groups
+    assert not can_fuse(replace(config, intermediate_size=324))
+
+
 def test_without_the_kernel_nothing_is_fused_or_changed(qwen_target):
     config = load_config(qwen_target)
     weights = load_weights(qwen_target, config, dtype="float32", device="cpu")
