@@ -21,8 +21,8 @@ The weights are changed once at load, for every path of the model: the norms' we
 into the columns of q|k|v and gate|up (the norms become weightless), gate|up's rows interleaved
 in groups of 8 gates and their 8 ups, so one lane of the product holds a gate and its up, and
 each query and key head's rows in groups of 8 dims and their 8 rotation partners
-(kernels/elementwise.rope_pair_order), so one lane holds both halves of a rotation. The unfused path (more than 16 rows: prefill, catch-up) computes the same function from them.
-Rounding differs from transformers' (the norm's weight multiplies the weight, not the normed
+(kernels/elementwise.rope_pair_order), so one lane holds both halves of a rotation. The unfused
+path (more than 16 rows: prefill, catch-up) computes the same function from them. Rounding differs from transformers' (the norm's weight multiplies the weight, not the normed
 activation; intermediate sums stay in fp32): only for a draft, whose numbers decide what it
 proposes, never what the target emits.
 """
