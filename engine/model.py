@@ -9,6 +9,7 @@ tokens of the batch at once; only attention sees the sequences' boundaries.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ from bass.kernels.batch import RaggedBatch
 from bass.kernels.cuda_skinny import Rope
 from bass.kernels.elementwise import add_rms_norm_reference, rope_into_cache_reference, silu_mul_reference
 
+log = logging.getLogger(__name__)
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 _ARRIVAL_COUNTERS = 4096
 
@@ -176,6 +178,8 @@ class Transformer:
         self.fused_layers = (few_row_kernel is not None and self.int8_weights and fuse_layers
                              and fused_layers.can_fuse(config))
         if self.fused_layers:
+            log.info("decode steps of up to %d tokens run fused layers (engine/fused_layers.py)",
+                     fused_layers.MAX_FUSED_ROWS)
             fused_layers.prepare_weights(weights, config)
             self.silu_mul = functools.partial(self.silu_mul, paired=True)
             self.rope_into_cache = functools.partial(self.rope_into_cache, paired=True)

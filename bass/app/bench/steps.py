@@ -170,6 +170,7 @@ def measure(target: str, draft: str, *, batches: list[int], draft_lengths: list[
             for role, name in (("target", target), ("draft", draft)):
                 timings = models[name][config_name].product_timings
                 if timings:  # what the few-row planning measured at load, per projection and row bucket
+                    row[f"{role}_fused_layers"] = models[name][config_name].fused_layers
                     row[f"{role}_few_row_plans"] = [[t.projection, t.rows, t.fallback_us, t.kernel_us, t.chosen]
                                                     for t in timings]
             row["derived_best"] = {"k": best[0], "ms_per_token_per_sequence": round(best[1], 4),
