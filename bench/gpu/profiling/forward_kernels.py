@@ -4,7 +4,9 @@ torch profiler give each kernel's duration on the GPU; the same forward's wall t
 graphs, minus their sum, is what the boundaries between kernels cost.
 
 On a GPU, no models needed, PYTHONPATH with the bass build:
-    python bench/gpu/profiling/forward_kernels.py OUT.json
+    python bench/gpu/profiling/forward_kernels.py OUT.json [ROLE,...]
+ROLE: draft (int8, unfused), draft-fused (int8 with the CUDA few-row kernel: the served draft's
+five-launch layers), target (bf16); all three by default.
 """
 
 from __future__ import annotations
@@ -45,14 +47,17 @@ def kernel_table(timer: StepTimer, forwards: int) -> list[dict]:
     return sorted(rows, key=lambda r: -r["us_per_forward"])
 
 
-MODELS = {"draft": ("qwen2.5-coder-0.5b", True), "target": ("qwen2.5-coder-1.5b", False)}  # (shapes, int8)
+MODELS = {"draft": ("qwen2.5-coder-0.5b", True, False), "draft-fused": ("qwen2.5-coder-0.5b", True, True),
+          "target": ("qwen2.5-coder-1.5b", False, False)}  # (shapes, int8, few-row CUDA kernel)
 
 
 def main() -> None:
     report = {"device": torch.cuda.get_device_name(), "forwards": {}}
-    for role, (shapes, int8) in MODELS.items():
+    roles = sys.argv[2].split(",") if len(sys.argv) > 2 else list(MODELS)
+    for role in roles:
+        shapes, int8, few_row_cuda = MODELS[role]
         model = random_transformer(shape_config(shapes), dtype="bfloat16", device="cuda", max_seq_len=600,
-                                   attention="triton", int8_weights=int8)
+                                   attention="triton", int8_weights=int8, few_row_cuda=few_row_cuda)
         for batch in (1, 8):
             eager = StepTimer(model, batch=batch, context=512, max_q=1, attention="triton", cuda_graphs=False,
                               device="cuda")
