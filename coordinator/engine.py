@@ -137,6 +137,8 @@ class CoordinatorEngine:
         self._stop.set()
         self._commands.put(("wake", None))
         self._thread.join(timeout_s)
+        if self.scheduler is not None:
+            self.scheduler.close()
         gone = WorkerUnavailableError("the coordinator is shutting down; retry (another replica may serve)")
         while True:  # submitted but never seen by the loop
             try:

@@ -32,12 +32,13 @@ from bass.coordinator.requests import FinishReason, GenerationRequest, Generatio
 from bass.coordinator.sequences import PrefillBudget, RequestRun, SequenceRun, sequence_seed_key
 from bass.coordinator.speculative_step import SpeculativeStep, StepOutcome, StepPlan
 from bass.coordinator.step_stats import StepStats
+from bass.coordinator.streamed_step import StreamedStep, StreamPlan
 from bass.coordinator.stopping import StopCriteria, check_stop
 from bass.coordinator.tokenizer import Codec
 from bass.core.config import SchedulerConfig, same_device
 from bass.core.errors import InvalidRequestError, WorkerUnavailableError
 from bass.core.worker_api import (AddSequence, DraftWorkerAPI, ProposeItem, ProposeRequest, SequenceSampling,
-                                  TargetWorkerAPI, VerifyResponse)
+                                  StreamControl, TargetWorkerAPI, VerifyResponse)
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,11 @@ class Scheduler:
         self.speculative = SpeculativeStep(target, draft, clock, self._draft_failed)
         k = config.pipeline_draft_tokens
         self.pipelined = PipelinedStep(target, draft, clock, k) if k and draft is not None else None
-        self.wants_draft = draft is not None and (config.draft_length.speculates or self.pipelined is not None)
+        stream = config.draft_stream
+        self.streamed = (StreamedStep(target, clock, stream.block, stream.wait_ms / 1000)
+                         if stream.on and draft is not None else None)
+        self.wants_draft = draft is not None and (config.draft_length.speculates or self.pipelined is not None
+                                                  or self.streamed is not None)
         self.draft_up = False
         self._next_probe = 0.0
         if self.wants_draft:
@@ -95,8 +100,9 @@ class Scheduler:
     @target.setter
     def target(self, worker: TargetWorkerAPI) -> None:
         self._target = self.regular.target = self.speculative.target = worker
-        if self.pipelined is not None:
-            self.pipelined.target = worker
+        for executor in (self.pipelined, self.streamed):
+            if executor is not None:
+                executor.target = worker
 
     @property
     def draft(self) -> DraftWorkerAPI | None:
@@ -190,9 +196,15 @@ class Scheduler:
         self._chain, self._decided = None, None  # the workers are reset before new work
         if self.pipelined is not None:
             self.pipelined.reset()
+        self.close()
         self._target_add, self._draft_add, self._target_release, self._draft_release = [], [], [], []
         self.policy = self._new_policy()
         return failed
+
+    def close(self) -> None:
+        """Stop what runs on its own beside the loop (a draft stream); the scheduler is done."""
+        if self.streamed is not None:
+            self.streamed.close()
 
     # -- the step ---------------------------------------------------------------------------------
     def step(self) -> list[RequestRun]:
@@ -232,6 +244,8 @@ class Scheduler:
             return finished
         if self.pipelined is not None and self.draft_up:
             return finished + self._pipelined_step(prefill)
+        if self.streamed is not None and self.draft_up:
+            return finished + self._streamed_step(prefill)
         batch = self.running
         wanted = self._wanted_lengths(batch) if chain is None else {s.seq_id: chain.k for s in batch}
         if self._overlaps and not any(wanted.values()) and not self._draft_add:
@@ -345,6 +359,30 @@ class Scheduler:
         self.step_stats.step_s += self.clock() - plan.step_started
         return finished
 
+    def _streamed_step(self, prefill: PrefillBudget) -> list[RequestRun]:
+        """A step of streamed speculation (coordinator/streamed_step.py): verify what the draft,
+        running ahead on its own, has drafted. A sequence the draft does not hold yet (the
+        prefill budget) verifies stand-ins and is decided by the target alone."""
+        finished = self._drain_in_flight() if self.regular.in_flight else []
+        batch = self.running
+        if not batch:
+            return finished
+        self._attach_where_wanted(batch, {s.seq_id: 1 for s in batch}, prefill)
+        rooms = [self.max_seq_len - len(s.request.prompt_ids) - len(s.output) - 1 for s in batch]
+        plan = StreamPlan(batch=batch, rooms=rooms, step_started=self.clock(), target_add=self._target_add,
+                          target_release=self._target_release, draft_add=self._draft_add,
+                          draft_release=self._draft_release)
+        self._target_add, self._target_release, self._draft_add, self._draft_release = [], [], [], []
+        outcome = self.streamed.execute(plan)
+        if outcome.draft_error is not None:
+            self._draft_failed(outcome.draft_error)
+        finished += self._commit(batch, outcome.drafts, outcome.verified, 0, outcome.draft_wait_s,
+                                 outcome.verify_s, draft_wait_s=outcome.draft_wait_s, policy_observes=False)
+        for seq in batch:  # the executor sent the draft the verdicts themselves
+            seq.unsent_to_draft.clear()
+        self.step_stats.step_s += self.clock() - plan.step_started
+        return finished
+
     def _fits_waiting(self) -> bool:
         """Whether the first waiting request would be admitted now, slots and batch allowing."""
         if not self.waiting:
@@ -451,7 +489,10 @@ class Scheduler:
             self.target.release(self._target_release)
         if self.draft_up and self._draft_release:
             try:
-                self.draft.release(self._draft_release)
+                if self.streamed is not None:  # the stream's loop holds the draft's sequences
+                    self.streamed.stream.send(StreamControl(release=self._draft_release))
+                else:
+                    self.draft.release(self._draft_release)
             except Exception as exc:  # noqa: BLE001
                 self._draft_failed(exc)
         self._target_release, self._draft_release = [], []
@@ -463,9 +504,14 @@ class Scheduler:
             if info.vocab_size != self.target_info.vocab_size:
                 raise ValueError(f"draft vocabulary ({info.vocab_size}) differs from the target's "
                                  f"({self.target_info.vocab_size}); the models must share a tokenizer")
+            if self.streamed is not None:
+                self.streamed.close()  # before the reset: its loop drafts for the draft's sequences
             self.draft.reset()
             if self.pipelined is not None:
                 self.pipelined.reset()
+            if self.streamed is not None:
+                self.streamed.open(self.draft.open_stream(StreamControl(
+                    lookahead=self.config.draft_stream.lookahead, chunk=self.config.draft_stream.chunk)))
         except WorkerUnavailableError as exc:
             log.warning("draft unavailable (%s); regular decoding until it answers", exc)
             self._next_probe = self.clock() + self.reconnect_interval_s
@@ -490,6 +536,8 @@ class Scheduler:
         self._draft_add, self._draft_release = [], []
         if self.pipelined is not None:
             self.pipelined.reset()
+        if self.streamed is not None:
+            self.streamed.close()
         for seq in self.running:
             seq.drafted = False
             seq.unsent_to_draft.clear()
@@ -632,7 +680,10 @@ class Scheduler:
         step, in batch order."""
         for seq in seqs:  # batch order: a request's root comes before its other sequences
             root = seq.request.sequences[0]
-            if seq is not root and not seq.output and root.drafted and not root.output:
+            # A fork copies its root's record on the draft, which a draft stream extends with
+            # drafts of its own at once: there, each sequence brings its prompt.
+            if (seq is not root and not seq.output and root.drafted and not root.output
+                    and self.streamed is None):
                 add = AddSequence(seq.seq_id, parent_id=root.seq_id)
             else:
                 add = AddSequence(seq.seq_id, tuple(seq.request.prompt_ids + seq.output))
@@ -660,8 +711,9 @@ class Scheduler:
         if reason in (FinishReason.STOP, FinishReason.LENGTH):
             seq.finish_order = 1 + sum(1 for s in req.sequences if s.finish_order)
         self.policy.forget(seq.seq_id)
-        if self.pipelined is not None:
-            self.pipelined.forget([seq.seq_id])
+        for executor in (self.pipelined, self.streamed):
+            if executor is not None:
+                executor.forget([seq.seq_id])
         self._target_release.append(seq.seq_id)
         if seq.drafted:
             self._draft_release.append(seq.seq_id)

@@ -32,7 +32,7 @@ from typing import Sequence
 import torch
 
 from bass.core.errors import InvalidRequestError
-from bass.core.worker_api import ProposeItem, ProposeRequest, ProposeResponse, WorkerInfo
+from bass.core.worker_api import ProposeItem, ProposeRequest, ProposeResponse, StreamControl, WorkerInfo
 from bass.engine.draft_loop import CHAINED_FIRST_TOKENS, FIRST_STEP_TOKENS, MAX_STEPS, DraftLoopGraphs
 from bass.engine.runner import PLACEHOLDER, ModelRunner, SequenceState
 from bass.engine.sampling import RowParams, draft_race, noise_keys
@@ -88,6 +88,12 @@ class DraftWorker:
 
     def propose(self, request: ProposeRequest) -> ProposeResponse:
         return self.start_propose(request).result()
+
+    def open_stream(self, first: StreamControl):
+        """Draft ahead on a thread of this process (draft_service/stream.py): streamed
+        speculation with the draft in the coordinator's process."""
+        from bass.draft_service.stream import LocalDraftStream  # the stream builds on this module
+        return LocalDraftStream(self, first)
 
     def start_propose(self, request: ProposeRequest) -> "PendingProposal":
         """Queue a proposal's forwards and the copy of its tokens to the host. In-process, the

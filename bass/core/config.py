@@ -214,6 +214,36 @@ class DraftLengthConfig:
 
 
 @dataclass(frozen=True)
+class DraftStreamConfig:
+    """Streamed speculation (coordinator/streamed_step.py, draft_service/stream.py): the draft runs
+    ahead on its own GPU and never waits for the target, nor the target for it."""
+
+    __pydantic_config__ = {"extra": "forbid"}
+
+    # 0 = off; K >= 1: each step verifies up to K of the drafts that arrived, per sequence.
+    block: int = 0
+    lookahead: int = 8  # the most tokens the draft runs ahead of what the target committed
+    chunk: int = 2  # draft tokens per sequence in one call of the draft's loop (published after each)
+    # Where a drafting sequence holds no draft yet (just joined, or its drafts were contradicted),
+    # how long a step waits for the draft's next tokens before verifying stand-ins for it.
+    wait_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.block, int) and 0 <= self.block <= GRAPH_MAX_DRAFT, "draft_stream.block",
+                 f"must be 0 (off) or in [1, {GRAPH_MAX_DRAFT}], got {self.block!r}")
+        _require(isinstance(self.lookahead, int) and 1 <= self.lookahead <= 32, "draft_stream.lookahead",
+                 f"must be in [1, 32], got {self.lookahead!r}")
+        _require(isinstance(self.chunk, int) and 1 <= self.chunk <= self.lookahead, "draft_stream.chunk",
+                 f"must be in [1, lookahead = {self.lookahead}], got {self.chunk!r}")
+        _require(_finite(self.wait_ms) and 0 <= self.wait_ms <= 1000, "draft_stream.wait_ms",
+                 f"must be in [0, 1000], got {self.wait_ms!r}")
+
+    @property
+    def on(self) -> bool:
+        return self.block > 0
+
+
+@dataclass(frozen=True)
 class SchedulerConfig:
     """The coordinator's limits and policies."""
 
@@ -234,8 +264,11 @@ class SchedulerConfig:
     # other (bench/results, 2026-11-27: one GPU hides 14-24% of the draft). Replaces
     # draft_length while on: each step verifies k - 1 drafts a sequence.
     pipeline_draft_tokens: int = 0
+    draft_stream: DraftStreamConfig = field(default_factory=DraftStreamConfig)
 
     def __post_init__(self) -> None:
+        _require(not (self.pipeline_draft_tokens and self.draft_stream.on), "draft_stream.block",
+                 "streamed and pipelined speculation are two ways of running the draft ahead: turn one off")
         _require(self.max_batch_size >= 1, "max_batch_size", f"must be >= 1, got {self.max_batch_size}")
         k = self.pipeline_draft_tokens
         _require(isinstance(k, int) and not isinstance(k, bool) and (k == 0 or 2 <= k <= 32),

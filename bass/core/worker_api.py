@@ -65,6 +65,47 @@ class ProposeResponse:
 
 
 @dataclass(frozen=True)
+class FollowSequence:
+    """A draft stream drafts ahead for this sequence (already added) from now on."""
+
+    seq_id: int
+    sampling: SequenceSampling
+
+
+@dataclass(frozen=True)
+class StreamCommit:
+    seq_id: int
+    tokens: tuple[int, ...]  # what the target committed for the sequence since its last commit
+
+
+@dataclass(frozen=True)
+class StreamControl:
+    """Coordinator -> draft stream (coordinator/streamed_step.py). Applied in order: release,
+    add, follow, commits. `lookahead` and `chunk` are read from a stream's first message: the
+    most tokens the draft runs ahead of what the target committed, and the draft tokens one
+    call of its loop runs per sequence (the loop publishes after each call)."""
+
+    add: Sequence[AddSequence] = ()
+    follow: Sequence[FollowSequence] = ()
+    commits: Sequence[StreamCommit] = ()
+    release: Sequence[int] = ()
+    lookahead: int = 0
+    chunk: int = 0
+
+
+@dataclass(frozen=True)
+class StreamDrafts:
+    """Draft stream -> coordinator: tokens the draft drafted for one sequence, in order. Within
+    one epoch a sequence's tokens continue each other; the draft starts a new epoch whenever a
+    commit disagreed with what it had drafted (it then drafts again from the committed tokens)."""
+
+    seq_id: int
+    epoch: int
+    position: int  # of tokens[0] in the sequence, its prompt included
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class VerifyItem:
     seq_id: int
     draft_tokens: tuple[int, ...]
@@ -127,6 +168,17 @@ class DraftWorkerAPI(Protocol):
     def propose(self, request: ProposeRequest) -> ProposeResponse: ...
     def release(self, seq_ids: Sequence[int]) -> None: ...
     def reset(self) -> None: ...
+
+
+class DraftStream(Protocol):
+    """A draft that runs ahead of the target on its own (DraftWorkerAPI.open_stream): the
+    coordinator sends it what the target committed, and collects what it drafted meanwhile."""
+
+    def send(self, control: StreamControl) -> None: ...  # never waits for the draft
+    # Everything that arrived since the last call; waits up to timeout_s while nothing has.
+    # Raises WorkerUnavailableError once the stream has failed and nothing is left to read.
+    def receive(self, timeout_s: float = 0.0) -> list[StreamDrafts]: ...
+    def close(self) -> None: ...
 
 
 class PendingVerify(Protocol):

@@ -7,8 +7,10 @@ from typing import Sequence
 import grpc
 
 from bass.core.errors import InvalidRequestError, PreconditionError, WorkerUnavailableError
-from bass.core.worker_api import ProposeRequest, ProposeResponse, VerifyRequest, VerifyResponse, WorkerInfo
+from bass.core.worker_api import (ProposeRequest, ProposeResponse, StreamControl, VerifyRequest, VerifyResponse,
+                                  WorkerInfo)
 from bass.transport import wire
+from bass.transport.draft_stream import RemoteDraftStream
 from bass.transport.grpc_server import SERVER_OPTIONS
 from bass.transport.remote_pair import PairPendingVerify, PairProposal, PairStep
 from bass.transport.remote_session import Session, SessionError
@@ -148,6 +150,10 @@ class RemoteDraftWorker(_RemoteWorker):
 
     def propose(self, request: ProposeRequest) -> ProposeResponse:
         return wire.propose_response_from_proto(self._call("Propose", wire.propose_request_to_proto(request)))
+
+    def open_stream(self, first: StreamControl) -> RemoteDraftStream:
+        """Streamed speculation: the draft drafts ahead on its own (bass/transport/draft_stream.py)."""
+        return RemoteDraftStream(self.stub, self.address, first)
 
     # Where this draft shares the target's process (RemoteTargetWorker.verifies_device_drafts),
     # the scheduler drives it as an in-process draft on the target's device: bass/transport/remote_pair.py.

@@ -11,9 +11,9 @@ from typing import Sequence
 
 from bass.core.config import SamplingParams
 from bass.core.errors import InvalidRequestError
-from bass.core.worker_api import (AddSequence, ProposeItem, ProposeRequest, ProposeResponse, SequenceSampling,
-                                  SpeculateRequest, SpeculateResponse, Verdict, VerifyItem, VerifyRequest,
-                                  VerifyResponse, WorkerInfo)
+from bass.core.worker_api import (AddSequence, FollowSequence, ProposeItem, ProposeRequest, ProposeResponse,
+                                  SequenceSampling, SpeculateRequest, SpeculateResponse, StreamCommit, StreamControl,
+                                  StreamDrafts, Verdict, VerifyItem, VerifyRequest, VerifyResponse, WorkerInfo)
 from bass.v1 import worker_pb2 as pb
 
 
@@ -180,3 +180,34 @@ def speculate_response_from_proto(m: pb.SpeculateResponse) -> SpeculateResponse:
     return SpeculateResponse(propose=propose_response_from_proto(m.propose),
                              verify=verify_response_from_proto(m.verify), chained=m.chained,
                              chained_gpu_s=m.chained_gpu_s)
+
+
+# -- draft stream ----------------------------------------------------------------------------------
+def stream_control_to_proto(c: StreamControl) -> pb.StreamControl:
+    return pb.StreamControl(
+        release=list(c.release), add=[_add_to_proto(a) for a in c.add],
+        follow_ids=[f.seq_id for f in c.follow], follow_sampling=_sampling_to_proto([f.sampling for f in c.follow]),
+        commit_ids=[x.seq_id for x in c.commits], commit_counts=[len(x.tokens) for x in c.commits],
+        commit_tokens=[t for x in c.commits for t in x.tokens], lookahead=c.lookahead, chunk=c.chunk)
+
+
+def stream_control_from_proto(m: pb.StreamControl) -> StreamControl:
+    _require_lengths("commit_ids", len(m.commit_ids), m.commit_counts)
+    follow = [FollowSequence(seq_id, sampling) for seq_id, sampling
+              in zip(m.follow_ids, _sampling_from_proto(m.follow_sampling, len(m.follow_ids)))]
+    commits = [StreamCommit(seq_id, tokens) for seq_id, tokens
+               in zip(m.commit_ids, _split(m.commit_tokens, m.commit_counts, "commit_tokens"))]
+    return StreamControl(add=[_add_from_proto(a) for a in m.add], follow=follow, commits=commits,
+                         release=list(m.release), lookahead=m.lookahead, chunk=m.chunk)
+
+
+def stream_drafts_to_proto(drafts: Sequence[StreamDrafts]) -> pb.StreamDrafts:
+    return pb.StreamDrafts(seq_ids=[d.seq_id for d in drafts], epochs=[d.epoch for d in drafts],
+                           positions=[d.position for d in drafts], counts=[len(d.tokens) for d in drafts],
+                           tokens=[t for d in drafts for t in d.tokens])
+
+
+def stream_drafts_from_proto(m: pb.StreamDrafts) -> list[StreamDrafts]:
+    _require_lengths("seq_ids", len(m.seq_ids), m.epochs, m.positions, m.counts)
+    return [StreamDrafts(*fields) for fields
+            in zip(m.seq_ids, m.epochs, m.positions, _split(m.tokens, m.counts, "tokens"))]

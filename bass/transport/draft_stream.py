@@ -1,0 +1,125 @@
+"""The draft stream over gRPC (`DraftWorker.Stream` in worker.proto): both ends.
+
+Server: the handler thread runs the draft's loop (draft_service/stream.py) and yields each call's
+tokens as one message; a reader thread hands the coordinator's messages to the loop as they come,
+so a commit reaches the draft while it drafts. One stream per draft service: a new stream (or a
+Reset) ends the one before, whose loop would otherwise draft for sequences that are gone.
+
+Client: a reader thread puts what arrives into a mailbox the coordinator takes from at each step;
+sending never waits for the draft.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import Iterator
+
+import grpc
+
+from bass.core.errors import WorkerUnavailableError
+from bass.core.worker_api import StreamControl, StreamDrafts
+from bass.draft_service.stream import DEFAULT_CHUNK, DEFAULT_LOOKAHEAD, Mailbox, StreamingDraft
+from bass.transport import wire
+from bass.v1 import worker_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+_END = object()  # put on the request queue: half-close the stream
+
+
+class StreamHost:
+    """A draft service's one running stream (server side)."""
+
+    def __init__(self, worker, lock: threading.Lock):
+        self.worker, self.lock = worker, lock
+        self._current: StreamingDraft | None = None
+        self._guard = threading.Lock()
+
+    def stop(self) -> None:
+        """End the running stream, if any (a Reset, or a new stream)."""
+        with self._guard:
+            loop, self._current = self._current, None
+        if loop is not None:
+            loop.close()
+
+    def serve(self, requests: Iterator[pb.StreamControl], context) -> Iterator[pb.StreamDrafts]:
+        first = next(requests, None)
+        if first is None:
+            return
+        control = wire.stream_control_from_proto(first)
+        loop = StreamingDraft(self.worker, lookahead=control.lookahead or DEFAULT_LOOKAHEAD,
+                              chunk=control.chunk or DEFAULT_CHUNK, lock=self.lock)
+        self.stop()
+        with self._guard:
+            self._current = loop
+        loop.control(control)
+        threading.Thread(target=self._read, args=(requests, loop), name="bass-draft-stream-reader",
+                         daemon=True).start()
+        context.add_callback(loop.close)  # the coordinator went away or cancelled
+        log.info("draft stream opened (lookahead %d, chunk %d)", loop.lookahead, loop.chunk)
+        try:
+            while not loop.closed:
+                drafted = loop.step()
+                if drafted is None:
+                    loop.idle()
+                elif drafted:
+                    yield wire.stream_drafts_to_proto(drafted)
+        finally:
+            loop.close()
+            with self._guard:
+                if self._current is loop:
+                    self._current = None
+            log.info("draft stream closed after %d calls", loop.calls)
+
+    @staticmethod
+    def _read(requests: Iterator[pb.StreamControl], loop: StreamingDraft) -> None:
+        try:
+            for message in requests:
+                loop.control(wire.stream_control_from_proto(message))
+        except Exception as exc:  # noqa: BLE001 - a cancelled stream or a malformed message ends it
+            log.warning("draft stream: %s", exc)
+        finally:
+            loop.close()
+
+
+class RemoteDraftStream:
+    """The coordinator's end of a draft service's stream (DraftStream in bass/core/worker_api.py)."""
+
+    def __init__(self, stub, address: str, first: StreamControl):
+        self.address = address
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._requests.put(wire.stream_control_to_proto(first))
+        self._replies = stub.Stream(iter(self._requests.get, _END))
+        self.mailbox = Mailbox()
+        self._closed = False
+        threading.Thread(target=self._read, name="bass-draft-stream", daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for message in self._replies:
+                self.mailbox.put(wire.stream_drafts_from_proto(message))
+        except grpc.RpcError as e:
+            if not self._closed:
+                log.warning("draft stream at %s failed: %s %s", self.address, e.code().name, e.details())
+            self.mailbox.fail(WorkerUnavailableError(f"draft at {self.address}: stream failed with "
+                                                     f"{e.code().name}: {e.details()}"))
+        except Exception as exc:  # noqa: BLE001 - a malformed message ends the stream
+            self.mailbox.fail(exc)
+        else:
+            self.mailbox.fail(WorkerUnavailableError(f"draft at {self.address}: the stream ended"))
+
+    def send(self, control: StreamControl) -> None:
+        if self._closed:
+            raise WorkerUnavailableError(f"draft at {self.address}: the stream is closed")
+        self._requests.put(wire.stream_control_to_proto(control))
+
+    def receive(self, timeout_s: float = 0.0) -> list[StreamDrafts]:
+        return self.mailbox.take(timeout_s)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._requests.put(_END)
+            self._replies.cancel()

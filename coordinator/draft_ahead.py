@@ -1,0 +1,93 @@
+"""What a draft stream drafted past each sequence's committed tokens, as far as the coordinator knows.
+
+A draft stream (draft_service/stream.py) drafts ahead on its own and its tokens arrive while the
+target verifies; the target's commits reach the draft later still. So some tokens that arrive
+were drafted from a prefix the target has since contradicted. They are told apart by content and
+by epoch: a token at a position the target already committed must equal the committed token, else
+its chain is dead (every later token of that epoch too, until the draft's next epoch arrives);
+a commit that disagrees with the tokens held kills their chain the same way. What survives is,
+per sequence, a run of drafts that continues the committed tokens exactly: the next block to verify.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bass.core.worker_api import StreamDrafts
+
+
+@dataclass
+class _Sequence:
+    committed: list[int]  # prompt and every committed token
+    drafts: list[int] = field(default_factory=list)  # continue `committed`
+    epoch: int = 0  # of `drafts`' chain
+    dead_below: int = 0  # tokens of epochs below this are from a dead chain
+
+    def deliver(self, d: StreamDrafts) -> None:
+        if d.epoch < max(self.epoch, self.dead_below):
+            return
+        if d.epoch > self.epoch:  # the draft started over from the committed tokens
+            self.epoch, self.drafts = d.epoch, []
+        for i, token in enumerate(d.tokens):
+            position = d.position + i
+            if position < len(self.committed):
+                if self.committed[position] != token:
+                    self._kill()
+                    return
+                continue
+            if position != len(self.committed) + len(self.drafts):
+                self._kill()  # a gap: not a continuation of what is held (never expected)
+                return
+            self.drafts.append(token)
+
+    def commit(self, tokens: list[int]) -> None:
+        n = min(len(self.drafts), len(tokens))
+        if self.drafts[:n] == tokens[:n]:
+            del self.drafts[:n]
+        else:
+            self._kill()
+        self.committed.extend(tokens)
+
+    def _kill(self) -> None:
+        self.drafts = []
+        self.dead_below = self.epoch + 1
+
+
+class DraftsAhead:
+    """Per sequence followed by a draft stream, the drafts that continue its committed tokens."""
+
+    def __init__(self):
+        self._seqs: dict[int, _Sequence] = {}
+
+    def follow(self, seq_id: int, committed: list[int]) -> None:
+        """Start holding drafts for a sequence whose committed tokens (prompt included) are these."""
+        self._seqs[seq_id] = _Sequence(list(committed))
+
+    def forget(self, seq_id: int) -> None:
+        self._seqs.pop(seq_id, None)
+
+    def clear(self) -> None:
+        self._seqs.clear()
+
+    def follows(self, seq_id: int) -> bool:
+        return seq_id in self._seqs
+
+    def deliver(self, drafts: list[StreamDrafts]) -> None:
+        for d in drafts:
+            seq = self._seqs.get(d.seq_id)
+            if seq is not None:
+                seq.deliver(d)
+
+    def commit(self, seq_id: int, tokens: list[int]) -> None:
+        seq = self._seqs.get(seq_id)
+        if seq is not None:
+            seq.commit(tokens)
+
+    def held(self, seq_id: int) -> int:
+        seq = self._seqs.get(seq_id)
+        return len(seq.drafts) if seq is not None else 0
+
+    def block(self, seq_id: int, most: int) -> tuple[int, ...]:
+        """The next block to verify: up to `most` drafts (they stay held until committed)."""
+        seq = self._seqs.get(seq_id)
+        return tuple(seq.drafts[:most]) if seq is not None else ()

@@ -1,0 +1,142 @@
+"""The executor of streamed speculation: the target verifies whatever a free-running draft has drafted.
+
+Pipelined speculation (pipelined_step.py) still makes the step wait for the draft: each step asks
+for k tokens and the target's next verification waits until they come, a round trip included.
+Here the draft never waits and is never waited for. It runs on its own GPU as a loop
+(draft_service/stream.py) that keeps drafting every sequence up to a lookahead past what the
+target committed; its tokens stream to the coordinator while the target verifies. Each step:
+
+    1. collect the drafts that arrived (`DraftsAhead` keeps those that continue the committed text);
+    2. the target verifies, per sequence, up to `block` of them (short blocks padded with stand-ins,
+       so every step has one shape and replays the target's CUDA graphs);
+    3. the verdicts go straight back to the draft (`StreamControl.commits`), without waiting.
+
+A block accepted whole costs nothing: the draft went on drafting past it meanwhile, and where its
+next token is the target's own, those tokens are the next block. Where the target disagrees, the
+draft drops what it drafted past that point and drafts again from the committed tokens; until
+its new tokens arrive, that sequence verifies stand-ins (its last token repeated), which the target
+accepts only where they are its own tokens. A step waits for the draft only where a drafting
+sequence holds nothing yet, and then at most `wait_s`.
+
+Lossless as every step is: the target decides each position by its own keyed race
+(engine/verification.py); the drafts only decide how many positions one step covers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from bass.coordinator.draft_ahead import DraftsAhead
+from bass.coordinator.sequences import SequenceRun
+from bass.core.worker_api import (AddSequence, DraftStream, FollowSequence, StreamCommit, StreamControl,
+                                  TargetWorkerAPI, VerifyItem, VerifyRequest, VerifyResponse)
+
+
+@dataclass
+class StreamPlan:
+    """One streamed step as the scheduler planned it."""
+
+    batch: list[SequenceRun]
+    rooms: list[int]  # per sequence, the most drafts its cache still takes after its pending token
+    step_started: float
+    target_add: list[AddSequence]
+    target_release: list[int]
+    draft_add: list[AddSequence] = field(default_factory=list)
+    draft_release: list[int] = field(default_factory=list)
+
+
+@dataclass
+class StreamOutcome:
+    drafts: list[tuple[int, ...]]  # the drafts verified, stand-ins left out (for the statistics)
+    verified: VerifyResponse
+    draft_wait_s: float  # how long the step waited for drafts to arrive
+    verify_s: float
+    draft_error: Exception | None = None
+
+
+class StreamedStep:
+    def __init__(self, target: TargetWorkerAPI, clock: Callable[[], float], block: int, wait_s: float):
+        if block < 1:
+            raise ValueError(f"a streamed step verifies blocks of >= 1 token, got {block}")
+        self.target, self.clock, self.block, self.wait_s = target, clock, block, wait_s
+        self.ahead = DraftsAhead()
+        self.stream: DraftStream | None = None
+
+    def open(self, stream: DraftStream) -> None:
+        self.close()
+        self.stream = stream
+
+    def close(self) -> None:
+        """The draft went down, restarted or is no longer wanted: nothing it drafted stands."""
+        if self.stream is not None:
+            stream, self.stream = self.stream, None
+            try:
+                stream.close()
+            except Exception:  # noqa: BLE001 - closing a broken stream
+                pass
+        self.ahead.clear()
+
+    def forget(self, seq_ids) -> None:
+        for seq_id in seq_ids:
+            self.ahead.forget(seq_id)
+
+    def execute(self, plan: StreamPlan) -> StreamOutcome:
+        batch, error = plan.batch, None
+        started = self.clock()
+        try:
+            self._send(StreamControl(
+                release=plan.draft_release, add=plan.draft_add,
+                follow=[FollowSequence(a.seq_id, _by_id(batch, a.seq_id).sampling) for a in plan.draft_add]))
+            for add in plan.draft_add:
+                seq = _by_id(batch, add.seq_id)
+                self.ahead.follow(seq.seq_id, list(seq.request.prompt_ids) + seq.output)
+            self._collect(batch)
+        except Exception as exc:  # noqa: BLE001 - speculation is optional; never fail a request for it
+            error = exc
+        draft_wait_s = self.clock() - started
+        blocks, real = [], []
+        for seq, room in zip(batch, plan.rooms):
+            block = self.ahead.block(seq.seq_id, min(self.block, room)) if error is None else ()
+            real.append(block)
+            last = block[-1] if block else _last_token(seq)
+            blocks.append((block + (last,) * (self.block - len(block)))[:max(0, room)])
+        started = self.clock()
+        verified = self.target.verify(VerifyRequest(
+            items=[VerifyItem(s.seq_id, b, s.sampling) for s, b in zip(batch, blocks)],
+            add=plan.target_add, release=plan.target_release))
+        verify_s = self.clock() - started
+        if error is None:
+            try:
+                self._send(StreamControl(commits=[
+                    StreamCommit(s.seq_id, tuple(v.tokens)) for s, v in zip(batch, verified.verdicts)
+                    if self.ahead.follows(s.seq_id)]))
+            except Exception as exc:  # noqa: BLE001
+                error = exc
+        for seq, verdict in zip(batch, verified.verdicts):
+            self.ahead.commit(seq.seq_id, list(verdict.tokens))
+        return StreamOutcome(drafts=real, verified=verified, draft_wait_s=draft_wait_s, verify_s=verify_s,
+                             draft_error=error)
+
+    def _send(self, control: StreamControl) -> None:
+        if control.add or control.release or control.follow or control.commits:
+            self.stream.send(control)
+
+    def _collect(self, batch: list[SequenceRun]) -> None:
+        """Take what arrived; where a drafting sequence holds no draft yet, wait for more, at
+        most wait_s."""
+        self.ahead.deliver(self.stream.receive())
+        deadline = self.clock() + self.wait_s
+        while any(self.ahead.follows(s.seq_id) and not self.ahead.held(s.seq_id) for s in batch):
+            left = deadline - self.clock()
+            if left <= 0:
+                break
+            self.ahead.deliver(self.stream.receive(left))
+
+
+def _by_id(batch: list[SequenceRun], seq_id: int) -> SequenceRun:
+    return next(s for s in batch if s.seq_id == seq_id)
+
+
+def _last_token(seq: SequenceRun) -> int:
+    return seq.output[-1] if seq.output else seq.request.prompt_ids[-1]

@@ -1,0 +1,235 @@
+"""The draft running ahead of the target on its own: streamed speculation's draft half.
+
+In a speculative step the target waits for the draft's tokens and the draft for the target's
+verdict. With a GPU each, neither need wait: this loop keeps drafting for every sequence it
+follows, past its own unverified tokens, up to `lookahead` tokens ahead of what the target
+committed, and publishes each call's tokens as soon as they are on the host. The coordinator
+verifies whatever has arrived (coordinator/streamed_step.py) and sends back what the target
+committed. Where that agrees with what the draft drafted, nothing is lost: the tokens drafted
+meanwhile stand. Where it does not, the draft drops its tokens past the commit, starts a new
+*epoch* for the sequence and drafts again from the committed tokens (the coordinator discards
+the old epoch's tokens that were still on their way).
+
+Each call of the loop is one DraftWorker proposal of `chunk` tokens per drafting sequence, the
+tokens it drafted before passed as `assumed` (the worker forgets them at its next call, before
+it commits what the target decided): the same graphs, sampling and cache rollback as a
+proposal of a speculative step. So a sampled draft token is still the winner of the target's
+keyed race at its position, whatever the epoch.
+
+`LocalDraftStream` runs the loop on a thread of the coordinator's process (tests, and a draft
+in the coordinator's process); the draft service runs it for a stream RPC
+(bass/transport/draft_stream.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from bass.core.errors import InvalidRequestError, WorkerUnavailableError
+from bass.core.worker_api import ProposeItem, ProposeRequest, SequenceSampling, StreamControl, StreamDrafts
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LOOKAHEAD = 8
+DEFAULT_CHUNK = 2
+IDLE_WAIT_S = 0.5  # with nothing to draft, how long the loop sleeps before looking again
+
+
+@dataclass
+class _Followed:
+    """A sequence the loop drafts for."""
+
+    sampling: SequenceSampling
+    length: int  # tokens committed (prompt included), as far as the draft has heard
+    drafted: list[int] = field(default_factory=list)  # past what the target committed, not yet verified
+    unsent: list[int] = field(default_factory=list)  # committed, not yet given to the worker
+    epoch: int = 0
+
+    def commit(self, tokens: tuple[int, ...]) -> None:
+        """The target committed `tokens` after what it committed before."""
+        n = min(len(self.drafted), len(tokens))
+        if list(tokens[:n]) == self.drafted[:n]:
+            del self.drafted[:n]  # what remains was drafted from exactly the committed tokens
+        else:
+            self.drafted.clear()
+            self.epoch += 1
+        self.unsent.extend(tokens)
+        self.length += len(tokens)
+
+
+class StreamingDraft:
+    def __init__(self, worker, *, lookahead: int = DEFAULT_LOOKAHEAD, chunk: int = DEFAULT_CHUNK,
+                 lock: threading.Lock | None = None):
+        """worker: a DraftWorker; lock: held around every use of the worker (a service's lock,
+        shared with its other calls)."""
+        if lookahead < 1:
+            raise InvalidRequestError("lookahead", f"must be >= 1, got {lookahead}")
+        if not 1 <= chunk <= lookahead:
+            raise InvalidRequestError("chunk", f"must be in [1, lookahead = {lookahead}], got {chunk}")
+        self.worker, self.lookahead, self.chunk = worker, lookahead, chunk
+        self.lock = lock or threading.Lock()
+        self._followed: dict[int, _Followed] = {}
+        self._inbox: deque[StreamControl] = deque()
+        self._wake = threading.Condition()
+        self._closed = False
+        self.calls = 0  # worker proposals made (statistics, tests)
+
+    # -- any thread ------------------------------------------------------------------------------
+    def control(self, message: StreamControl) -> None:
+        with self._wake:
+            self._inbox.append(message)
+            self._wake.notify()
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- the loop's thread -----------------------------------------------------------------------
+    def run(self, publish: Callable[[list[StreamDrafts]], None]) -> None:
+        """Draft until closed, publishing each call's tokens. An error from the worker ends the
+        loop (raised to the caller)."""
+        while not self._closed:
+            drafted = self.step()
+            if drafted is None:
+                self.idle()
+            else:
+                publish(drafted)
+
+    def idle(self) -> None:
+        """Nothing to draft: sleep until a message arrives (or a while passes)."""
+        with self._wake:
+            if not self._inbox and not self._closed:
+                self._wake.wait(IDLE_WAIT_S)
+
+    def step(self) -> list[StreamDrafts] | None:
+        """Apply what arrived, then one proposal for every sequence with room to draft ahead:
+        the tokens it drafted, or None where no sequence had room."""
+        with self._wake:
+            messages = list(self._inbox)
+            self._inbox.clear()
+        with self.lock:
+            for message in messages:
+                self._apply(message)
+            items = self._items()
+            if not any(it.num_tokens for it in items):
+                if items:  # committed tokens only: they go with the next proposal
+                    self._keep_unsent(items)
+                return None
+            response = self.worker.propose(ProposeRequest(items=items))
+            self.calls += 1
+            out = []
+            for item, tokens in zip(items, response.tokens):
+                if not tokens:
+                    continue
+                seq = self._followed[item.seq_id]
+                out.append(StreamDrafts(item.seq_id, seq.epoch, seq.length + len(seq.drafted), tuple(tokens)))
+                seq.drafted.extend(tokens)
+        return out
+
+    def _apply(self, message: StreamControl) -> None:
+        worker = self.worker
+        if message.release:
+            for seq_id in message.release:
+                self._followed.pop(seq_id, None)
+            worker.release(list(message.release))
+        if message.add:
+            worker.runner.add(message.add)
+        for follow in message.follow:
+            state = worker.runner.get(follow.seq_id)  # raises for a sequence never added
+            self._followed[follow.seq_id] = _Followed(follow.sampling, len(state.committed))
+        for commit in message.commits:
+            seq = self._followed.get(commit.seq_id)
+            if seq is not None:
+                seq.commit(tuple(commit.tokens))
+
+    def _items(self) -> list[ProposeItem]:
+        """Per followed sequence: what the target committed since the last call, what the draft
+        drafted past it (assumed), and `chunk` more tokens where it is not yet `lookahead`
+        ahead and the cache has room."""
+        items = []
+        max_len = self.worker.runner.cache.max_seq_len
+        for seq_id, seq in self._followed.items():
+            room = max_len - (seq.length + len(seq.drafted)) - 1
+            k = self.chunk if len(seq.drafted) < self.lookahead and room >= self.chunk else 0
+            if k or seq.unsent:
+                items.append(ProposeItem(seq_id, k, tuple(seq.unsent), seq.sampling, tuple(seq.drafted)))
+                seq.unsent = []
+        return items
+
+    def _keep_unsent(self, items: list[ProposeItem]) -> None:
+        for item in items:
+            seq = self._followed[item.seq_id]
+            seq.unsent = list(item.committed) + seq.unsent
+
+
+class Mailbox:
+    """Drafts on their way from a stream's loop (or its RPC) to the coordinator's thread."""
+
+    def __init__(self):
+        self._items: deque[StreamDrafts] = deque()
+        self._ready = threading.Condition()
+        self._error: Exception | None = None
+
+    def put(self, drafts: list[StreamDrafts]) -> None:
+        with self._ready:
+            self._items.extend(drafts)
+            self._ready.notify_all()
+
+    def fail(self, error: Exception) -> None:
+        with self._ready:
+            self._error = error
+            self._ready.notify_all()
+
+    def take(self, timeout_s: float = 0.0) -> list[StreamDrafts]:
+        with self._ready:
+            if not self._items and self._error is None and timeout_s > 0:
+                self._ready.wait(timeout_s)
+            if not self._items and self._error is not None:
+                raise WorkerUnavailableError(f"draft stream ended: {self._error}")
+            out = list(self._items)
+            self._items.clear()
+            return out
+
+
+class LocalDraftStream:
+    """A DraftStream over an in-process DraftWorker: the loop on a thread of its own."""
+
+    def __init__(self, worker, first: StreamControl, lock: threading.Lock | None = None):
+        self.mailbox = Mailbox()
+        self.loop = StreamingDraft(worker, lookahead=first.lookahead or DEFAULT_LOOKAHEAD,
+                                   chunk=first.chunk or DEFAULT_CHUNK, lock=lock)
+        self.loop.control(first)
+        self._thread = threading.Thread(target=self._run, name="draft-stream", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.loop.run(self.mailbox.put)
+        except Exception as exc:  # noqa: BLE001 - reported to the coordinator through the mailbox
+            log.warning("draft stream failed: %s", exc)
+            self.mailbox.fail(exc)
+        else:
+            self.mailbox.fail(RuntimeError("closed"))
+
+    def send(self, control: StreamControl) -> None:
+        if self.loop.closed:
+            raise WorkerUnavailableError("draft stream is closed")
+        self.loop.control(control)
+
+    def receive(self, timeout_s: float = 0.0):
+        return self.mailbox.take(timeout_s)
+
+    def close(self) -> None:
+        self.loop.close()
+        with contextlib.suppress(RuntimeError):
+            self._thread.join(timeout=10)
