@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import re
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -22,8 +23,8 @@ from bass.coordinator.requests import GenerationRequest
 from bass.coordinator.scheduler import Scheduler
 from bass.coordinator.step_stats import StepStats
 from bass.coordinator.tokenizer import load_codec
-from bass.core.config import (DraftLengthConfig, RunnerConfig, SamplingParams, SchedulerConfig, ServeConfig,
-                              WorkerServiceConfig)
+from bass.core.config import (DraftLengthConfig, DraftStreamConfig, RunnerConfig, SamplingParams, SchedulerConfig,
+                              ServeConfig, WorkerServiceConfig)
 from bass.engine.weights import load_config
 from bass.transport.grpc_server import freeze_startup_heap
 
@@ -134,21 +135,40 @@ def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, ba
                 if torch.cuda.is_available() and not services:
                     row["peak_memory_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
                 rows.append(row)
+                scheduler.close()
                 if progress:
                     progress(f"batch {batch} policy {policy}: {row['ms_per_token_per_sequence']} ms/token/seq, "
                              f"{row['tokens_per_sequence_step']} tokens/step")
     return rows
 
 
+# streamK[cC][wW][lL]: streamed speculation verifying up to K drafts a sequence, the draft's loop
+# drafting C tokens a call up to L ahead, a step waiting up to W ms for a sequence with no draft.
+_STREAM_POLICY = re.compile(r"stream(\d+)(?:c(\d+))?(?:w(\d+(?:\.\d+)?))?(?:l(\d+))?")
+
+
+def stream_config(policy: str) -> DraftStreamConfig:
+    """The DraftStreamConfig of a policy `streamK[cC][wW][lL]` (off for any other policy)."""
+    m = _STREAM_POLICY.fullmatch(policy)
+    if m is None:
+        return DraftStreamConfig()
+    block, chunk, wait, lookahead = m.groups()
+    defaults = DraftStreamConfig()
+    return DraftStreamConfig(block=int(block), chunk=int(chunk or defaults.chunk),
+                             wait_ms=float(wait or defaults.wait_ms), lookahead=int(lookahead or defaults.lookahead))
+
+
 def case_scheduler(target, draft, codec, batch: int, policy: str, max_new_tokens: int) -> Scheduler:
     """The scheduler of one (batch, policy) case: fresh, so its policy learns from nothing;
     without the draft for regular decoding; one sequence a request. A policy `pipeK` is
-    pipelined speculation drafting K tokens ahead (SchedulerConfig.pipeline_draft_tokens)."""
+    pipelined speculation drafting K tokens ahead (SchedulerConfig.pipeline_draft_tokens);
+    `streamK...` streamed speculation (`stream_config`)."""
     pipeline = int(policy[4:]) if policy.startswith("pipe") else 0
-    length = DraftLengthConfig.parse("0" if pipeline else policy)
-    return Scheduler(target, draft if length.speculates or pipeline else None, codec,
+    stream = stream_config(policy)
+    length = DraftLengthConfig.parse("0" if pipeline or stream.on else policy)
+    return Scheduler(target, draft if length.speculates or pipeline or stream.on else None, codec,
                      SchedulerConfig(max_batch_size=batch, max_n=1, max_new_tokens=max_new_tokens, draft_length=length,
-                                     pipeline_draft_tokens=pipeline))
+                                     pipeline_draft_tokens=pipeline, draft_stream=stream))
 
 
 def case_requests(prompts: list[str], batch: int, mode: str, tokens: int, round_: int) -> list[GenerationRequest]:
