@@ -78,7 +78,9 @@ class StreamHost:
         try:
             for message in requests:
                 loop.control(wire.stream_control_from_proto(message))
-        except Exception as exc:  # noqa: BLE001 - a cancelled stream or a malformed message ends it
+        except grpc.RpcError:  # the coordinator closed or cancelled the stream
+            log.debug("draft stream: cancelled by the coordinator")
+        except Exception as exc:  # noqa: BLE001 - a malformed message ends the stream
             log.warning("draft stream: %s", exc)
         finally:
             loop.close()
