@@ -23,22 +23,26 @@ class _Sequence:
     epoch: int = 0  # of `drafts`' chain
     dead_below: int = 0  # tokens of epochs below this are from a dead chain
 
-    def deliver(self, d: StreamDrafts) -> None:
+    def deliver(self, d: StreamDrafts) -> int:
+        """Take what arrived; returns how many of its tokens were kept as drafts."""
         if d.epoch < max(self.epoch, self.dead_below):
-            return
+            return 0
         if d.epoch > self.epoch:  # the draft started over from the committed tokens
             self.epoch, self.drafts = d.epoch, []
+        kept = 0
         for i, token in enumerate(d.tokens):
             position = d.position + i
             if position < len(self.committed):
                 if self.committed[position] != token:
                     self._kill()
-                    return
+                    return kept
                 continue
             if position != len(self.committed) + len(self.drafts):
                 self._kill()  # a gap: not a continuation of what is held (never expected)
-                return
+                return kept
             self.drafts.append(token)
+            kept += 1
+        return kept
 
     def commit(self, tokens: list[int]) -> None:
         n = min(len(self.drafts), len(tokens))
@@ -72,11 +76,15 @@ class DraftsAhead:
     def follows(self, seq_id: int) -> bool:
         return seq_id in self._seqs
 
-    def deliver(self, drafts: list[StreamDrafts]) -> None:
+    def deliver(self, drafts: list[StreamDrafts]) -> tuple[int, int]:
+        """Take what arrived: (tokens that arrived, tokens kept as drafts)."""
+        arrived = kept = 0
         for d in drafts:
+            arrived += len(d.tokens)
             seq = self._seqs.get(d.seq_id)
             if seq is not None:
-                seq.deliver(d)
+                kept += seq.deliver(d)
+        return arrived, kept
 
     def commit(self, seq_id: int, tokens: list[int]) -> None:
         seq = self._seqs.get(seq_id)

@@ -376,6 +376,11 @@ class Scheduler:
         outcome = self.streamed.execute(plan)
         if outcome.draft_error is not None:
             self._draft_failed(outcome.draft_error)
+        st = self.step_stats
+        st.stream_arrived += outcome.arrived
+        st.stream_kept += outcome.kept
+        st.stream_starved += outcome.starved
+        st.stream_draft_busy_s += outcome.draft_busy_s
         finished += self._commit(batch, outcome.drafts, outcome.verified, 0, outcome.draft_wait_s,
                                  outcome.verify_s, draft_wait_s=outcome.draft_wait_s, policy_observes=False)
         for seq in batch:  # the executor sent the draft the verdicts themselves

@@ -53,6 +53,10 @@ class StreamOutcome:
     draft_wait_s: float  # how long the step waited for drafts to arrive
     verify_s: float
     draft_error: Exception | None = None
+    arrived: int = 0  # draft tokens that arrived since the last step
+    kept: int = 0  # of them, those that continued the committed text
+    starved: int = 0  # sequences the draft follows that had no draft to verify
+    draft_busy_s: float = 0.0  # the draft's time in its proposals since the last step
 
 
 class StreamedStep:
@@ -62,10 +66,11 @@ class StreamedStep:
         self.target, self.clock, self.block, self.wait_s = target, clock, block, wait_s
         self.ahead = DraftsAhead()
         self.stream: DraftStream | None = None
+        self._busy_s = 0.0  # the stream's busy_s at the last step
 
     def open(self, stream: DraftStream) -> None:
         self.close()
-        self.stream = stream
+        self.stream, self._busy_s = stream, 0.0
 
     def close(self) -> None:
         """The draft went down, restarted or is no longer wanted: nothing it drafted stands."""
@@ -82,23 +87,24 @@ class StreamedStep:
             self.ahead.forget(seq_id)
 
     def execute(self, plan: StreamPlan) -> StreamOutcome:
-        batch, error = plan.batch, None
+        batch, error, arrived, kept = plan.batch, None, 0, 0
         started = self.clock()
         try:
+            by_id = {s.seq_id: s for s in batch}
             self._send(StreamControl(
                 release=plan.draft_release, add=plan.draft_add,
-                follow=[FollowSequence(a.seq_id, _by_id(batch, a.seq_id).sampling) for a in plan.draft_add]))
+                follow=[FollowSequence(a.seq_id, by_id[a.seq_id].sampling) for a in plan.draft_add]))
             for add in plan.draft_add:
-                seq = _by_id(batch, add.seq_id)
-                self.ahead.follow(seq.seq_id, list(seq.request.prompt_ids) + seq.output)
-            self._collect(batch)
+                self.ahead.follow(add.seq_id, list(add.prompt_ids))
+            arrived, kept = self._collect(batch)
         except Exception as exc:  # noqa: BLE001 - speculation is optional; never fail a request for it
             error = exc
         draft_wait_s = self.clock() - started
-        blocks, real = [], []
+        blocks, real, starved = [], [], 0
         for seq, room in zip(batch, plan.rooms):
             block = self.ahead.block(seq.seq_id, min(self.block, room)) if error is None else ()
             real.append(block)
+            starved += not block and self.ahead.follows(seq.seq_id)
             last = block[-1] if block else _last_token(seq)
             blocks.append((block + (last,) * (self.block - len(block)))[:max(0, room)])
         started = self.clock()
@@ -115,27 +121,29 @@ class StreamedStep:
                 error = exc
         for seq, verdict in zip(batch, verified.verdicts):
             self.ahead.commit(seq.seq_id, list(verdict.tokens))
-        return StreamOutcome(drafts=real, verified=verified, draft_wait_s=draft_wait_s, verify_s=verify_s,
-                             draft_error=error)
+        busy_s = self.stream.busy_s if self.stream is not None else self._busy_s
+        outcome = StreamOutcome(drafts=real, verified=verified, draft_wait_s=draft_wait_s, verify_s=verify_s,
+                                draft_error=error, arrived=arrived, kept=kept, starved=starved,
+                                draft_busy_s=max(0.0, busy_s - self._busy_s))
+        self._busy_s = busy_s
+        return outcome
 
     def _send(self, control: StreamControl) -> None:
         if control.add or control.release or control.follow or control.commits:
             self.stream.send(control)
 
-    def _collect(self, batch: list[SequenceRun]) -> None:
+    def _collect(self, batch: list[SequenceRun]) -> tuple[int, int]:
         """Take what arrived; where a drafting sequence holds no draft yet, wait for more, at
-        most wait_s."""
-        self.ahead.deliver(self.stream.receive())
+        most wait_s. Returns (tokens arrived, tokens kept)."""
+        arrived, kept = self.ahead.deliver(self.stream.receive())
         deadline = self.clock() + self.wait_s
         while any(self.ahead.follows(s.seq_id) and not self.ahead.held(s.seq_id) for s in batch):
             left = deadline - self.clock()
             if left <= 0:
                 break
-            self.ahead.deliver(self.stream.receive(left))
-
-
-def _by_id(batch: list[SequenceRun], seq_id: int) -> SequenceRun:
-    return next(s for s in batch if s.seq_id == seq_id)
+            more = self.ahead.deliver(self.stream.receive(left))
+            arrived, kept = arrived + more[0], kept + more[1]
+        return arrived, kept
 
 
 def _last_token(seq: SequenceRun) -> int:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
@@ -78,6 +79,7 @@ class StreamingDraft:
         self._wake = threading.Condition()
         self._closed = False
         self.calls = 0  # worker proposals made (statistics, tests)
+        self.busy_s = 0.0  # time in them
 
     # -- any thread ------------------------------------------------------------------------------
     def control(self, message: StreamControl) -> None:
@@ -125,7 +127,9 @@ class StreamingDraft:
                 if items:  # committed tokens only: they go with the next proposal
                     self._keep_unsent(items)
                 return None
+            started = time.perf_counter()
             response = self.worker.propose(ProposeRequest(items=items))
+            self.busy_s += time.perf_counter() - started
             self.calls += 1
             out = []
             for item, tokens in zip(items, response.tokens):
@@ -179,10 +183,13 @@ class Mailbox:
         self._items: deque[StreamDrafts] = deque()
         self._ready = threading.Condition()
         self._error: Exception | None = None
+        self.busy_s = 0.0  # the draft's time in its proposals, as of the last delivery
 
-    def put(self, drafts: list[StreamDrafts]) -> None:
+    def put(self, drafts: list[StreamDrafts], busy_s: float | None = None) -> None:
         with self._ready:
             self._items.extend(drafts)
+            if busy_s is not None:
+                self.busy_s = busy_s
             self._ready.notify_all()
 
     def fail(self, error: Exception) -> None:
@@ -214,7 +221,7 @@ class LocalDraftStream:
 
     def _run(self) -> None:
         try:
-            self.loop.run(self.mailbox.put)
+            self.loop.run(lambda drafts: self.mailbox.put(drafts, self.loop.busy_s))
         except Exception as exc:  # noqa: BLE001 - reported to the coordinator through the mailbox
             log.warning("draft stream failed: %s", exc)
             self.mailbox.fail(exc)
@@ -228,6 +235,10 @@ class LocalDraftStream:
 
     def receive(self, timeout_s: float = 0.0):
         return self.mailbox.take(timeout_s)
+
+    @property
+    def busy_s(self) -> float:
+        return self.mailbox.busy_s
 
     def close(self) -> None:
         self.loop.close()

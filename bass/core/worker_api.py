@@ -179,6 +179,8 @@ class DraftStream(Protocol):
     # Raises WorkerUnavailableError once the stream has failed and nothing is left to read.
     def receive(self, timeout_s: float = 0.0) -> list[StreamDrafts]: ...
     def close(self) -> None: ...
+    @property
+    def busy_s(self) -> float: ...  # the draft's time in its proposals so far, as last reported
 
 
 class PendingVerify(Protocol):

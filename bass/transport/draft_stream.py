@@ -65,7 +65,7 @@ class StreamHost:
                 if drafted is None:
                     loop.idle()
                 elif drafted:
-                    yield wire.stream_drafts_to_proto(drafted)
+                    yield wire.stream_drafts_to_proto(drafted, loop.busy_s)
         finally:
             loop.close()
             with self._guard:
@@ -101,7 +101,7 @@ class RemoteDraftStream:
     def _read(self) -> None:
         try:
             for message in self._replies:
-                self.mailbox.put(wire.stream_drafts_from_proto(message))
+                self.mailbox.put(wire.stream_drafts_from_proto(message), message.busy_s)
         except grpc.RpcError as e:
             if not self._closed:
                 log.warning("draft stream at %s failed: %s %s", self.address, e.code().name, e.details())
@@ -119,6 +119,10 @@ class RemoteDraftStream:
 
     def receive(self, timeout_s: float = 0.0) -> list[StreamDrafts]:
         return self.mailbox.take(timeout_s)
+
+    @property
+    def busy_s(self) -> float:
+        return self.mailbox.busy_s
 
     def close(self) -> None:
         if not self._closed:

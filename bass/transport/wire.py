@@ -201,10 +201,10 @@ def stream_control_from_proto(m: pb.StreamControl) -> StreamControl:
                          release=list(m.release), lookahead=m.lookahead, chunk=m.chunk)
 
 
-def stream_drafts_to_proto(drafts: Sequence[StreamDrafts]) -> pb.StreamDrafts:
+def stream_drafts_to_proto(drafts: Sequence[StreamDrafts], busy_s: float = 0.0) -> pb.StreamDrafts:
     return pb.StreamDrafts(seq_ids=[d.seq_id for d in drafts], epochs=[d.epoch for d in drafts],
                            positions=[d.position for d in drafts], counts=[len(d.tokens) for d in drafts],
-                           tokens=[t for d in drafts for t in d.tokens])
+                           tokens=[t for d in drafts for t in d.tokens], busy_s=busy_s)
 
 
 def stream_drafts_from_proto(m: pb.StreamDrafts) -> list[StreamDrafts]:

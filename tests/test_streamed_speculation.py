@@ -1,0 +1,556 @@
+"""Streamed speculation (issue #36): the draft runs ahead on its own (draft_service/stream.py), the
+coordinator keeps the drafts that continue the committed text (coordinator/draft_ahead.py) and
+verifies what has arrived (coordinator/streamed_step.py).
+
+DraftsAhead and the draft's loop are checked message by message: which drafts a sequence holds
+after each delivery and commit, by content and by epoch; where and from what the loop drafts,
+that its tokens are a plain proposal's, and that its worker's cache never keeps a rejected token.
+End to end, whatever the draft drafts and whenever it arrives, the text must be the target's own
+decoding token for token, greedy and seeded, in-process (the loop on a thread) and through the
+real services (the loop in the draft's process, over DraftWorker.Stream); a draft that dies
+mid-stream, cancellations and arrivals change nothing but the speed, and every slot is free at
+the end. Steps wait up to `wait_ms` for a sequence that holds no draft yet: on the CPU, with no
+wait the target would mostly verify before any draft arrived."""
+
+import time
+
+import pytest
+
+from bass.app.bench.speed import stream_config
+from bass.app.client import BassClient
+from bass.coordinator.draft_ahead import DraftsAhead
+from bass.coordinator.requests import FinishReason, GenerationRequest
+from bass.coordinator.streamed_step import StreamedStep
+from bass.core.config import DraftStreamConfig, SamplingParams, SchedulerConfig
+from bass.core.errors import InvalidRequestError, WorkerUnavailableError
+from bass.core.worker_api import (AddSequence, FollowSequence, ProposeItem, ProposeRequest, SequenceSampling,
+                                  StreamCommit, StreamControl, StreamDrafts)
+from bass.draft_service.stream import StreamingDraft
+from bass.transport import wire
+from bass.v1 import worker_pb2 as pb
+from conftest import build_scheduler
+from services import start_services
+from test_draft_loop import make_worker
+from test_pipelined_speculation import REQUESTS, texts
+
+GREEDY = SequenceSampling(SamplingParams(), seed_key=1)
+SAMPLED = SequenceSampling(SamplingParams(temperature=0.9, top_p=0.9), seed_key=12345)
+PROMPT = (5, 6, 7, 8)
+WAIT = {"wait_ms": 200}  # see the module docstring
+
+
+@pytest.fixture(scope="module")
+def regular(llama_target):
+    """The target's own decoding of REQUESTS."""
+    return texts(build_scheduler(llama_target, None, "0").generate(REQUESTS))
+
+
+@pytest.fixture
+def schedulers():
+    """build_scheduler, each scheduler closed (its draft stream's thread stopped) after the test."""
+    made = []
+
+    def build(*args, **kwargs):
+        s = build_scheduler(*args, **kwargs)
+        made.append(s)
+        return s
+
+    yield build
+    for s in made:
+        s.close()
+
+
+def wait_until(condition, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+# -- DraftsAhead ------------------------------------------------------------------------------------
+def ahead(committed=(1, 2, 3)) -> DraftsAhead:
+    a = DraftsAhead()
+    a.follow(1, list(committed))
+    return a
+
+
+def d(position, tokens, epoch=0, seq_id=1) -> StreamDrafts:
+    return StreamDrafts(seq_id, epoch, position, tuple(tokens))
+
+
+def test_drafts_ahead_keeps_drafts_in_order_and_a_block_does_not_consume_them():
+    a = ahead()
+    a.deliver([d(3, (10, 11)), d(5, (12,))])
+    assert a.held(1) == 3 and a.block(1, 8) == (10, 11, 12)
+    assert a.block(1, 2) == (10, 11) and a.block(1, 2) == (10, 11)  # held until committed
+    a.deliver([d(3, (50,), seq_id=2)])  # a sequence not followed
+    assert not a.follows(2) and a.held(2) == 0 and a.block(2, 4) == ()
+    a.forget(1)
+    a.deliver([d(6, (13,))])
+    assert not a.follows(1) and a.block(1, 8) == ()
+    b = ahead()
+    b.clear()
+    assert not b.follows(1)
+
+
+def test_drafts_ahead_skips_drafts_at_committed_positions_that_agree():
+    a = ahead()
+    a.commit(1, [10, 11])  # the target went ahead with nothing held (stand-ins)
+    a.deliver([d(3, (10, 11, 12, 13))])
+    assert a.block(1, 8) == (12, 13)
+
+
+def test_drafts_ahead_a_committed_position_that_disagrees_kills_the_chain_until_a_newer_epoch():
+    a = ahead()
+    a.commit(1, [10, 11])
+    a.deliver([d(3, (10, 99))])  # 99: the target took 11
+    assert a.held(1) == 0
+    a.deliver([d(5, (12, 13))])  # drafted after 99: dropped, although its position is the next
+    assert a.held(1) == 0
+    a.deliver([d(5, (20, 21), epoch=1)])  # the draft started over from the committed tokens
+    assert a.block(1, 8) == (20, 21)
+
+
+def test_drafts_ahead_a_commit_that_disagrees_kills_the_chain_until_a_newer_epoch():
+    a = ahead()
+    a.deliver([d(3, (10, 11))])
+    a.commit(1, [10, 50])  # the target took 10, then 50 where the draft had 11
+    assert a.held(1) == 0
+    a.deliver([d(5, (12, 13))])  # drafted after 11: dropped, although its position is the next
+    assert a.held(1) == 0
+    a.deliver([d(5, (30, 31), epoch=1)])
+    assert a.block(1, 8) == (30, 31)
+    a.deliver([d(7, (32,), epoch=1)])
+    assert a.block(1, 8) == (30, 31, 32)
+
+
+def test_drafts_ahead_a_commit_that_agrees_consumes_what_it_covers():
+    a = ahead()
+    a.deliver([d(3, (10, 11, 12))])
+    a.commit(1, [10, 11])
+    assert a.block(1, 8) == (12,)
+    a.deliver([d(6, (13,))])
+    assert a.block(1, 8) == (12, 13)
+
+
+def test_drafts_ahead_a_commit_past_the_held_drafts_that_agrees_keeps_the_chain():
+    a = ahead()
+    a.deliver([d(3, (10,))])
+    a.commit(1, [10, 11, 12])  # the draft's next tokens had not arrived: the target went on alone
+    assert a.held(1) == 0
+    a.deliver([d(4, (11, 12, 13, 14))])  # the same epoch, agreeing where committed
+    assert a.block(1, 8) == (13, 14)
+    # ... and the same chain, where a later token disagrees with what was committed, dies
+    b = ahead()
+    b.deliver([d(3, (10,))])
+    b.commit(1, [10, 11, 12])
+    b.deliver([d(4, (11, 77, 13))])
+    assert b.held(1) == 0
+
+
+def test_drafts_ahead_ignores_an_older_epoch_after_a_newer_one():
+    a = ahead()
+    a.deliver([d(3, (20,), epoch=1)])
+    a.deliver([d(4, (11,), epoch=0)])  # on its way before the draft started over
+    assert a.block(1, 8) == (20,)
+    a.deliver([d(4, (21,), epoch=1)])
+    assert a.block(1, 8) == (20, 21)
+    a.deliver([d(3, (40, 41), epoch=2)])  # a newer epoch replaces what is held
+    assert a.block(1, 8) == (40, 41)
+
+
+def test_drafts_ahead_a_gap_kills_the_chain():
+    a = ahead()
+    a.deliver([d(3, (10,)), d(5, (12,))])  # position 4 never came
+    assert a.held(1) == 0
+    a.deliver([d(6, (13,))])
+    assert a.held(1) == 0
+
+
+# -- the draft's loop ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def draft_worker(llama_draft):
+    return make_worker(llama_draft, prepared=True)
+
+
+@pytest.fixture
+def loop(draft_worker):
+    draft_worker.reset()
+    s = StreamingDraft(draft_worker, lookahead=4, chunk=2)
+    s.control(StreamControl(add=[AddSequence(1, PROMPT)], follow=[FollowSequence(1, GREEDY)]))
+    yield s
+    draft_worker.reset()
+
+
+def plain_proposal(worker, prefix, k, sampling=GREEDY):
+    """What a DraftWorker proposes from `prefix` committed (a fresh sequence on a worker of its own)."""
+    worker.reset()
+    worker.propose(ProposeRequest(items=[], add=[AddSequence(99, tuple(prefix))]))
+    return tuple(worker.propose(ProposeRequest(items=[ProposeItem(99, k, (), sampling)])).tokens[0])
+
+
+def not_(token: int) -> int:
+    """A token other than `token`: the target's where the draft had `token`."""
+    return token - 1 if token else token + 1
+
+
+def one(drafted):
+    assert drafted is not None and len(drafted) == 1, drafted
+    return drafted[0]
+
+
+def test_the_loop_drafts_up_to_its_lookahead_then_waits_for_a_commit(loop):
+    first = one(loop.step())
+    assert (first.seq_id, first.epoch, first.position, len(first.tokens)) == (1, 0, len(PROMPT), 2)
+    second = one(loop.step())
+    assert (second.epoch, second.position, len(second.tokens)) == (0, len(PROMPT) + 2, 2)
+    calls = loop.calls
+    assert loop.step() is None and loop.step() is None  # 4 ahead: nothing more to draft
+    assert loop.calls == calls  # and no proposal made
+    loop.control(StreamControl(commits=[StreamCommit(1, first.tokens)]))  # the target took them
+    third = one(loop.step())
+    assert (third.epoch, third.position, len(third.tokens)) == (0, len(PROMPT) + 4, 2)
+    assert loop.step() is None
+
+
+def test_an_agreeing_commit_keeps_the_chain_and_a_disagreeing_one_starts_a_new_epoch(loop, draft_worker):
+    a = one(loop.step()).tokens
+    one(loop.step())  # drafted past a: at the lookahead
+    # The target took a[0] and then a token of its own where the draft had a[1].
+    taken = (a[0], not_(a[1]))
+    loop.control(StreamControl(commits=[StreamCommit(1, taken)]))
+    restart = one(loop.step())
+    assert restart.epoch == 1 and restart.position == len(PROMPT) + 2  # from the committed tokens
+    state = draft_worker.runner.get(1)
+    committed = list(PROMPT + taken)
+    assert state.committed == committed  # a[1] and what was drafted after it are gone
+    assert draft_worker.runner.cache.tokens(state.slot)[:len(committed)] == committed
+    # A commit that agrees with everything drafted: the chain (and its epoch) go on.
+    loop.control(StreamControl(commits=[StreamCommit(1, restart.tokens)]))
+    after = one(loop.step())
+    assert after.epoch == 1 and after.position == len(PROMPT) + 4
+    # A commit longer than what was drafted that agrees with it: the same.
+    loop.control(StreamControl(commits=[StreamCommit(1, after.tokens + (3,))]))
+    longer = one(loop.step())
+    assert longer.epoch == 1 and longer.position == len(PROMPT) + 7
+    # An agreeing commit that covers part of what was drafted: the rest stands, no new epoch.
+    more = one(loop.step())
+    loop.control(StreamControl(commits=[StreamCommit(1, longer.tokens[:1])]))
+    assert one(loop.step()).position == more.position + 2 and loop.step() is None
+    # ... and where it disagrees with the tokens the draft holds, a new epoch starts over.
+    loop.control(StreamControl(commits=[StreamCommit(1, (longer.tokens[1], not_(more.tokens[0])))]))
+    again = one(loop.step())
+    assert again.epoch == 2 and again.position == len(PROMPT) + 10
+
+
+def test_the_loop_drafts_what_a_plain_proposal_drafts(llama_draft, loop, draft_worker):
+    """Greedy, each call's tokens are what DraftWorker.propose gives from the committed tokens
+    and the loop's own unverified ones, before and after a disagreeing commit."""
+    twin = make_worker(llama_draft, prepared=True)
+    a = one(loop.step()).tokens
+    b = one(loop.step()).tokens
+    assert a == plain_proposal(twin, PROMPT, 2)
+    assert b == plain_proposal(twin, PROMPT + a, 2)
+    taken = (a[0], not_(a[1]))
+    loop.control(StreamControl(commits=[StreamCommit(1, taken)]))
+    c = one(loop.step()).tokens
+    assert c == plain_proposal(twin, PROMPT + taken, 2)
+    e = one(loop.step()).tokens
+    assert e == plain_proposal(twin, PROMPT + taken + c, 2)
+
+
+def test_a_sampled_loop_draws_each_position_as_a_plain_proposal_does(llama_draft, draft_worker):
+    """Sampled, a token is the draft's race at its position under the sequence's key, whatever
+    the loop drafted it after."""
+    draft_worker.reset()
+    twin = make_worker(llama_draft, prepared=True)
+    s = StreamingDraft(draft_worker, lookahead=6, chunk=3)
+    s.control(StreamControl(add=[AddSequence(1, PROMPT)], follow=[FollowSequence(1, SAMPLED)]))
+    a = one(s.step()).tokens
+    b = one(s.step()).tokens
+    assert a == plain_proposal(twin, PROMPT, 3, SAMPLED)
+    assert b == plain_proposal(twin, PROMPT + a, 3, SAMPLED)
+    draft_worker.reset()
+
+
+def test_the_cache_never_keeps_a_rejected_token_in_committed_positions(loop, draft_worker):
+    """Round after round the target takes a draft and rejects the next: the worker's committed
+    tokens and its cache are the target's, never the rejected token nor what was drafted after it."""
+    runner = draft_worker.runner
+    target = list(PROMPT)
+    drafted = one(loop.step())
+    for round_ in range(1, 5):
+        one(loop.step())  # more drafted past it (the worker assumes what it drafted)
+        taken = (drafted.tokens[0], not_(drafted.tokens[1]))
+        target += taken
+        loop.control(StreamControl(commits=[StreamCommit(1, taken)]))
+        drafted = one(loop.step())
+        state = runner.get(1)
+        assert drafted.epoch == round_ and drafted.position == len(state.committed)
+        assert state.committed[-2:] == list(taken)
+        assert runner.cache.tokens(state.slot)[:len(state.committed)] == state.committed
+    assert state.committed == target
+
+
+def test_release_forgets_the_sequence(loop, draft_worker):
+    one(loop.step())
+    loop.control(StreamControl(release=[1]))
+    assert loop.step() is None
+    assert 1 not in draft_worker.runner.sequences
+    loop.control(StreamControl(commits=[StreamCommit(1, (3,))]))  # late: ignored
+    assert loop.step() is None
+
+
+def test_two_sequences_draft_in_one_call_each_at_its_own_position(loop):
+    loop.control(StreamControl(add=[AddSequence(2, (9, 8, 7, 6, 5, 4))], follow=[FollowSequence(2, GREEDY)]))
+    drafted = loop.step()
+    assert sorted((x.seq_id, x.position, len(x.tokens)) for x in drafted) == [(1, 4, 2), (2, 6, 2)]
+    assert loop.calls == 1
+
+
+def test_a_local_stream_drafts_on_its_thread_until_closed(draft_worker):
+    draft_worker.reset()
+    stream = draft_worker.open_stream(StreamControl(add=[AddSequence(1, PROMPT)], follow=[FollowSequence(1, GREEDY)],
+                                                    lookahead=4, chunk=2))
+    try:
+        got = []
+        assert wait_until(lambda: got.extend(stream.receive(0.1)) or sum(len(x.tokens) for x in got) >= 4)
+        assert [x.position for x in got] == [4, 6] and all(x.epoch == 0 for x in got)
+        assert stream.receive(0.3) == []  # at its lookahead: nothing more until a commit
+        stream.send(StreamControl(commits=[StreamCommit(1, got[0].tokens)]))
+        more = []
+        assert wait_until(lambda: more.extend(stream.receive(0.1)) or more)
+        assert more[0].position == 8 and more[0].epoch == 0
+    finally:
+        stream.close()
+    with pytest.raises(WorkerUnavailableError):
+        for _ in range(50):
+            stream.receive(0.1)  # what was left, then the stream's end
+    with pytest.raises(WorkerUnavailableError):
+        stream.send(StreamControl(release=[1]))
+    draft_worker.reset()
+
+
+# -- end to end, in-process -----------------------------------------------------------------------------
+@pytest.mark.parametrize("block", [1, 3, 5])
+@pytest.mark.parametrize("draft", ["llama_draft", "llama_bad_draft"])
+def test_text_is_the_targets_own_greedy_and_seeded(llama_target, draft, block, regular, request, schedulers):
+    """A draft that agrees often and one that rarely does: the same text as regular decoding,
+    and drafts were really verified (some accepted, some rejected)."""
+    s = schedulers(llama_target, request.getfixturevalue(draft), stream={"block": block, **WAIT})
+    results = s.generate(REQUESTS)
+    assert texts(results) == regular
+    assert s.step_stats.draft_tokens > 0, "no draft was ever verified"
+    assert max(s.step_stats.steps_by_length) <= block
+    assert sum(r.stats.rejections for r in results) > 0, "no draft was ever rejected"
+    if draft == "llama_draft":
+        assert s.step_stats.accepted_tokens > 0, "no draft was ever accepted"
+
+
+class SlowTarget:
+    """A target whose verifications take at least `delay_s`: on the CPU the draft (here as large as
+    the target) then has the time a draft on a GPU of its own has to run ahead."""
+
+    def __init__(self, inner, delay_s: float):
+        self.inner, self.delay_s = inner, delay_s
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def verify(self, request):
+        time.sleep(self.delay_s)
+        return self.inner.verify(request)
+
+
+def test_an_identical_draft_covers_a_block_and_its_bonus_token_a_step(llama_target, schedulers):
+    """The target as its own draft (greedy): every draft is accepted, and the draft, running
+    ahead past each block (the target's own token after it included), has the next block ready:
+    about block + 1 tokens a step where regular decoding commits one."""
+    block, new = 4, 41
+    request = GenerationRequest(prompt_ids=(3, 1, 4, 1, 5), max_new_tokens=new, ignore_eos=True)
+    plain = build_scheduler(llama_target, None, "0")
+    want = texts(plain.generate([request]))
+    assert plain.step_stats.steps >= new - 1
+    s = schedulers(llama_target, llama_target, stream={"block": block, **WAIT})
+    s.target = SlowTarget(s.target, 0.02)
+    result = s.generate([request])[0]
+    assert texts([result]) == want
+    assert result.stats.accepted_tokens == result.stats.draft_tokens > 0
+    # block + 1 = 5 a step once running: 9 steps and the first; 3 a step on average allowed.
+    assert s.step_stats.steps <= new // 3, (s.step_stats.steps, s.step_stats.steps_by_length)
+
+
+def test_cancelled_and_arriving_requests_mid_stream(llama_target, llama_draft, schedulers):
+    """A request cancelled between steps leaves; one arriving later joins the stream; the others'
+    text is unchanged, and every slot on both workers is free at the end (the release reaches
+    the draft's loop through the stream)."""
+    s = schedulers(llama_target, llama_draft, stream={"block": 3, **WAIT})
+    first, cancelled, late = REQUESTS[0], REQUESTS[1], REQUESTS[2]
+    want = {id(r): texts(build_scheduler(llama_target, None, "0").generate([r]))[0] for r in (first, late)}
+    runs = [s.submit(first), s.submit(cancelled)]
+    for _ in range(3):
+        s.step()
+    assert s.step_stats.draft_tokens > 0
+    s.cancel(runs[1])
+    runs.append(s.submit(late))
+    while s.has_work:
+        s.step()
+    s.flush_releases()
+    assert [q.token_ids for q in runs[0].result.sequences] == want[id(first)]
+    assert [q.token_ids for q in runs[2].result.sequences] == want[id(late)]
+    assert all(q.finish_reason == FinishReason.CANCELLED for q in runs[1].sequences)
+    assert not s.target.runner.sequences
+    assert wait_until(lambda: not s.draft.runner.sequences), list(s.draft.runner.sequences)
+    assert not any(s.streamed.ahead.follows(q.seq_id) for run in runs for q in run.sequences)
+
+
+def test_a_draft_that_fails_mid_stream_changes_nothing_but_speed(llama_target, llama_draft, regular, schedulers):
+    """The draft's loop fails (its worker raises): the coordinator carries on without it, opens a
+    new stream once the draft answers again, and verifies its drafts after that."""
+    s = schedulers(llama_target, llama_draft, stream={"block": 3, **WAIT})
+    s.reconnect_interval_s = 0.0
+    first_stream = s.streamed.stream
+    worker, original = s.draft, s.draft.propose
+    calls, at_failure = [0], []
+
+    def flaky(request):
+        calls[0] += 1
+        if calls[0] == 4:
+            at_failure.append(s.step_stats.draft_tokens)
+            raise RuntimeError("draft killed (test)")
+        return original(request)
+
+    worker.propose = flaky
+    try:
+        results = s.generate(REQUESTS)
+    finally:
+        del worker.propose
+    assert texts(results) == regular
+    assert at_failure, "the draft never failed"
+    assert s.streamed.stream is not None and s.streamed.stream is not first_stream, "no new stream was opened"
+    assert s.step_stats.draft_tokens > at_failure[0], "no draft was verified after the draft came back"
+
+
+# -- end to end, through the services -------------------------------------------------------------------
+def generate_all(client, requests):
+    return [[list(q.token_ids) for q in client.generate(
+        r.prompt_ids, n=r.n, max_new_tokens=r.max_new_tokens, temperature=r.sampling.temperature,
+        top_p=r.sampling.top_p, top_k=r.sampling.top_k, seed=r.seed, ignore_eos=True).sequences]
+        for r in requests]
+
+
+def test_through_separate_services_and_a_draft_that_dies_and_comes_back(llama_target, llama_draft, regular):
+    """The draft's loop in the draft service's process, over DraftWorker.Stream: the same text;
+    the draft service dies during a request and is restarted: the text is still the target's,
+    and streaming resumes over a new stream."""
+    services = start_services(llama_target, llama_draft, stream={"block": 3, "wait_ms": 100})
+    prompt, new = [5, 17, 33, 200, 7], 40
+    want = texts(build_scheduler(llama_target, None, "0").generate(
+        [GenerationRequest(prompt_ids=tuple(prompt), max_new_tokens=new, ignore_eos=True)]))[0][0]
+    try:
+        with BassClient(services.address, timeout_s=60) as client:
+            assert generate_all(client, REQUESTS) == regular
+            before = client.generate(prompt, max_new_tokens=new, ignore_eos=True)
+            assert list(before.sequences[0].token_ids) == want and before.stats.draft_tokens > 0
+
+            stream = client.stream_raw(prompt, n=2, max_new_tokens=new, ignore_eos=True)
+            first = next(stream)
+            services.draft.stop(grace_s=0)
+            tokens = {}
+            for m in [first] + list(stream):
+                for delta in m.deltas:
+                    tokens.setdefault(delta.index, []).extend(delta.token_ids)
+            assert tokens == {0: want, 1: want}
+
+            during = client.generate(prompt, max_new_tokens=new, ignore_eos=True)
+            assert list(during.sequences[0].token_ids) == want and during.stats.draft_tokens == 0
+
+            services.restart_draft()
+            deadline = time.monotonic() + 20
+            while True:
+                after = client.generate(prompt, max_new_tokens=new, ignore_eos=True)
+                assert list(after.sequences[0].token_ids) == want
+                if after.stats.draft_tokens > 0 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            assert after.stats.draft_tokens > 0, "streaming should resume once the draft is back"
+            assert generate_all(client, REQUESTS) == regular
+    finally:
+        services.stop()
+
+
+# -- configuration, wire, bench ---------------------------------------------------------------------------
+@pytest.mark.parametrize("fields, field", [
+    ({"block": 9}, "draft_stream.block"),
+    ({"block": -1}, "draft_stream.block"),
+    ({"lookahead": 4, "chunk": 5}, "draft_stream.chunk"),
+    ({"chunk": 0}, "draft_stream.chunk"),
+    ({"lookahead": 0}, "draft_stream.lookahead"),
+    ({"wait_ms": -0.5}, "draft_stream.wait_ms"),
+    ({"wait_ms": float("nan")}, "draft_stream.wait_ms"),
+])
+def test_draft_stream_config_rejects_bad_values(fields, field):
+    with pytest.raises(InvalidRequestError) as e:
+        DraftStreamConfig(**fields)
+    assert e.value.field == field
+
+
+def test_draft_stream_config_accepts_its_limits_and_is_off_by_default():
+    assert not DraftStreamConfig().on and not SchedulerConfig().draft_stream.on
+    c = DraftStreamConfig(block=8, lookahead=4, chunk=4, wait_ms=0)
+    assert c.on and c.block == 8
+
+
+def test_streamed_and_pipelined_speculation_are_exclusive():
+    with pytest.raises(InvalidRequestError) as e:
+        SchedulerConfig(pipeline_draft_tokens=3, draft_stream=DraftStreamConfig(block=2))
+    assert e.value.field == "draft_stream.block"
+    SchedulerConfig(pipeline_draft_tokens=3)  # either alone is fine
+    SchedulerConfig(draft_stream=DraftStreamConfig(block=2))
+
+
+def test_the_loop_and_the_step_reject_bad_sizes(draft_worker):
+    with pytest.raises(InvalidRequestError):
+        StreamingDraft(draft_worker, lookahead=0)
+    with pytest.raises(InvalidRequestError):
+        StreamingDraft(draft_worker, lookahead=2, chunk=3)
+    with pytest.raises(ValueError):
+        StreamedStep(target=None, clock=time.perf_counter, block=0, wait_s=0.0)
+
+
+def test_stream_messages_round_trip_the_wire():
+    sampling = SequenceSampling(SamplingParams(temperature=0.5, top_k=7, top_p=0.75), seed_key=2**64 - 5)
+    control = StreamControl(add=[AddSequence(3, (5, 6, 7)), AddSequence(4, parent_id=3)],
+                            follow=[FollowSequence(3, sampling), FollowSequence(4, GREEDY)],
+                            commits=[StreamCommit(3, (1, 2)), StreamCommit(4, ()), StreamCommit(5, (9,))],
+                            release=[8, 9], lookahead=12, chunk=3)
+    assert wire.stream_control_from_proto(wire.stream_control_to_proto(control)) == control
+    first = StreamControl(lookahead=8, chunk=2)
+    assert wire.stream_control_from_proto(wire.stream_control_to_proto(first)) == StreamControl(
+        add=[], follow=[], commits=[], release=[], lookahead=8, chunk=2)
+    drafts = [StreamDrafts(3, 0, 5, (10, 11)), StreamDrafts(4, 2, 17, (12,)), StreamDrafts(5, 1, 3, ())]
+    assert wire.stream_drafts_from_proto(wire.stream_drafts_to_proto(drafts)) == drafts
+
+
+@pytest.mark.parametrize("message, convert", [
+    (pb.StreamControl(commit_ids=[1, 2], commit_counts=[1], commit_tokens=[5]), wire.stream_control_from_proto),
+    (pb.StreamControl(commit_ids=[1], commit_counts=[2], commit_tokens=[5]), wire.stream_control_from_proto),
+    (pb.StreamControl(follow_ids=[1, 2], follow_sampling=pb.SamplingColumns(
+        temperature=[0.0], top_k=[0], top_p=[1.0], seed_key=[1])), wire.stream_control_from_proto),
+    (pb.StreamDrafts(seq_ids=[1, 2], epochs=[0], positions=[3, 4], counts=[1, 1], tokens=[5, 6]),
+     wire.stream_drafts_from_proto),
+    (pb.StreamDrafts(seq_ids=[1], epochs=[0], positions=[3], counts=[2], tokens=[5]), wire.stream_drafts_from_proto),
+])
+def test_malformed_stream_messages_are_invalid(message, convert):
+    with pytest.raises(InvalidRequestError):
+        convert(message)
+
+
+def test_bench_stream_policies():
+    assert stream_config("stream4") == DraftStreamConfig(block=4)
+    assert stream_config("stream4c3w2.5l12") == DraftStreamConfig(block=4, chunk=3, wait_ms=2.5, lookahead=12)
+    assert stream_config("stream2w10") == DraftStreamConfig(block=2, wait_ms=10.0)
+    for other in ("3", "pipe3", "bass", "stream", "stream4x"):
+        assert not stream_config(other).on, other
