@@ -63,6 +63,17 @@ class _Followed:
         self.length += len(tokens)
 
 
+@dataclass
+class _InFlight:
+    """A proposal queued on the draft's device: per sequence (its answer's order), the epoch it
+    drafts in and how many tokens."""
+
+    pending: object  # PendingProposal
+    seq_ids: list[int]
+    epochs: list[int]
+    counts: list[int]
+
+
 class StreamingDraft:
     def __init__(self, worker, *, lookahead: int = DEFAULT_LOOKAHEAD, chunk: int = DEFAULT_CHUNK,
                  lock: threading.Lock | None = None):
@@ -78,8 +89,12 @@ class StreamingDraft:
         self._inbox: deque[StreamControl] = deque()
         self._wake = threading.Condition()
         self._closed = False
-        self.calls = 0  # worker proposals made (statistics, tests)
-        self.busy_s = 0.0  # time in them
+        self._inflight: _InFlight | None = None  # the proposal queued on the device
+        self._changed = False  # since the last proposal started: it cannot be extended
+        self._busy_since: float | None = None
+        self.calls = 0  # proposals and extensions made (statistics, tests)
+        self.busy_s = 0.0  # time with one in flight
+        worker.keys_for_extension = True
 
     # -- any thread ------------------------------------------------------------------------------
     def control(self, message: StreamControl) -> None:
@@ -114,34 +129,80 @@ class StreamingDraft:
                 self._wake.wait(IDLE_WAIT_S)
 
     def step(self) -> list[StreamDrafts] | None:
-        """Apply what arrived, then one proposal for every sequence with room to draft ahead:
-        the tokens it drafted, or None where no sequence had room."""
+        """Apply what arrived, keep one proposal queued on the device, and answer the tokens of
+        the one before: None where nothing was drafted or is being drafted.
+
+        While nothing changes but commits that agree with the drafts, the next proposal extends
+        the last one on the device (DraftWorker.extend: no host input), so it is queued before
+        the last one's tokens are read and the draft's GPU never waits for this host. A new
+        sequence, a release, or a commit that contradicts the drafts starts a new proposal
+        (the worker rewinds and commits first), once the one in flight has been read."""
         with self._wake:
             messages = list(self._inbox)
             self._inbox.clear()
         with self.lock:
             for message in messages:
-                self._apply(message)
-            items = self._items()
-            if not any(it.num_tokens for it in items):
-                if items:  # committed tokens only: they go with the next proposal
-                    self._keep_unsent(items)
-                return None
-            started = time.perf_counter()
-            response = self.worker.propose(ProposeRequest(items=items))
-            self.busy_s += time.perf_counter() - started
-            self.calls += 1
-            out = []
-            for item, tokens in zip(items, response.tokens):
-                if not tokens:
-                    continue
-                seq = self._followed[item.seq_id]
-                out.append(StreamDrafts(item.seq_id, seq.epoch, seq.length + len(seq.drafted), tuple(tokens)))
-                seq.drafted.extend(tokens)
+                self._changed |= self._apply(message)
+            inflight, self._inflight = self._inflight, None
+            if inflight is not None and not self._changed:
+                self._inflight = self._extend(inflight)
+            out = self._finish(inflight) if inflight is not None else None
+            if self._inflight is None:
+                self._inflight = self._start()
+                self._changed = False
+            now = time.perf_counter()
+            if self._inflight is not None and self._busy_since is None:
+                self._busy_since = now
+            elif self._inflight is None and self._busy_since is not None:
+                self.busy_s += now - self._busy_since
+                self._busy_since = None
+        if out is None and self._inflight is None:
+            return None
+        return out or []
+
+    def _start(self) -> "_InFlight | None":
+        items = self._items()
+        if not any(it.num_tokens for it in items):
+            if items:  # committed tokens only: they go with the next proposal
+                self._keep_unsent(items)
+            return None
+        self.calls += 1
+        return _InFlight(self.worker.start_propose(ProposeRequest(items=items)), [it.seq_id for it in items],
+                         [self._followed[it.seq_id].epoch for it in items], [it.num_tokens for it in items])
+
+    def _extend(self, inflight: "_InFlight") -> "_InFlight | None":
+        """The proposal after `inflight`, as its continuation on the device, where every
+        sequence that should draft more is one it drafts for; else None."""
+        drafting = [(seq_id, n) for seq_id, n in zip(inflight.seq_ids, inflight.counts) if n]
+        run = [seq_id for seq_id, _ in drafting]
+        ahead = {seq_id: len(self._followed[seq_id].drafted) + n for seq_id, n in drafting}
+        wanting = {seq_id for seq_id, seq in self._followed.items()
+                   if ahead.get(seq_id, len(seq.drafted)) < self.lookahead}
+        if not wanting or not wanting <= set(run):
+            return None
+        pending = self.worker.extend(run, self.chunk)
+        if pending is None:
+            return None
+        self.calls += 1
+        return _InFlight(pending, run, [self._followed[seq_id].epoch for seq_id in run], [self.chunk] * len(run))
+
+    def _finish(self, inflight: "_InFlight") -> list[StreamDrafts]:
+        """The tokens of a proposal, for the sequences still on the chain it drafted from."""
+        response = inflight.pending.result()
+        out = []
+        for seq_id, epoch, tokens in zip(inflight.seq_ids, inflight.epochs, response.tokens):
+            seq = self._followed.get(seq_id)
+            if not tokens or seq is None or seq.epoch != epoch:
+                continue
+            out.append(StreamDrafts(seq_id, epoch, seq.length + len(seq.drafted), tuple(tokens)))
+            seq.drafted.extend(tokens)
         return out
 
-    def _apply(self, message: StreamControl) -> None:
+    def _apply(self, message: StreamControl) -> bool:
+        """Returns whether the proposal in flight can no longer be extended (sequences came or
+        went, or a commit contradicted drafts)."""
         worker = self.worker
+        changed = bool(message.release or message.add or message.follow)
         if message.release:
             for seq_id in message.release:
                 self._followed.pop(seq_id, None)
@@ -154,7 +215,10 @@ class StreamingDraft:
         for commit in message.commits:
             seq = self._followed.get(commit.seq_id)
             if seq is not None:
+                epoch = seq.epoch
                 seq.commit(tuple(commit.tokens))
+                changed |= seq.epoch != epoch
+        return changed
 
     def _items(self) -> list[ProposeItem]:
         """Per followed sequence: what the target committed since the last call, what the draft

@@ -61,6 +61,11 @@ class DraftWorker:
         # Per sequence, how many tokens at the end of its committed list were only assumed
         # (ProposeItem.assumed): dropped at the sequence's next call.
         self._assumed: dict[int, int] = {}
+        # A draft stream (draft_service/stream.py) continues its proposals on the device
+        # (`extend`): the last proposal's sequences, where it ran through the self-feeding
+        # graphs and nothing else ran since; and whether to key every step a run may reach.
+        self._open_run: tuple[list[int], list[SequenceState]] | None = None  # (seq_ids, states)
+        self.keys_for_extension = False
 
     def info(self) -> WorkerInfo:
         return self.runner.info()
@@ -77,6 +82,7 @@ class DraftWorker:
                 self.loop.prepare(self.runner.config.num_slots)
 
     def release(self, seq_ids: Sequence[int]) -> None:
+        self._open_run = None
         for seq_id in seq_ids:
             self._assumed.pop(seq_id, None)
         self.runner.release(seq_ids)
@@ -84,6 +90,7 @@ class DraftWorker:
     def reset(self) -> None:
         """Drop every sequence (the coordinator restarted or lost track of this worker)."""
         self._assumed.clear()
+        self._open_run = None
         self.runner.release(list(self.runner.sequences))
 
     def propose(self, request: ProposeRequest) -> ProposeResponse:
@@ -106,6 +113,7 @@ class DraftWorker:
 
     def _launch(self, request: ProposeRequest) -> "PendingProposal":
         runner = self.runner
+        self._open_run = None
         runner.release(request.release)
         runner.add(request.add)
         items = list(request.items)
@@ -126,14 +134,17 @@ class DraftWorker:
         keys = None
         if not all(p.greedy for p in params):
             # Every step's noise keys: row n, column j is (sequence n, position base + j).
-            keys = noise_keys([items[i].sampling.seed_key for i in active for _ in range(steps)],
-                              [len(states[i].committed) + j for i in active for j in range(steps)])
-            keys = keys.view(len(active), steps)
+            # An extended run keys its later steps with the columns past `steps`.
+            width = MAX_STEPS if self.keys_for_extension and self.loop is not None else steps
+            keys = noise_keys([items[i].sampling.seed_key for i in active for _ in range(width)],
+                              [len(states[i].committed) + j for i in active for j in range(width)])
+            keys = keys.view(len(active), width)
         if not active:
             return PendingProposal(runner, len(items), [], [], [], None)
         if self._loop_fits(drafting, rows, keys is not None):
             tokens = self._propose_looped(drafting, steps, None if keys is None else params, keys)
             decode = None
+            self._open_run = ([items[i].seq_id for i in active], drafting)
         elif len(set(rows)) == 1:
             tokens = torch.stack([t for _, t in self._propose_stepwise(drafting, rows, params, keys)], dim=1)
             decode = None
@@ -193,6 +204,30 @@ class DraftWorker:
         return (self.loop is not None and k >= 1 and verified_k + k <= MAX_STEPS
                 and self.loop.eligible(num_seqs, CHAINED_FIRST_TOKENS, k, "sampled" if sampled else "greedy"))
 
+    def extend(self, seq_ids: Sequence[int], m: int) -> "PendingProposal | None":
+        """Continue the last proposal by m tokens for each of its sequences (`seq_ids`, in its
+        order), on the device: m more replays of the self-feeding graph, no host input, so it
+        can be queued before the last proposal's tokens are read. None where that proposal
+        cannot be continued (it did not run through the graphs, something ran since, its
+        sequences differ, or the run's token buffer or a cache is full): make a proposal.
+        The answer's tokens are the m new ones; the cache records the last proposal's final
+        token and m - 1 of them (settled when read)."""
+        runner = self.runner
+        ids, states = self._open_run if self._open_run is not None else (None, None)
+        if (states is None or ids != list(seq_ids) or m < 1
+                or not self.loop.extendable(m)
+                or any(runner.cached(s) + m + 1 > runner.cache.max_seq_len for s in states)):
+            return None
+        started = time.perf_counter()
+        with torch.inference_mode():
+            for state in states:
+                runner.reserve(state, m)
+            tokens = self.loop.extend(len(states), m)
+        pending = PendingProposal(runner, len(states), list(range(len(states))), states, [m + 1] * len(states),
+                                  tokens, drop_first=True)
+        pending.worker_s += time.perf_counter() - started
+        return pending
+
     def start_chained(self, request: ProposeRequest, verdicts: torch.Tensor, verified_k: int) -> "ChainedProposal":
         """Queue the next step's proposal behind a verification, before its verdicts reach the
         host. request.items: the verified sequences in the verification's order, each with the
@@ -203,6 +238,7 @@ class DraftWorker:
         host reads, before this worker's next call, and must check `chains` first."""
         started = time.perf_counter()
         runner = self.runner
+        self._open_run = None
         with torch.inference_mode():
             runner.release(request.release)
             items = list(request.items)
@@ -308,11 +344,12 @@ class PendingProposal:
     draft_s = None  # in-process: the host's wait for `result` is the proposal's cost
 
     def __init__(self, runner: ModelRunner, num_items: int, active: list[int], states: list[SequenceState],
-                 rows: list[int], tokens: torch.Tensor | None, decode=None):
+                 rows: list[int], tokens: torch.Tensor | None, decode=None, drop_first: bool = False):
         """tokens: [len(states), k] on the device, or, with decode (host values -> per-sequence
-        lists), any layout decode reads; `active`: the items (of num_items) that draft."""
+        lists), any layout decode reads; `active`: the items (of num_items) that draft.
+        drop_first: the first column is a token already answered (an extension's), only settled."""
         self._runner, self._num_items, self._active, self._states, self._rows = runner, num_items, active, states, rows
-        self._decode = decode
+        self._decode, self._drop_first = decode, drop_first
         # Every token after a sequence's first ran from the device, at the cache's last positions.
         self._fed_at = [runner.cached(s) - (r - 1) for s, r in zip(states, rows)]
         self._copy = HostCopy(tokens) if tokens is not None else None
@@ -331,6 +368,8 @@ class PendingProposal:
         for state, start, tokens, n in zip(self._states, self._fed_at, drafts, self._rows):
             if n > 1:
                 self._runner.settle(state, start, tokens[:n - 1])
+        if self._drop_first:
+            drafts = [tokens[1:] for tokens in drafts]
         out: list[list[int]] = [[] for _ in range(self._num_items)]
         for i, tokens in zip(self._active, drafts):
             out[i] = tokens

@@ -99,6 +99,8 @@ class DraftLoopGraphs:
         self.buffers: dict[int, _Buffers] = {}
         self.first: dict[tuple[int, int, str], _First] = {}  # (bucket, q0, mode)
         self.next: dict[tuple[int, str], Callable[[], object]] = {}  # (bucket, mode)
+        self._last: tuple[int, str] | None = None  # the last run's (bucket, mode), for `extend`
+        self._column = 0  # the next token column of the last run
 
     def eligible(self, num_seqs: int, q0: int, k: int, mode: str) -> bool:
         bucket = DecodeGraphs.bucket(num_seqs)
@@ -151,7 +153,23 @@ class DraftLoopGraphs:
         step = self.next[(bucket, mode)]
         for _ in range(k - 1):
             step()
+        self._last, self._column = (bucket, mode), k
         return buffers.tokens[:num, :k]
+
+    def extendable(self, m: int) -> bool:
+        """Whether the last run can take m more steps (its token buffer holds MAX_STEPS)."""
+        return self._last is not None and self._column + m <= MAX_STEPS
+
+    def extend(self, num: int, m: int) -> torch.Tensor:
+        """m more steps of the last run (`extendable`), queued on the device: each runs the last
+        token and samples the next, from the buffers the last step left. Returns [num, m + 1]:
+        the last run's final token, then the m new ones (a view the next run overwrites)."""
+        bucket, mode = self._last
+        step = self.next[(bucket, mode)]
+        for _ in range(m):
+            step()
+        start, self._column = self._column, self._column + m
+        return self.buffers[bucket].tokens[:num, start - 1:start + m]
 
     @staticmethod
     def _move_on(inputs: StaticInputs, buffers: _Buffers, verdicts: torch.Tensor, keyed_steps: int) -> None:

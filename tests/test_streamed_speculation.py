@@ -12,6 +12,7 @@ mid-stream, cancellations and arrivals change nothing but the speed, and every s
 the end. Steps wait up to `wait_ms` for a sequence that holds no draft yet: on the CPU, with no
 wait the target would mostly verify before any draft arrived."""
 
+import queue
 import time
 
 import pytest
@@ -25,6 +26,7 @@ from bass.core.config import DraftStreamConfig, SamplingParams, SchedulerConfig
 from bass.core.errors import InvalidRequestError, WorkerUnavailableError
 from bass.core.worker_api import (AddSequence, FollowSequence, ProposeItem, ProposeRequest, SequenceSampling,
                                   StreamCommit, StreamControl, StreamDrafts)
+from bass.draft_service.servicer import DraftServicer
 from bass.draft_service.stream import StreamingDraft
 from bass.transport import wire
 from bass.v1 import worker_pb2 as pb
@@ -333,6 +335,46 @@ def test_a_local_stream_drafts_on_its_thread_until_closed(draft_worker):
     draft_worker.reset()
 
 
+class FakeContext:
+    def __init__(self):
+        self.callbacks = []
+
+    def add_callback(self, callback):
+        self.callbacks.append(callback)
+
+
+def test_the_draft_service_runs_one_stream_and_a_reset_ends_it(draft_worker):
+    """DraftServicer.Stream: the loop's tokens as wire messages; a second stream ends the first
+    (whose loop would draft for sequences that are gone), and so does a Reset."""
+    draft_worker.reset()
+    servicer = DraftServicer(draft_worker)
+
+    def open_stream(seq_id, prompt):
+        inbox = queue.SimpleQueue()
+        inbox.put(wire.stream_control_to_proto(StreamControl(
+            add=[AddSequence(seq_id, prompt)], follow=[FollowSequence(seq_id, GREEDY)], lookahead=4, chunk=2)))
+        context = FakeContext()
+        return servicer.Stream(iter(inbox.get, None), context), inbox, context
+
+    first, inbox, context = open_stream(1, PROMPT)
+    drafted = wire.stream_drafts_from_proto(next(first))
+    assert [(x.seq_id, x.epoch, x.position, len(x.tokens)) for x in drafted] == [(1, 0, 4, 2)]
+    assert context.callbacks  # the coordinator going away closes the loop
+    second, inbox2, _ = open_stream(2, (9, 8, 7))
+    assert [(x.seq_id, x.position) for x in wire.stream_drafts_from_proto(next(second))] == [(2, 3)]
+    assert next(first, None) is None  # ended by the second
+    inbox2.put(wire.stream_control_to_proto(StreamControl(commits=[StreamCommit(2, (4,))])))
+    later = []
+    while sum(len(x.tokens) for x in later) < 4:  # to its lookahead, after the commit too
+        later += wire.stream_drafts_from_proto(next(second))
+    assert later[-1].position > 3 + 2
+    servicer.Reset(None, FakeContext())
+    assert next(second, None) is None
+    assert not draft_worker.runner.sequences
+    for q in (inbox, inbox2):
+        q.put(None)
+
+
 # -- end to end, in-process -----------------------------------------------------------------------------
 @pytest.mark.parametrize("block", [1, 3, 5])
 @pytest.mark.parametrize("draft", ["llama_draft", "llama_bad_draft"])
@@ -365,21 +407,40 @@ class SlowTarget:
 
 
 def test_an_identical_draft_covers_a_block_and_its_bonus_token_a_step(llama_target, schedulers):
-    """The target as its own draft (greedy): every draft is accepted, and the draft, running
-    ahead past each block (the target's own token after it included), has the next block ready:
-    about block + 1 tokens a step where regular decoding commits one."""
+    """The target as its own draft: every draft is accepted, greedy and sampled (a sampled draft
+    token is the target's keyed race's winner at its position, whatever the loop drafted it
+    after), and the draft, running ahead past each block (the target's own token after it
+    included), has the next block ready: about block + 1 tokens a step where regular decoding
+    commits one."""
     block, new = 4, 41
-    request = GenerationRequest(prompt_ids=(3, 1, 4, 1, 5), max_new_tokens=new, ignore_eos=True)
+    requests = [GenerationRequest(prompt_ids=(3, 1, 4, 1, 5), max_new_tokens=new, ignore_eos=True),
+                GenerationRequest(prompt_ids=(8, 9), n=2, max_new_tokens=new - 6, ignore_eos=True, seed=4,
+                                  sampling=SamplingParams(temperature=0.8, top_p=0.95))]
     plain = build_scheduler(llama_target, None, "0")
-    want = texts(plain.generate([request]))
+    want = texts(plain.generate(requests))
     assert plain.step_stats.steps >= new - 1
     s = schedulers(llama_target, llama_target, stream={"block": block, **WAIT})
     s.target = SlowTarget(s.target, 0.02)
-    result = s.generate([request])[0]
-    assert texts([result]) == want
-    assert result.stats.accepted_tokens == result.stats.draft_tokens > 0
+    results = s.generate(requests)
+    assert texts(results) == want
+    for r in results:
+        assert r.stats.accepted_tokens == r.stats.draft_tokens > 0 and r.stats.rejections == 0, r.stats
     # block + 1 = 5 a step once running: 9 steps and the first; 3 a step on average allowed.
     assert s.step_stats.steps <= new // 3, (s.step_stats.steps, s.step_stats.steps_by_length)
+
+
+def test_sequences_that_fill_the_cache(llama_target, llama_draft, schedulers):
+    """Prompt and new tokens fill max_seq_len: near its end the draft stops drafting where the
+    cache has no room and the blocks shrink to what fits; the text is still the target's."""
+    requests = [GenerationRequest(prompt_ids=tuple(range(10, 25)), max_new_tokens=25, ignore_eos=True),
+                GenerationRequest(prompt_ids=tuple(range(30, 36)), n=2, max_new_tokens=34, ignore_eos=True, seed=5,
+                                  sampling=SamplingParams(temperature=0.8)),
+                GenerationRequest(prompt_ids=(7,), max_new_tokens=39, ignore_eos=True)]
+    want = texts(build_scheduler(llama_target, None, "0", max_seq_len=40).generate(requests))
+    for draft, block in ((llama_target, 8), (llama_draft, 3)):
+        s = schedulers(llama_target, draft, max_seq_len=40, stream={"block": block, "chunk": 3, **WAIT})
+        assert texts(s.generate(requests)) == want
+        assert s.step_stats.accepted_tokens > 0
 
 
 def test_cancelled_and_arriving_requests_mid_stream(llama_target, llama_draft, schedulers):
