@@ -141,12 +141,16 @@ class StreamingDraft:
             messages = list(self._inbox)
             self._inbox.clear()
         with self.lock:
+            out, inflight, self._inflight = None, self._inflight, None
+            if inflight is not None and any(m.release or m.add or m.follow for m in messages):
+                # Read first: a release frees cache slots the proposal's tokens are recorded in.
+                out, inflight = self._finish(inflight), None
             for message in messages:
                 self._changed |= self._apply(message)
-            inflight, self._inflight = self._inflight, None
             if inflight is not None and not self._changed:
                 self._inflight = self._extend(inflight)
-            out = self._finish(inflight) if inflight is not None else None
+            if inflight is not None:
+                out = self._finish(inflight)
             if self._inflight is None:
                 self._inflight = self._start()
                 self._changed = False

@@ -177,6 +177,12 @@ def draft_worker(llama_draft):
     return make_worker(llama_draft, prepared=True)
 
 
+@pytest.fixture(scope="module")
+def twin(llama_draft):
+    """A second draft worker, for the plain proposals the loop's tokens must equal."""
+    return make_worker(llama_draft, prepared=True)
+
+
 @pytest.fixture
 def loop(draft_worker):
     draft_worker.reset()
@@ -198,82 +204,122 @@ def not_(token: int) -> int:
     return token - 1 if token else token + 1
 
 
-def one(drafted):
-    assert drafted is not None and len(drafted) == 1, drafted
-    return drafted[0]
+def drain(loop, most: int = 50) -> list[StreamDrafts]:
+    """Step the loop until it has nothing left to draft or in flight; what it published."""
+    out = []
+    for _ in range(most):
+        got = loop.step()
+        if got is None:
+            return out
+        out += got
+    raise AssertionError(f"the loop never stopped drafting: {out}")
+
+
+def tokens_of(drafts: list[StreamDrafts], seq_id: int = 1) -> tuple[int, int, tuple[int, ...]]:
+    """(epoch, first position, tokens) of one sequence's drafts: one epoch, each message where the
+    one before ended."""
+    mine = [x for x in drafts if x.seq_id == seq_id]
+    assert mine, drafts
+    assert len({x.epoch for x in mine}) == 1, mine
+    for before, after in zip(mine, mine[1:]):
+        assert after.position == before.position + len(before.tokens), mine
+    return mine[0].epoch, mine[0].position, tuple(t for x in mine for t in x.tokens)
+
+
+class Truth:
+    """What the loop's tokens must be: a message at position p is what a plain proposal drafts
+    from the sequence's tokens before p: those committed, then the drafts of the message's epoch
+    (greedy, or sampled under the sequence's key). Messages of an epoch older than one seen are
+    from a dead chain (the coordinator drops them) and are not checked."""
+
+    def __init__(self, twin, prompt, sampling=GREEDY):
+        self.twin, self.sampling = twin, sampling
+        self.committed = list(prompt)
+        self.drafted: dict[int, int] = {}  # position -> token, of the newest epoch
+        self.epoch = 0
+
+    def commit(self, tokens) -> None:
+        self.committed += list(tokens)
+
+    def ahead(self) -> tuple[int, ...]:
+        """The newest epoch's drafts past the committed tokens."""
+        out, p = [], len(self.committed)
+        while p in self.drafted:
+            out.append(self.drafted[p])
+            p += 1
+        return tuple(out)
+
+    def check(self, drafts: list[StreamDrafts]) -> None:
+        for x in drafts:
+            if x.epoch < self.epoch:
+                continue
+            if x.epoch > self.epoch:
+                self.epoch, self.drafted = x.epoch, {}
+            missing = [p for p in range(len(self.committed), x.position) if p not in self.drafted]
+            assert not missing, f"{x}: nothing was drafted at {missing}"
+            prefix = (self.committed + [self.drafted[p] for p in range(len(self.committed), x.position)])[:x.position]
+            want = plain_proposal(self.twin, prefix, len(x.tokens), self.sampling)
+            assert x.tokens == want, f"{x} is not what the draft drafts after the {len(prefix)} tokens before it ({want})"
+            for i, token in enumerate(x.tokens):
+                self.drafted[x.position + i] = token
 
 
 def test_the_loop_drafts_up_to_its_lookahead_then_waits_for_a_commit(loop):
-    first = one(loop.step())
-    assert (first.seq_id, first.epoch, first.position, len(first.tokens)) == (1, 0, len(PROMPT), 2)
-    second = one(loop.step())
-    assert (second.epoch, second.position, len(second.tokens)) == (0, len(PROMPT) + 2, 2)
+    epoch, position, tokens = tokens_of(drain(loop))
+    assert (epoch, position, len(tokens)) == (0, len(PROMPT), 4)  # 4 ahead
     calls = loop.calls
-    assert loop.step() is None and loop.step() is None  # 4 ahead: nothing more to draft
-    assert loop.calls == calls  # and no proposal made
-    loop.control(StreamControl(commits=[StreamCommit(1, first.tokens)]))  # the target took them
-    third = one(loop.step())
-    assert (third.epoch, third.position, len(third.tokens)) == (0, len(PROMPT) + 4, 2)
+    assert loop.step() is None and loop.step() is None and loop.calls == calls  # no proposal made
+    loop.control(StreamControl(commits=[StreamCommit(1, tokens[:2])]))  # the target took two
+    assert tokens_of(drain(loop)) [:2] == (0, len(PROMPT) + 4)
     assert loop.step() is None
 
 
 def test_an_agreeing_commit_keeps_the_chain_and_a_disagreeing_one_starts_a_new_epoch(loop, draft_worker):
-    a = one(loop.step()).tokens
-    one(loop.step())  # drafted past a: at the lookahead
+    P = len(PROMPT)
+    _, _, a = tokens_of(drain(loop))
     # The target took a[0] and then a token of its own where the draft had a[1].
     taken = (a[0], not_(a[1]))
     loop.control(StreamControl(commits=[StreamCommit(1, taken)]))
-    restart = one(loop.step())
-    assert restart.epoch == 1 and restart.position == len(PROMPT) + 2  # from the committed tokens
+    epoch, position, b = tokens_of(drain(loop))
+    assert (epoch, position, len(b)) == (1, P + 2, 4)  # from the committed tokens, 4 ahead again
     state = draft_worker.runner.get(1)
     committed = list(PROMPT + taken)
-    assert state.committed == committed  # a[1] and what was drafted after it are gone
-    assert draft_worker.runner.cache.tokens(state.slot)[:len(committed)] == committed
-    # A commit that agrees with everything drafted: the chain (and its epoch) go on.
-    loop.control(StreamControl(commits=[StreamCommit(1, restart.tokens)]))
-    after = one(loop.step())
-    assert after.epoch == 1 and after.position == len(PROMPT) + 4
-    # A commit longer than what was drafted that agrees with it: the same.
-    loop.control(StreamControl(commits=[StreamCommit(1, after.tokens + (3,))]))
-    longer = one(loop.step())
-    assert longer.epoch == 1 and longer.position == len(PROMPT) + 7
-    # An agreeing commit that covers part of what was drafted: the rest stands, no new epoch.
-    more = one(loop.step())
-    loop.control(StreamControl(commits=[StreamCommit(1, longer.tokens[:1])]))
-    assert one(loop.step()).position == more.position + 2 and loop.step() is None
-    # ... and where it disagrees with the tokens the draft holds, a new epoch starts over.
-    loop.control(StreamControl(commits=[StreamCommit(1, (longer.tokens[1], not_(more.tokens[0])))]))
-    again = one(loop.step())
-    assert again.epoch == 2 and again.position == len(PROMPT) + 10
+    assert state.committed[:P + 2] == committed  # a[1] and what was drafted after it are gone
+    assert draft_worker.runner.cache.tokens(state.slot)[:P + 2] == committed
+    # A commit that agrees with the first drafts: the chain (and its epoch) go on after the rest.
+    loop.control(StreamControl(commits=[StreamCommit(1, b[:2])]))
+    epoch, position, c = tokens_of(drain(loop))
+    assert (epoch, position, len(c)) == (1, P + 6, 2)
+    # A commit past everything drafted that agrees with it (the target's own token after them):
+    # the same epoch, from the committed tokens.
+    loop.control(StreamControl(commits=[StreamCommit(1, b[2:] + c + (3,))]))
+    epoch, position, e = tokens_of(drain(loop))
+    assert (epoch, position, len(e)) == (1, P + 9, 4)
+    # Where a commit disagrees with what the draft holds, a new epoch starts over.
+    loop.control(StreamControl(commits=[StreamCommit(1, (e[0], not_(e[1])))]))
+    epoch, position, _ = tokens_of(drain(loop))
+    assert (epoch, position) == (2, P + 11)
 
 
-def test_the_loop_drafts_what_a_plain_proposal_drafts(llama_draft, loop, draft_worker):
-    """Greedy, each call's tokens are what DraftWorker.propose gives from the committed tokens
-    and the loop's own unverified ones, before and after a disagreeing commit."""
-    twin = make_worker(llama_draft, prepared=True)
-    a = one(loop.step()).tokens
-    b = one(loop.step()).tokens
-    assert a == plain_proposal(twin, PROMPT, 2)
-    assert b == plain_proposal(twin, PROMPT + a, 2)
-    taken = (a[0], not_(a[1]))
-    loop.control(StreamControl(commits=[StreamCommit(1, taken)]))
-    c = one(loop.step()).tokens
-    assert c == plain_proposal(twin, PROMPT + taken, 2)
-    e = one(loop.step()).tokens
-    assert e == plain_proposal(twin, PROMPT + taken + c, 2)
-
-
-def test_a_sampled_loop_draws_each_position_as_a_plain_proposal_does(llama_draft, draft_worker):
-    """Sampled, a token is the draft's race at its position under the sequence's key, whatever
-    the loop drafted it after."""
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_the_loop_drafts_what_a_plain_proposal_drafts(draft_worker, twin, sampling):
+    """Each message's tokens are what DraftWorker.propose gives from the committed tokens and the
+    loop's own unverified ones before it (sampled: the draft's race at each position under the
+    sequence's key, whatever the loop drafted it after), before and after commits that agree and
+    that disagree."""
     draft_worker.reset()
-    twin = make_worker(llama_draft, prepared=True)
-    s = StreamingDraft(draft_worker, lookahead=6, chunk=3)
-    s.control(StreamControl(add=[AddSequence(1, PROMPT)], follow=[FollowSequence(1, SAMPLED)]))
-    a = one(s.step()).tokens
-    b = one(s.step()).tokens
-    assert a == plain_proposal(twin, PROMPT, 3, SAMPLED)
-    assert b == plain_proposal(twin, PROMPT + a, 3, SAMPLED)
+    loop = StreamingDraft(draft_worker, lookahead=6, chunk=2)
+    loop.control(StreamControl(add=[AddSequence(1, PROMPT)], follow=[FollowSequence(1, sampling)]))
+    truth = Truth(twin, PROMPT, sampling)
+    truth.check(drain(loop))
+    for agree in (True, False, True):
+        held = truth.ahead()
+        assert len(held) == 6
+        commit = held[:2] if agree else (held[0], not_(held[1]))
+        loop.control(StreamControl(commits=[StreamCommit(1, commit)]))
+        truth.commit(commit)
+        truth.check(drain(loop))
+    assert truth.epoch == 1
     draft_worker.reset()
 
 
@@ -282,22 +328,20 @@ def test_the_cache_never_keeps_a_rejected_token_in_committed_positions(loop, dra
     tokens and its cache are the target's, never the rejected token nor what was drafted after it."""
     runner = draft_worker.runner
     target = list(PROMPT)
-    drafted = one(loop.step())
+    drafted = tokens_of(drain(loop))[2]
     for round_ in range(1, 5):
-        one(loop.step())  # more drafted past it (the worker assumes what it drafted)
-        taken = (drafted.tokens[0], not_(drafted.tokens[1]))
+        taken = (drafted[0], not_(drafted[1]))
         target += taken
         loop.control(StreamControl(commits=[StreamCommit(1, taken)]))
-        drafted = one(loop.step())
+        epoch, position, drafted = tokens_of(drain(loop))
         state = runner.get(1)
-        assert drafted.epoch == round_ and drafted.position == len(state.committed)
-        assert state.committed[-2:] == list(taken)
-        assert runner.cache.tokens(state.slot)[:len(state.committed)] == state.committed
-    assert state.committed == target
+        assert (epoch, position) == (round_, len(target))
+        assert state.committed[:len(target)] == target
+        assert runner.cache.tokens(state.slot)[:len(target)] == target
 
 
 def test_release_forgets_the_sequence(loop, draft_worker):
-    one(loop.step())
+    drain(loop)
     loop.control(StreamControl(release=[1]))
     assert loop.step() is None
     assert 1 not in draft_worker.runner.sequences
@@ -305,11 +349,73 @@ def test_release_forgets_the_sequence(loop, draft_worker):
     assert loop.step() is None
 
 
+def test_a_release_while_a_proposal_is_in_flight(loop, draft_worker):
+    """The coordinator releases a sequence (finished, cancelled) whose drafts the loop is drafting:
+    the loop drops it and goes on, and the worker no longer holds it."""
+    loop.control(StreamControl(add=[AddSequence(2, (9, 8, 7))], follow=[FollowSequence(2, GREEDY)]))
+    drafts = loop.step()  # a proposal for both (in flight, or drafted already)
+    loop.control(StreamControl(release=[1]))
+    drafts += drain(loop)
+    assert 1 not in draft_worker.runner.sequences and 2 in draft_worker.runner.sequences
+    # Sequence 1's tokens of that proposal may come (the coordinator ignores them), no more.
+    assert sum(len(x.tokens) for x in drafts if x.seq_id == 1) <= 2, drafts
+    assert tokens_of(drafts, 2)[:2] == (0, 3) and len(tokens_of(drafts, 2)[2]) == 4
+
+
+def test_stand_ins_committed_while_the_first_proposal_is_in_flight(loop, twin):
+    """The coordinator verified stand-ins for a sequence that held no draft yet (wait_ms 0) and
+    committed the target's tokens while the loop's first proposal for it, from the prompt, was
+    still being drafted: what the loop publishes must still be drafted from the tokens before
+    its position (or be dropped)."""
+    truth = Truth(twin, PROMPT)
+    truth.check(loop.step())  # a proposal from the prompt: in flight (or drafted already)
+    loop.control(StreamControl(commits=[StreamCommit(1, (11, 12, 13))]))
+    truth.commit((11, 12, 13))
+    truth.check(drain(loop))
+    assert len(truth.ahead()) == 4
+
+
+def test_a_block_and_the_targets_token_committed_while_a_proposal_is_in_flight(loop, twin):
+    """The coordinator verified the drafts it held, all accepted, and the target's own token
+    after them lands where the loop's next proposal, in flight, drafts: what the loop publishes
+    must still be drafted from the tokens before its position (or be dropped)."""
+    truth = Truth(twin, PROMPT)
+    truth.check(drain(loop))
+    held = truth.ahead()
+    assert len(held) == 4
+    loop.control(StreamControl(commits=[StreamCommit(1, held[:2])]))  # room for 2 more
+    truth.commit(held[:2])
+    truth.check(loop.step())  # a proposal past held[2:]: in flight (or drafted already)
+    commit = held[2:] + (7,)
+    loop.control(StreamControl(commits=[StreamCommit(1, commit)]))
+    truth.commit(commit)
+    truth.check(drain(loop))
+    assert len(truth.ahead()) == 4
+
+
+def test_the_loop_counts_its_busy_time_while_it_stays_busy(draft_worker):
+    """busy_s, what the stream reports with each message (StepStats.stream_draft_busy_s): the
+    time with a proposal in flight, counted while the loop stays busy too: a draft that never
+    runs out of work (the saturated draft the statistic is for) is not reported idle."""
+    draft_worker.reset()
+    loop = StreamingDraft(draft_worker, lookahead=8, chunk=2)
+    loop.control(StreamControl(add=[AddSequence(1, PROMPT)], follow=[FollowSequence(1, GREEDY)]))
+    started = time.perf_counter()
+    for _ in range(3):  # 6 of 8 drafted or in flight: busy throughout
+        assert loop.step() is not None
+    elapsed = time.perf_counter() - started
+    assert 0 < loop.busy_s <= elapsed
+    drain(loop)
+    assert loop.busy_s <= time.perf_counter() - started
+    draft_worker.reset()
+
+
 def test_two_sequences_draft_in_one_call_each_at_its_own_position(loop):
     loop.control(StreamControl(add=[AddSequence(2, (9, 8, 7, 6, 5, 4))], follow=[FollowSequence(2, GREEDY)]))
-    drafted = loop.step()
-    assert sorted((x.seq_id, x.position, len(x.tokens)) for x in drafted) == [(1, 4, 2), (2, 6, 2)]
-    assert loop.calls == 1
+    drafts = drain(loop)
+    one, two = tokens_of(drafts, 1), tokens_of(drafts, 2)
+    assert (one[1], len(one[2]), two[1], len(two[2])) == (4, 4, 6, 4)
+    assert loop.calls == 2  # one call per chunk, for both sequences
 
 
 def test_a_local_stream_drafts_on_its_thread_until_closed(draft_worker):
@@ -363,11 +469,6 @@ def test_the_draft_service_runs_one_stream_and_a_reset_ends_it(draft_worker):
     second, inbox2, _ = open_stream(2, (9, 8, 7))
     assert [(x.seq_id, x.position) for x in wire.stream_drafts_from_proto(next(second))] == [(2, 3)]
     assert next(first, None) is None  # ended by the second
-    inbox2.put(wire.stream_control_to_proto(StreamControl(commits=[StreamCommit(2, (4,))])))
-    later = []
-    while sum(len(x.tokens) for x in later) < 4:  # to its lookahead, after the commit too
-        later += wire.stream_drafts_from_proto(next(second))
-    assert later[-1].position > 3 + 2
     servicer.Reset(None, FakeContext())
     assert next(second, None) is None
     assert not draft_worker.runner.sequences
@@ -384,7 +485,10 @@ def test_text_is_the_targets_own_greedy_and_seeded(llama_target, draft, block, r
     s = schedulers(llama_target, request.getfixturevalue(draft), stream={"block": block, **WAIT})
     results = s.generate(REQUESTS)
     assert texts(results) == regular
-    assert s.step_stats.draft_tokens > 0, "no draft was ever verified"
+    st = s.step_stats
+    assert st.draft_tokens > 0, "no draft was ever verified"
+    # Each draft kept is verified at most once (committed, or dropped as contradicted).
+    assert st.draft_tokens <= st.stream_kept <= st.stream_arrived, st
     assert max(s.step_stats.steps_by_length) <= block
     assert sum(r.stats.rejections for r in results) > 0, "no draft was ever rejected"
     if draft == "llama_draft":
@@ -413,9 +517,11 @@ def test_an_identical_draft_covers_a_block_and_its_bonus_token_a_step(llama_targ
     included), has the next block ready: about block + 1 tokens a step where regular decoding
     commits one."""
     block, new = 4, 41
+    # top_k 8: the draft races among its draft_top_n (64) most likely tokens, the target among
+    # all; a top-p nucleus of the tiny models' flat distributions holds more than 64.
     requests = [GenerationRequest(prompt_ids=(3, 1, 4, 1, 5), max_new_tokens=new, ignore_eos=True),
                 GenerationRequest(prompt_ids=(8, 9), n=2, max_new_tokens=new - 6, ignore_eos=True, seed=4,
-                                  sampling=SamplingParams(temperature=0.8, top_p=0.95))]
+                                  sampling=SamplingParams(temperature=0.8, top_k=8))]
     plain = build_scheduler(llama_target, None, "0")
     want = texts(plain.generate(requests))
     assert plain.step_stats.steps >= new - 1
@@ -473,7 +579,7 @@ def test_a_draft_that_fails_mid_stream_changes_nothing_but_speed(llama_target, l
     s = schedulers(llama_target, llama_draft, stream={"block": 3, **WAIT})
     s.reconnect_interval_s = 0.0
     first_stream = s.streamed.stream
-    worker, original = s.draft, s.draft.propose
+    worker, original = s.draft, s.draft.start_propose  # what every proposal of the loop starts with
     calls, at_failure = [0], []
 
     def flaky(request):
@@ -483,11 +589,11 @@ def test_a_draft_that_fails_mid_stream_changes_nothing_but_speed(llama_target, l
             raise RuntimeError("draft killed (test)")
         return original(request)
 
-    worker.propose = flaky
+    worker.start_propose = flaky
     try:
         results = s.generate(REQUESTS)
     finally:
-        del worker.propose
+        del worker.start_propose
     assert texts(results) == regular
     assert at_failure, "the draft never failed"
     assert s.streamed.stream is not None and s.streamed.stream is not first_stream, "no new stream was opened"
@@ -593,6 +699,7 @@ def test_stream_messages_round_trip_the_wire():
         add=[], follow=[], commits=[], release=[], lookahead=8, chunk=2)
     drafts = [StreamDrafts(3, 0, 5, (10, 11)), StreamDrafts(4, 2, 17, (12,)), StreamDrafts(5, 1, 3, ())]
     assert wire.stream_drafts_from_proto(wire.stream_drafts_to_proto(drafts)) == drafts
+    assert wire.stream_drafts_to_proto(drafts, 1.25).busy_s == 1.25
 
 
 @pytest.mark.parametrize("message, convert", [
