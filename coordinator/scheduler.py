@@ -244,10 +244,14 @@ class Scheduler:
             return finished
         if self.pipelined is not None and self.draft_up:
             return finished + self._pipelined_step(prefill)
-        if self.streamed is not None and self.draft_up:
-            return finished + self._streamed_step(prefill)
         batch = self.running
-        wanted = self._wanted_lengths(batch) if chain is None else {s.seq_id: chain.k for s in batch}
+        if self.streamed is not None:
+            if self.draft_up and len(batch) <= self.config.draft_stream.max_batch:
+                return finished + self._streamed_step(prefill)
+            self._leave_stream(batch)
+            wanted = {s.seq_id: 0 for s in batch}  # regular decoding meanwhile
+        else:
+            wanted = self._wanted_lengths(batch) if chain is None else {s.seq_id: chain.k for s in batch}
         if self._overlaps and not any(wanted.values()) and not self._draft_add:
             # Regular decoding (the policy's choice, or no draft). Releases for the draft wait
             # for its next call, or for the loop to go idle (flush_releases).
@@ -387,6 +391,19 @@ class Scheduler:
             seq.unsent_to_draft.clear()
         self.step_stats.step_s += self.clock() - plan.step_started
         return finished
+
+    def _leave_stream(self, batch: list[SequenceRun]) -> None:
+        """Regular decoding for a while (a batch too large for streamed steps to pay, or the
+        draft down): the draft stops following these sequences, which would otherwise drift
+        from what the target commits meanwhile; they rejoin it (a prefill) when streamed steps
+        resume."""
+        for seq in batch:
+            if seq.drafted:
+                seq.drafted = False
+                seq.unsent_to_draft.clear()
+                self.streamed.forget([seq.seq_id])
+                if self.draft_up:
+                    self._draft_release.append(seq.seq_id)
 
     def _fits_waiting(self) -> bool:
         """Whether the first waiting request would be admitted now, slots and batch allowing."""

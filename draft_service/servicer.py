@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from bass.draft_service.stream_host import StreamHost
 from bass.transport import wire
-from bass.transport.draft_stream import StreamHost
 from bass.transport.worker_servicer import WorkerServicerBase
 from bass.v1 import worker_pb2_grpc
 

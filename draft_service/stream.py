@@ -18,7 +18,7 @@ keyed race at its position, whatever the epoch.
 
 `LocalDraftStream` runs the loop on a thread of the coordinator's process (tests, and a draft
 in the coordinator's process); the draft service runs it for a stream RPC
-(bass/transport/draft_stream.py).
+(draft_service/stream_host.py).
 """
 
 from __future__ import annotations
@@ -31,13 +31,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+from bass.core.config import DraftStreamConfig
 from bass.core.errors import InvalidRequestError, WorkerUnavailableError
 from bass.core.worker_api import ProposeItem, ProposeRequest, SequenceSampling, StreamControl, StreamDrafts
+from bass.transport.draft_stream import Mailbox
 
 log = logging.getLogger(__name__)
 
-DEFAULT_LOOKAHEAD = 8
-DEFAULT_CHUNK = 2
+DEFAULT_LOOKAHEAD = DraftStreamConfig.lookahead  # where a stream's first message leaves them 0
+DEFAULT_CHUNK = DraftStreamConfig.chunk
 IDLE_WAIT_S = 0.5  # with nothing to draft, how long the loop sleeps before looking again
 
 
@@ -242,38 +244,6 @@ class StreamingDraft:
         for item in items:
             seq = self._followed[item.seq_id]
             seq.unsent = list(item.committed) + seq.unsent
-
-
-class Mailbox:
-    """Drafts on their way from a stream's loop (or its RPC) to the coordinator's thread."""
-
-    def __init__(self):
-        self._items: deque[StreamDrafts] = deque()
-        self._ready = threading.Condition()
-        self._error: Exception | None = None
-        self.busy_s = 0.0  # the draft's time in its proposals, as of the last delivery
-
-    def put(self, drafts: list[StreamDrafts], busy_s: float | None = None) -> None:
-        with self._ready:
-            self._items.extend(drafts)
-            if busy_s is not None:
-                self.busy_s = busy_s
-            self._ready.notify_all()
-
-    def fail(self, error: Exception) -> None:
-        with self._ready:
-            self._error = error
-            self._ready.notify_all()
-
-    def take(self, timeout_s: float = 0.0) -> list[StreamDrafts]:
-        with self._ready:
-            if not self._items and self._error is None and timeout_s > 0:
-                self._ready.wait(timeout_s)
-            if not self._items and self._error is not None:
-                raise WorkerUnavailableError(f"draft stream ended: {self._error}")
-            out = list(self._items)
-            self._items.clear()
-            return out
 
 
 class LocalDraftStream:

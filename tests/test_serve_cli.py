@@ -144,3 +144,28 @@ def test_a_bad_pipeline_length_is_named(llama_target, llama_draft):
                                    "--pipeline-draft-tokens", "1"), capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "pipeline_draft_tokens" in proc.stderr and "got 1" in proc.stderr, proc.stderr
+
+
+def test_streamed_speculation_flag_and_keys_reach_the_config(llama_target, llama_draft, tmp_path):
+    """--draft-stream K turns on streamed speculation (the draft drafting ahead on its own GPU);
+    its other settings come from [coordinator.scheduler.draft_stream], which the flag keeps."""
+    from bass.app.cli.serve import serve, serve_config
+
+    base = ["--target", llama_target, "--draft", llama_draft, "--device", "cuda", "--draft-device", "cuda:1"]
+    cfg = serve_config(serve.make_context("serve", [*map(str, base), "--draft-stream", "6"]))
+    assert cfg.coordinator.scheduler.draft_stream.block == 6 and not cfg.colocate
+    config = tmp_path / "stream.toml"
+    config.write_text("[coordinator.scheduler.draft_stream]\nblock = 4\nchunk = 2\nlookahead = 12\nmax_batch = 8\n")
+    stream = serve_config(serve.make_context("serve", [*map(str, base), "--config", str(config)])
+                          ).coordinator.scheduler.draft_stream
+    assert (stream.block, stream.chunk, stream.lookahead, stream.max_batch) == (4, 2, 12, 8)
+    stream = serve_config(serve.make_context("serve", [*map(str, base), "--config", str(config),
+                                                       "--draft-stream", "5"])).coordinator.scheduler.draft_stream
+    assert (stream.block, stream.chunk, stream.lookahead) == (5, 2, 12)
+
+
+def test_a_bad_stream_block_is_named(llama_target, llama_draft):
+    proc = subprocess.run(bass_cmd("serve", "--target", llama_target, "--draft", llama_draft, "--device", "cpu",
+                                   "--draft-stream", "99"), capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "draft_stream.block" in proc.stderr and "got 99" in proc.stderr, proc.stderr

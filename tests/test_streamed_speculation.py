@@ -535,6 +535,25 @@ def test_an_identical_draft_covers_a_block_and_its_bonus_token_a_step(llama_targ
     assert s.step_stats.steps <= new // 3, (s.step_stats.steps, s.step_stats.steps_by_length)
 
 
+@pytest.mark.parametrize("stream", [{"block": 4, "lookahead": 4, "chunk": 1, "wait_ms": 200},
+                                    {"block": 4, "lookahead": 4, "chunk": 1, "wait_ms": 0},
+                                    {"block": 2, "lookahead": 8, "chunk": 2, "wait_ms": 200}])
+def test_an_identical_drafts_drafts_are_never_rejected(llama_target, schedulers, stream):
+    """However the loop's proposals and the target's commits interleave (a draft barely ahead of
+    the target, stand-ins verified while the first proposal is in flight), every draft the
+    coordinator verifies continues the committed text: with the target as its own draft, none
+    is rejected."""
+    requests = [GenerationRequest(prompt_ids=(3, 1, 4, 1, 5), max_new_tokens=41, ignore_eos=True),
+                GenerationRequest(prompt_ids=(7, 7, 2), n=2, max_new_tokens=37, ignore_eos=True, seed=9,
+                                  sampling=SamplingParams(temperature=0.8, top_k=8))]
+    want = texts(build_scheduler(llama_target, None, "0").generate(requests))
+    s = schedulers(llama_target, llama_target, stream=stream)
+    results = s.generate(requests)
+    assert texts(results) == want
+    assert s.step_stats.draft_tokens > 0
+    assert [r.stats.rejections for r in results] == [0, 0], [r.stats for r in results]
+
+
 def test_sequences_that_fill_the_cache(llama_target, llama_draft, schedulers):
     """Prompt and new tokens fill max_seq_len: near its end the draft stops drafting where the
     cache has no room and the blocks shrink to what fits; the text is still the target's."""

@@ -1,12 +1,8 @@
-"""The draft stream over gRPC (`DraftWorker.Stream` in worker.proto): both ends.
+"""The coordinator's end of a draft stream over gRPC (`DraftWorker.Stream` in worker.proto; the
+draft's end is draft_service/stream_host.py).
 
-Server: the handler thread runs the draft's loop (draft_service/stream.py) and yields each call's
-tokens as one message; a reader thread hands the coordinator's messages to the loop as they come,
-so a commit reaches the draft while it drafts. One stream per draft service: a new stream (or a
-Reset) ends the one before, whose loop would otherwise draft for sequences that are gone.
-
-Client: a reader thread puts what arrives into a mailbox the coordinator takes from at each step;
-sending never waits for the draft.
+A reader thread puts what arrives into a mailbox the coordinator takes from at each step; sending
+never waits for the draft.
 """
 
 from __future__ import annotations
@@ -14,76 +10,50 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Iterator
+from collections import deque
 
 import grpc
 
 from bass.core.errors import WorkerUnavailableError
 from bass.core.worker_api import StreamControl, StreamDrafts
-from bass.draft_service.stream import DEFAULT_CHUNK, DEFAULT_LOOKAHEAD, Mailbox, StreamingDraft
 from bass.transport import wire
-from bass.v1 import worker_pb2 as pb
 
 log = logging.getLogger(__name__)
 
 _END = object()  # put on the request queue: half-close the stream
 
 
-class StreamHost:
-    """A draft service's one running stream (server side)."""
+class Mailbox:
+    """Drafts on their way from a stream's loop (or its RPC) to the coordinator's thread."""
 
-    def __init__(self, worker, lock: threading.Lock):
-        self.worker, self.lock = worker, lock
-        self._current: StreamingDraft | None = None
-        self._guard = threading.Lock()
+    def __init__(self):
+        self._items: deque[StreamDrafts] = deque()
+        self._ready = threading.Condition()
+        self._error: Exception | None = None
+        self.busy_s = 0.0  # the draft's time in its proposals, as of the last delivery
 
-    def stop(self) -> None:
-        """End the running stream, if any (a Reset, or a new stream)."""
-        with self._guard:
-            loop, self._current = self._current, None
-        if loop is not None:
-            loop.close()
+    def put(self, drafts: list[StreamDrafts], busy_s: float | None = None) -> None:
+        with self._ready:
+            self._items.extend(drafts)
+            if busy_s is not None:
+                self.busy_s = busy_s
+            self._ready.notify_all()
 
-    def serve(self, requests: Iterator[pb.StreamControl], context) -> Iterator[pb.StreamDrafts]:
-        first = next(requests, None)
-        if first is None:
-            return
-        control = wire.stream_control_from_proto(first)
-        loop = StreamingDraft(self.worker, lookahead=control.lookahead or DEFAULT_LOOKAHEAD,
-                              chunk=control.chunk or DEFAULT_CHUNK, lock=self.lock)
-        self.stop()
-        with self._guard:
-            self._current = loop
-        loop.control(control)
-        threading.Thread(target=self._read, args=(requests, loop), name="bass-draft-stream-reader",
-                         daemon=True).start()
-        context.add_callback(loop.close)  # the coordinator went away or cancelled
-        log.info("draft stream opened (lookahead %d, chunk %d)", loop.lookahead, loop.chunk)
-        try:
-            while not loop.closed:
-                drafted = loop.step()
-                if drafted is None:
-                    loop.idle()
-                elif drafted:
-                    yield wire.stream_drafts_to_proto(drafted, loop.busy_s)
-        finally:
-            loop.close()
-            with self._guard:
-                if self._current is loop:
-                    self._current = None
-            log.info("draft stream closed after %d calls", loop.calls)
+    def fail(self, error: Exception) -> None:
+        with self._ready:
+            self._error = error
+            self._ready.notify_all()
 
-    @staticmethod
-    def _read(requests: Iterator[pb.StreamControl], loop: StreamingDraft) -> None:
-        try:
-            for message in requests:
-                loop.control(wire.stream_control_from_proto(message))
-        except grpc.RpcError:  # the coordinator closed or cancelled the stream
-            log.debug("draft stream: cancelled by the coordinator")
-        except Exception as exc:  # noqa: BLE001 - a malformed message ends the stream
-            log.warning("draft stream: %s", exc)
-        finally:
-            loop.close()
+    def take(self, timeout_s: float = 0.0) -> list[StreamDrafts]:
+        with self._ready:
+            if not self._items and self._error is None and timeout_s > 0:
+                self._ready.wait(timeout_s)
+            if not self._items and self._error is not None:
+                raise WorkerUnavailableError(f"draft stream ended: {self._error}")
+            out = list(self._items)
+            self._items.clear()
+            return out
+
 
 
 class RemoteDraftStream:

@@ -59,6 +59,10 @@ def scheduler_options(f):
         click.option("--pipeline-draft-tokens", type=int,
                      help="Pipelined speculation: the draft proposes K tokens for the next step while the target "
                           "verifies this one (for a draft on a GPU of its own: --draft-device); 0 = off [0]."),
+        click.option("--draft-stream", "draft_stream_block", type=int,
+                     help="Streamed speculation: the draft drafts ahead on its own and each step verifies up to K "
+                          "of its tokens a sequence (for a draft on a GPU of its own: --draft-device; more "
+                          "settings in [coordinator.scheduler.draft_stream]); 0 = off [0]."),
     ]):
         f = opt(f)
     return f
@@ -69,4 +73,7 @@ def with_scheduler_options(ctx, cfg: CoordinatorConfig) -> CoordinatorConfig:
                            "pipeline_draft_tokens"])
     if ctx.params.get("draft_length") is not None:
         sched["draft_length"] = ctx.params["draft_length"]
+    block = explicit(ctx, ["draft_stream_block"]).get("draft_stream_block")
+    if block is not None:
+        sched["draft_stream"] = replace(cfg.scheduler.draft_stream, block=block)
     return replace(cfg, scheduler=replace(cfg.scheduler, **sched), **explicit(ctx, ["max_waiting"]))
