@@ -113,6 +113,11 @@ class StreamingDraft:
     def closed(self) -> bool:
         return self._closed
 
+    def busy_total(self) -> float:
+        """Seconds with a proposal in flight since the stream opened, the current one included."""
+        since = self._busy_since
+        return self.busy_s + (time.perf_counter() - since if since is not None else 0.0)
+
     # -- the loop's thread -----------------------------------------------------------------------
     def run(self, publish: Callable[[list[StreamDrafts]], None]) -> None:
         """Draft until closed, publishing each call's tokens. An error from the worker ends the
@@ -259,7 +264,7 @@ class LocalDraftStream:
 
     def _run(self) -> None:
         try:
-            self.loop.run(lambda drafts: self.mailbox.put(drafts, self.loop.busy_s))
+            self.loop.run(lambda drafts: self.mailbox.put(drafts, self.loop.busy_total()))
         except Exception as exc:  # noqa: BLE001 - reported to the coordinator through the mailbox
             log.warning("draft stream failed: %s", exc)
             self.mailbox.fail(exc)

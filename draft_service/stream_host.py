@@ -58,7 +58,7 @@ class StreamHost:
                 if drafted is None:
                     loop.idle()
                 elif drafted:
-                    yield wire.stream_drafts_to_proto(drafted, loop.busy_s)
+                    yield wire.stream_drafts_to_proto(drafted, loop.busy_total())
         finally:
             loop.close()
             with self._guard:
