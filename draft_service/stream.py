@@ -50,19 +50,51 @@ class _Followed:
     sampling: SequenceSampling
     length: int  # tokens committed (prompt included), as far as the draft has heard
     drafted: list[int] = field(default_factory=list)  # past what the target committed, not yet verified
+    # Committed tokens past the end of what the draft has read of its own drafts: the tokens of
+    # the proposal in flight are checked against them when read (`extend`). One of `drafted`
+    # and `overrun` is always empty.
+    overrun: list[int] = field(default_factory=list)
     unsent: list[int] = field(default_factory=list)  # committed, not yet given to the worker
     epoch: int = 0
 
+    @property
+    def chain_end(self) -> int:
+        """The position the draft's next tokens are drafted at."""
+        return self.length + len(self.drafted) - len(self.overrun)
+
     def commit(self, tokens: tuple[int, ...]) -> None:
         """The target committed `tokens` after what it committed before."""
-        n = min(len(self.drafted), len(tokens))
-        if list(tokens[:n]) == self.drafted[:n]:
-            del self.drafted[:n]  # what remains was drafted from exactly the committed tokens
-        else:
-            self.drafted.clear()
-            self.epoch += 1
         self.unsent.extend(tokens)
         self.length += len(tokens)
+        if self.overrun:
+            self.overrun.extend(tokens)
+            return
+        n = min(len(self.drafted), len(tokens))
+        if list(tokens[:n]) != self.drafted[:n]:
+            self._restart()
+            return
+        del self.drafted[:n]  # what remains was drafted from exactly the committed tokens
+        self.overrun.extend(tokens[n:])
+
+    def extend(self, tokens: list[int]) -> bool:
+        """Tokens the draft drafted at chain_end; False where they contradict what was
+        committed meanwhile (the sequence then starts over in a new epoch)."""
+        n = min(len(tokens), len(self.overrun))
+        if list(tokens[:n]) != self.overrun[:n]:
+            self._restart()
+            return False
+        del self.overrun[:n]
+        self.drafted.extend(tokens[n:])
+        return True
+
+    def restart_at_committed(self) -> None:
+        """A fresh proposal drafts from the committed tokens: nothing in flight is checked."""
+        self.overrun.clear()
+
+    def _restart(self) -> None:
+        self.drafted.clear()
+        self.overrun.clear()
+        self.epoch += 1
 
 
 @dataclass
@@ -148,6 +180,8 @@ class StreamingDraft:
             messages = list(self._inbox)
             self._inbox.clear()
         with self.lock:
+            if self._closed:  # a Reset may have emptied the worker since the inbox was taken
+                return None
             out, inflight, self._inflight = None, self._inflight, None
             if inflight is not None and any(m.release or m.add or m.follow for m in messages):
                 # Read first: a release frees cache slots the proposal's tokens are recorded in.
@@ -186,7 +220,8 @@ class StreamingDraft:
         sequence that should draft more is one it drafts for; else None."""
         drafting = [(seq_id, n) for seq_id, n in zip(inflight.seq_ids, inflight.counts) if n]
         run = [seq_id for seq_id, _ in drafting]
-        ahead = {seq_id: len(self._followed[seq_id].drafted) + n for seq_id, n in drafting}
+        ahead = {seq_id: self._followed[seq_id].chain_end - self._followed[seq_id].length + n
+                 for seq_id, n in drafting}
         wanting = {seq_id for seq_id, seq in self._followed.items()
                    if ahead.get(seq_id, len(seq.drafted)) < self.lookahead}
         if not wanting or not wanting <= set(run):
@@ -205,8 +240,11 @@ class StreamingDraft:
             seq = self._followed.get(seq_id)
             if not tokens or seq is None or seq.epoch != epoch:
                 continue
-            out.append(StreamDrafts(seq_id, epoch, seq.length + len(seq.drafted), tuple(tokens)))
-            seq.drafted.extend(tokens)
+            position = seq.chain_end
+            if not seq.extend(tokens):  # a commit that reached past the drafts read contradicts them
+                self._changed = True
+                continue
+            out.append(StreamDrafts(seq_id, epoch, position, tuple(tokens)))
         return out
 
     def _apply(self, message: StreamControl) -> bool:
@@ -243,6 +281,7 @@ class StreamingDraft:
             if k or seq.unsent:
                 items.append(ProposeItem(seq_id, k, tuple(seq.unsent), seq.sampling, tuple(seq.drafted)))
                 seq.unsent = []
+                seq.restart_at_committed()
         return items
 
     def _keep_unsent(self, items: list[ProposeItem]) -> None:

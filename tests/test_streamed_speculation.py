@@ -3,8 +3,11 @@ coordinator keeps the drafts that continue the committed text (coordinator/draft
 verifies what has arrived (coordinator/streamed_step.py).
 
 DraftsAhead and the draft's loop are checked message by message: which drafts a sequence holds
-after each delivery and commit, by content and by epoch; where and from what the loop drafts,
-that its tokens are a plain proposal's, and that its worker's cache never keeps a rejected token.
+after each delivery and commit, by content and by epoch; where and from what the loop drafts
+(each message's tokens are a plain proposal's from the tokens before its position, also where a
+commit or a release arrives while a proposal is in flight), and that its worker's cache never
+keeps a rejected token. The loop is stepped by hand (`drain`), so these tests hold whether a
+step answers its own proposal or the one it queued before.
 End to end, whatever the draft drafts and whenever it arrives, the text must be the target's own
 decoding token for token, greedy and seeded, in-process (the loop on a thread) and through the
 real services (the loop in the draft's process, over DraftWorker.Stream); a draft that dies
@@ -270,7 +273,7 @@ def test_the_loop_drafts_up_to_its_lookahead_then_waits_for_a_commit(loop):
     calls = loop.calls
     assert loop.step() is None and loop.step() is None and loop.calls == calls  # no proposal made
     loop.control(StreamControl(commits=[StreamCommit(1, tokens[:2])]))  # the target took two
-    assert tokens_of(drain(loop)) [:2] == (0, len(PROMPT) + 4)
+    assert tokens_of(drain(loop))[:2] == (0, len(PROMPT) + 4)
     assert loop.step() is None
 
 
@@ -393,20 +396,23 @@ def test_a_block_and_the_targets_token_committed_while_a_proposal_is_in_flight(l
     assert len(truth.ahead()) == 4
 
 
-def test_the_loop_counts_its_busy_time_while_it_stays_busy(draft_worker):
-    """busy_s, what the stream reports with each message (StepStats.stream_draft_busy_s): the
-    time with a proposal in flight, counted while the loop stays busy too: a draft that never
-    runs out of work (the saturated draft the statistic is for) is not reported idle."""
+def test_the_loop_reports_its_busy_time_while_it_stays_busy(draft_worker):
+    """busy_total(), what the stream reports with each message (StepStats.stream_draft_busy_s):
+    the time with a proposal in flight, the current one included: a draft that never runs out of
+    work (the saturated draft the statistic is for) is not reported idle."""
     draft_worker.reset()
     loop = StreamingDraft(draft_worker, lookahead=8, chunk=2)
     loop.control(StreamControl(add=[AddSequence(1, PROMPT)], follow=[FollowSequence(1, GREEDY)]))
     started = time.perf_counter()
     for _ in range(3):  # 6 of 8 drafted or in flight: busy throughout
         assert loop.step() is not None
-    elapsed = time.perf_counter() - started
-    assert 0 < loop.busy_s <= elapsed
-    drain(loop)
-    assert loop.busy_s <= time.perf_counter() - started
+    busy = loop.busy_total()
+    assert 0 < busy <= time.perf_counter() - started
+    drain(loop)  # then idle: what it reports stops growing
+    done = loop.busy_total()
+    assert busy <= done <= time.perf_counter() - started
+    time.sleep(0.05)
+    assert loop.busy_total() == done
     draft_worker.reset()
 
 
@@ -489,6 +495,7 @@ def test_text_is_the_targets_own_greedy_and_seeded(llama_target, draft, block, r
     assert st.draft_tokens > 0, "no draft was ever verified"
     # Each draft kept is verified at most once (committed, or dropped as contradicted).
     assert st.draft_tokens <= st.stream_kept <= st.stream_arrived, st
+    assert st.stream_draft_busy_s > 0, st
     assert max(s.step_stats.steps_by_length) <= block
     assert sum(r.stats.rejections for r in results) > 0, "no draft was ever rejected"
     if draft == "llama_draft":
