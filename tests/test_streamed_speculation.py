@@ -748,3 +748,62 @@ def test_bench_stream_policies():
     assert stream_config("stream2w10") == DraftStreamConfig(block=2, wait_ms=10.0)
     for other in ("3", "pipe3", "bass", "stream", "stream4x"):
         assert not stream_config(other).on, other
+
+
+# -- extensions on the device, CPU and GPU ---------------------------------------------------------------
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_a_run_of_extensions_drafts_what_one_proposal_drafts(llama_draft, device, sampling):
+    """With one token a call, the loop's first call is a proposal and the next six extend it on
+    the device (no host input, keyed ahead): together the seven tokens one proposal of seven
+    drafts, for two sequences at once; on a GPU through the captured graphs."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    prompts = [(5, 6, 7, 8), (9, 10, 11, 12, 13)]
+    samplings = [sampling, SequenceSampling(sampling.params, sampling.seed_key + 1)]
+    ref = make_worker(llama_draft, prepared=True, device=device)
+    ref.propose(ProposeRequest(items=[], add=[AddSequence(i + 1, p) for i, p in enumerate(prompts)]))
+    want = ref.propose(ProposeRequest(items=[ProposeItem(i + 1, 7, (), samplings[i]) for i in range(2)])).tokens
+    loop = StreamingDraft(make_worker(llama_draft, prepared=True, device=device), lookahead=7, chunk=1)
+    loop.control(StreamControl(add=[AddSequence(i + 1, p) for i, p in enumerate(prompts)],
+                               follow=[FollowSequence(i + 1, samplings[i]) for i in range(2)]))
+    drafts = drain(loop)
+    assert loop.calls == 7  # one proposal, six extensions, then the lookahead
+    for i in range(2):
+        _, position, tokens = tokens_of(drafts, i + 1)
+        assert position == len(prompts[i]) and list(tokens) == want[i]
+
+
+@pytest.mark.gpu
+def test_a_release_while_an_extension_is_in_flight_on_the_gpu(llama_draft):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    worker = make_worker(llama_draft, prepared=True, device="cuda")
+    loop = StreamingDraft(worker, lookahead=8, chunk=1)
+    loop.control(StreamControl(add=[AddSequence(1, PROMPT), AddSequence(2, (8, 9, 10))],
+                               follow=[FollowSequence(1, GREEDY), FollowSequence(2, GREEDY)]))
+    assert loop.step() == [] and {x.seq_id for x in loop.step()} == {1, 2}  # the second call extends
+    loop.control(StreamControl(release=[1]))
+    assert {x.seq_id for x in loop.step()} == {1, 2}  # read before the release frees its slot
+    assert {x.seq_id for x in loop.step()} == {2} and 1 not in worker.runner.sequences
+
+
+def test_a_batch_above_max_batch_decodes_regularly(llama_target, llama_draft, regular, schedulers):
+    """Above draft_stream.max_batch the coordinator decodes regularly: the draft stops following
+    those sequences (released from it) and they rejoin when the batch shrinks; the text is the
+    target's own throughout."""
+    s = schedulers(llama_target, llama_draft, stream={"block": 3, "max_batch": 2, **WAIT})
+    runs = [s.submit(r) for r in REQUESTS]
+    followed = []
+    while s.has_work:
+        s.step()
+        followed.append((len(s.running), sum(s.streamed.ahead.follows(q.seq_id) for q in s.running)))
+    s.flush_releases()
+    assert texts([r.result for r in runs]) == regular
+    assert any(n > 2 and f == 0 for n, f in followed), followed  # a large batch: nobody followed
+    assert s.step_stats.stream_arrived > 0, "the small batch at the end streamed"
+    assert wait_until(lambda: not s.draft.runner.sequences)
