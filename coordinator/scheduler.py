@@ -26,7 +26,6 @@ from typing import Callable, Iterable
 
 from bass.coordinator.draft_length import Join, make_policy
 from bass.coordinator.incremental_text import IncrementalText
-from bass.coordinator.pipelined_step import PipelinedStep, RoundPlan
 from bass.coordinator.regular_pipeline import Answered, RegularPipeline
 from bass.coordinator.requests import FinishReason, GenerationRequest, GenerationResult, SequenceOutput
 from bass.coordinator.sequences import PrefillBudget, RequestRun, SequenceRun, sequence_seed_key
@@ -65,13 +64,10 @@ class Scheduler:
         # The executors: regular steps kept in flight, and speculative steps.
         self.regular = RegularPipeline(target, self._depth, clock)
         self.speculative = SpeculativeStep(target, draft, clock, self._draft_failed)
-        k = config.pipeline_draft_tokens
-        self.pipelined = PipelinedStep(target, draft, clock, k) if k and draft is not None else None
         stream = config.draft_stream
         self.streamed = (StreamedStep(target, clock, stream.block, stream.wait_ms / 1000)
                          if stream.on and draft is not None else None)
-        self.wants_draft = draft is not None and (config.draft_length.speculates or self.pipelined is not None
-                                                  or self.streamed is not None)
+        self.wants_draft = draft is not None and (config.draft_length.speculates or self.streamed is not None)
         self.draft_up = False
         self._next_probe = 0.0
         if self.wants_draft:
@@ -100,9 +96,8 @@ class Scheduler:
     @target.setter
     def target(self, worker: TargetWorkerAPI) -> None:
         self._target = self.regular.target = self.speculative.target = worker
-        for executor in (self.pipelined, self.streamed):
-            if executor is not None:
-                executor.target = worker
+        if self.streamed is not None:
+            self.streamed.target = worker
 
     @property
     def draft(self) -> DraftWorkerAPI | None:
@@ -111,8 +106,6 @@ class Scheduler:
     @draft.setter
     def draft(self, worker: DraftWorkerAPI | None) -> None:
         self._draft = self.speculative.draft = worker
-        if self.pipelined is not None:
-            self.pipelined.draft = worker
 
     def _new_policy(self):
         """A draft-length policy that knows nothing yet, timed for this scheduler's regular steps
@@ -194,8 +187,6 @@ class Scheduler:
         self._slots_held = 0
         self.regular.discard()
         self._chain, self._decided = None, None  # the workers are reset before new work
-        if self.pipelined is not None:
-            self.pipelined.reset()
         self.close()
         self._target_add, self._draft_add, self._target_release, self._draft_release = [], [], [], []
         self.policy = self._new_policy()
@@ -242,8 +233,6 @@ class Scheduler:
             finished += self._drain_in_flight()
         if not self.running:
             return finished
-        if self.pipelined is not None and self.draft_up:
-            return finished + self._pipelined_step(prefill)
         batch = self.running
         if self.streamed is not None:
             if self.draft_up and len(batch) <= self.config.draft_stream.max_batch:
@@ -330,36 +319,6 @@ class Scheduler:
         self.policy.observe_costs(size, outcome.draft_forwards if plan.clean_draft else 0, outcome.draft_s, k,
                                   period - outcome.draft_s if plan.clean_verify and period is not None else None,
                                   joined=plan.joined)
-        self.step_stats.step_s += self.clock() - plan.step_started
-        return finished
-
-    def _pipelined_step(self, prefill: PrefillBudget) -> list[RequestRun]:
-        """A step of pipelined speculation (coordinator/pipelined_step.py): this step's
-        verification and the draft's proposal for the next one, at the same time. A sequence
-        the draft cannot hold yet (the prefill budget), or with no room left in the cache for a
-        proposal past its block, verifies stand-ins and is decided by the target alone."""
-        finished = self._drain_in_flight() if self.regular.in_flight else []
-        batch = self.running
-        if not batch:
-            return finished
-        self._attach_where_wanted(batch, {s.seq_id: 1 for s in batch}, prefill)
-        k = self.pipelined.k
-        drafting = [i for i, s in enumerate(batch) if s.drafted
-                    and len(s.request.prompt_ids) + len(s.output) + 2 * k <= self.max_seq_len]
-        plan = RoundPlan(batch=batch, drafting=drafting, step_started=self.clock(), target_add=self._target_add,
-                         target_release=self._target_release, draft_add=self._draft_add,
-                         draft_release=self._draft_release)
-        self._target_add, self._target_release, self._draft_add, self._draft_release = [], [], [], []
-        # Near the end of the cache a block shrinks to what fits (those steps run without graphs).
-        rooms = [self.max_seq_len - len(s.request.prompt_ids) - len(s.output) - 1 for s in batch]
-        outcome = self.pipelined.execute(plan, rooms)
-        if outcome.draft_error is not None:
-            self._draft_failed(outcome.draft_error)
-        self.step_stats.draft_compute_s += outcome.draft_compute_s
-        self._drafted_last_step = outcome.draft_forwards > 0
-        finished += self._commit(batch, outcome.drafts, outcome.verified, outcome.draft_forwards,
-                                 outcome.draft_wait_s, outcome.verify_s, draft_wait_s=outcome.draft_wait_s,
-                                 policy_observes=False)
         self.step_stats.step_s += self.clock() - plan.step_started
         return finished
 
@@ -465,7 +424,7 @@ class Scheduler:
         batch = [seq for seq, _, _ in live]
         drafts = [draft for _, draft, _ in live]
         verdicts = [verdict for _, _, verdict in live]
-        if policy_observes:  # a pipelined step's stand-in blocks (counted as no drafts) are no evidence
+        if policy_observes:  # a streamed step's blocks (stand-ins, drafts the policy never chose) are no evidence
             self.policy.observe([s.seq_id for s in batch], [len(d) for d in drafts], [v.accepted for v in verdicts])
         touched: dict[int, RequestRun] = {}
         for seq, draft, verdict in zip(batch, drafts, verdicts):
@@ -473,8 +432,8 @@ class Scheduler:
             touched[id(req)] = req
             req.stats.sequence_steps += 1
             req.stats.draft_tokens += len(draft)
-            # Of the drafts proposed (a pipelined step's stand-in block counts none, though the
-            # target may take some of it: those are the target's own tokens, not accepted drafts).
+            # Of the drafts proposed (a streamed step's stand-ins count none, though the target
+            # may take some of them: those are the target's own tokens, not accepted drafts).
             req.stats.accepted_tokens += min(verdict.accepted, len(draft))
             req.stats.rejections += verdict.accepted < len(draft)
             self._extend(seq, verdict.tokens)
@@ -529,8 +488,6 @@ class Scheduler:
             if self.streamed is not None:
                 self.streamed.close()  # before the reset: its loop drafts for the draft's sequences
             self.draft.reset()
-            if self.pipelined is not None:
-                self.pipelined.reset()
             if self.streamed is not None:
                 self.streamed.open(self.draft.open_stream(StreamControl(
                     lookahead=self.config.draft_stream.lookahead, chunk=self.config.draft_stream.chunk)))
@@ -556,8 +513,6 @@ class Scheduler:
         self._next_probe = self.clock() + self.reconnect_interval_s
         self._chain = None
         self._draft_add, self._draft_release = [], []
-        if self.pipelined is not None:
-            self.pipelined.reset()
         if self.streamed is not None:
             self.streamed.close()
         for seq in self.running:
@@ -733,9 +688,8 @@ class Scheduler:
         if reason in (FinishReason.STOP, FinishReason.LENGTH):
             seq.finish_order = 1 + sum(1 for s in req.sequences if s.finish_order)
         self.policy.forget(seq.seq_id)
-        for executor in (self.pipelined, self.streamed):
-            if executor is not None:
-                executor.forget([seq.seq_id])
+        if self.streamed is not None:
+            self.streamed.forget([seq.seq_id])
         self._target_release.append(seq.seq_id)
         if seq.drafted:
             self._draft_release.append(seq.seq_id)

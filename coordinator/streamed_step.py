@@ -1,8 +1,10 @@
 """The executor of streamed speculation: the target verifies whatever a free-running draft has drafted.
 
-Pipelined speculation (pipelined_step.py) still makes the step wait for the draft: each step asks
-for k tokens and the target's next verification waits until they come, a round trip included.
-Here the draft never waits and is never waited for. It runs on its own GPU as a loop
+A speculative step that asks the draft for k tokens waits for them (and, across processes, for a
+round trip); an earlier design that asked for the next step's tokens while the target verified
+this one (pipelined speculation, removed once this one measured faster at every batch: bench/results
+2026-11-27-h200x2-streamed) still waited for them at the next step. Here the draft never waits and
+is never waited for. It runs on its own GPU as a loop
 (draft_service/stream.py) that keeps drafting every sequence up to a lookahead past what the
 target committed; its tokens stream to the coordinator while the target verifies. Each step:
 

@@ -131,9 +131,9 @@ def qwen_draft(models_dir, qwen_target) -> Path:
 def build_scheduler(target: Path, draft: Path | None = None, draft_length: str = "bass", *, num_slots: int = 32,
                     max_seq_len: int = 256, attention: str = "pad", max_batch_size: int = 64, max_n: int = 16,
                     draft_top_n: int = 64, target_slots: int | None = None, prefill_budget: int = 512,
-                    batch_invariant: bool = False, pipeline: int = 0, stream: dict | None = None):
-    """An in-process coordinator over real target/draft workers on the CPU (fp32); pipeline: the
-    scheduler's pipeline_draft_tokens; stream: its draft_stream (DraftStreamConfig's fields)."""
+                    batch_invariant: bool = False, stream: dict | None = None):
+    """An in-process coordinator over real target/draft workers on the CPU (fp32); stream: the
+    scheduler's draft_stream (DraftStreamConfig's fields)."""
     from bass.app.local import build_local_scheduler
     from bass.core.config import DraftLengthConfig, DraftStreamConfig, RunnerConfig, SchedulerConfig
 
@@ -146,7 +146,7 @@ def build_scheduler(target: Path, draft: Path | None = None, draft_length: str =
         scheduler=SchedulerConfig(max_batch_size=max_batch_size, max_n=max_n,
                                   max_prefill_tokens_per_step=prefill_budget,
                                   draft_length=DraftLengthConfig.parse(draft_length),
-                                  pipeline_draft_tokens=pipeline, draft_stream=DraftStreamConfig(**(stream or {}))),
+                                  draft_stream=DraftStreamConfig(**(stream or {}))),
         draft_top_n=draft_top_n)
 
 

@@ -46,13 +46,12 @@ class Services:
 def start_services(target_dir: Path, draft_dir: Path, *, policy: str = "bass", num_slots: int = 16,
                    max_batch_size: int = 16, max_waiting: int = 64, max_seq_len: int = 1024,
                    metrics_port: int | None = None, colocate: bool = False, target_options: dict | None = None,
-                   draft_options: dict | None = None, pipeline: int = 0, stream: dict | None = None,
+                   draft_options: dict | None = None, stream: dict | None = None,
                    **coordinator) -> Services:
     """`coordinator`: more CoordinatorConfig fields (e.g. reconnect_interval_s, max_request_bytes);
     target_options / draft_options: more WorkerServiceConfig fields of each model's service.
-    colocate: one server for both models (`bass serve`'s default), else one each. pipeline: the
-    scheduler's pipeline_draft_tokens (pipelined speculation); stream: its draft_stream
-    (DraftStreamConfig's fields: streamed speculation)."""
+    colocate: one server for both models (`bass serve`'s default), else one each. stream: the
+    scheduler's draft_stream (DraftStreamConfig's fields: streamed speculation)."""
     common = dict(num_slots=num_slots, max_seq_len=max_seq_len)
     target_cfg = WorkerServiceConfig(model_dir=target_dir, **common, **(target_options or {}))
     draft_cfg = WorkerServiceConfig(model_dir=draft_dir, **common, **(draft_options or {}))
@@ -65,7 +64,7 @@ def start_services(target_dir: Path, draft_dir: Path, *, policy: str = "bass", n
         target_address=target.address, draft_address=draft.address, tokenizer_dir=target_dir, port=0,
         max_waiting=max_waiting, metrics_port=metrics_port,
         scheduler=SchedulerConfig(max_batch_size=max_batch_size, max_n=8, max_new_tokens=512,
-                                  draft_length=DraftLengthConfig.parse(policy), pipeline_draft_tokens=pipeline,
+                                  draft_length=DraftLengthConfig.parse(policy),
                                   draft_stream=DraftStreamConfig(**(stream or {}))),
         **{"reconnect_interval_s": 0.2, **coordinator}))
     return Services(target_cfg, draft_cfg, target, draft, coordinator)

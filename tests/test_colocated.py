@@ -10,7 +10,6 @@ import grpc
 import pytest
 import torch
 
-from bass.coordinator.requests import GenerationRequest
 from bass.coordinator.scheduler import Scheduler
 from bass.coordinator.tokenizer import load_codec
 from bass.core.errors import PreconditionError

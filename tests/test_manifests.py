@@ -456,11 +456,11 @@ def test_config_parses_and_points_into_the_models_volume(build):
 
 
 @pytest.mark.parametrize("build", SERVING_BUILDS)
-def test_pipelined_speculation_where_the_draft_has_a_gpu_of_its_own(build):
-    """The two-GPU overlay drafts the next step while the target verifies (README "Two GPUs");
-    every other build keeps sequential speculation (one GPU co-located is faster)."""
-    k = config(build).coordinator.scheduler.pipeline_draft_tokens
-    assert (k >= 2) if build == "overlays/two-gpus" else k == 0
+def test_streamed_speculation_where_the_draft_has_a_gpu_of_its_own(build):
+    """The two-GPU overlay has the draft draft ahead on its own GPU (README "Two GPUs"); every
+    other build keeps sequential speculation (one GPU co-located is faster)."""
+    stream = config(build).coordinator.scheduler.draft_stream
+    assert stream.on is (build == "overlays/two-gpus")
 
 
 def test_config_rejects_what_load_config_file_rejects():

@@ -8,7 +8,7 @@ ray = pytest.importorskip("ray")
 
 from bass.app.client import BassClient  # noqa: E402
 from bass.coordinator.requests import GenerationRequest  # noqa: E402
-from bass.core.config import (CoordinatorConfig, DraftLengthConfig, HttpConfig, RayConfig,  # noqa: E402
+from bass.core.config import (CoordinatorConfig, DraftLengthConfig, DraftStreamConfig, HttpConfig, RayConfig,  # noqa: E402
                               SchedulerConfig, ServeConfig, WorkerServiceConfig)
 from conftest import build_scheduler  # noqa: E402
 from ports import bindable, fixed_port  # noqa: E402
@@ -40,14 +40,16 @@ def expected(llama_target):
     return r.sequences[0].token_ids
 
 
-def config(target, draft, *, target_gpus, draft_gpus, strategy="PACK", colocate=False, pipeline=0,
+def config(target, draft, *, target_gpus, draft_gpus, strategy="PACK", colocate=False, stream=0,
            http=HttpConfig()) -> ServeConfig:
     workers = dict(device="cpu", num_slots=8, max_seq_len=256, host="127.0.0.1")
     return ServeConfig(
         target=WorkerServiceConfig(model_dir=target, **workers), draft=WorkerServiceConfig(model_dir=draft, **workers),
         coordinator=CoordinatorConfig(host="127.0.0.1", port=fixed_port(), reconnect_interval_s=0.2,
-                                      scheduler=SchedulerConfig(max_batch_size=8, pipeline_draft_tokens=pipeline,
-                                                                draft_length=DraftLengthConfig(policy="fixed", fixed=3))),
+                                      scheduler=SchedulerConfig(
+                                          max_batch_size=8, draft_length=DraftLengthConfig(policy="fixed", fixed=3),
+                                          # the CPU's draft is slow: a step waits for its tokens
+                                          draft_stream=DraftStreamConfig(block=stream, wait_ms=200))),
         ray=RayConfig(namespace=NAMESPACE, strategy=strategy, target_gpus=target_gpus, draft_gpus=draft_gpus,
                       target_cpus=1, draft_cpus=1, coordinator_cpus=1, target_port=fixed_port(), draft_port=fixed_port(),
                       ready_timeout_s=180),
@@ -59,14 +61,14 @@ def generate(address, **kw):
         return c.generate(PROMPT, max_new_tokens=20, ignore_eos=True, **kw)
 
 
-@pytest.mark.parametrize("gpus,same_gpu,pipeline", [((0.5, 0.5), True, 0), ((1, 1), False, 0), ((1, 1), False, 3)])
-def test_up_places_services_and_serves(cluster, llama_target, llama_draft, expected, gpus, same_gpu, pipeline):
-    """pipeline: the draft with a GPU of its own drafts the next step while the target verifies
-    (pipelined speculation): the same text."""
+@pytest.mark.parametrize("gpus,same_gpu,stream", [((0.5, 0.5), True, 0), ((1, 1), False, 0), ((1, 1), False, 3)])
+def test_up_places_services_and_serves(cluster, llama_target, llama_draft, expected, gpus, same_gpu, stream):
+    """stream: the draft with a GPU of its own drafts ahead on its own while the target verifies
+    what it streamed (streamed speculation): the same text."""
     from bass.deploy import launcher
 
     addresses = launcher.up(config(llama_target, llama_draft, target_gpus=gpus[0], draft_gpus=gpus[1],
-                                   pipeline=pipeline), echo=lambda *_: None)
+                                   stream=stream), echo=lambda *_: None)
     try:
         where = launcher.placements(NAMESPACE)
         assert set(where) == {"target", "draft", "coordinator"}

@@ -120,30 +120,20 @@ def test_target_service_reports_a_draft_directory_without_a_model(llama_target, 
 
 def test_two_gpu_flags_and_keys_reach_the_config(llama_target, llama_draft, tmp_path):
     """--draft-device puts the draft on a GPU of its own, in a process of its own ([draft] device
-    in a config file with colocate = false does too), --pipeline-draft-tokens turns on pipelined
-    speculation; both as `bass serve` reads them (no CUDA needed to build the config)."""
+    in a config file with colocate = false does too); both as `bass serve` reads them (no CUDA
+    needed to build the config)."""
     from bass.app.cli.serve import serve, serve_config
 
     base = ["--target", llama_target, "--draft", llama_draft, "--device", "cuda"]
-    cfg = serve_config(serve.make_context("serve", [*map(str, base), "--draft-device", "cuda:1",
-                                                    "--pipeline-draft-tokens", "3"]))
+    cfg = serve_config(serve.make_context("serve", [*map(str, base), "--draft-device", "cuda:1"]))
     assert (cfg.target.device, cfg.draft.device, cfg.colocate) == ("cuda", "cuda:1", False)  # its own process
-    assert cfg.coordinator.scheduler.pipeline_draft_tokens == 3
     config = tmp_path / "two-gpus.toml"
-    config.write_text('colocate = false\n[draft]\ndevice = "cuda:1"\n'
-                      '[coordinator.scheduler]\npipeline_draft_tokens = 4\n')
+    config.write_text('colocate = false\n[draft]\ndevice = "cuda:1"\n')
     cfg = serve_config(serve.make_context("serve", [*map(str, base), "--config", str(config)]))
-    assert (cfg.target.device, cfg.draft.device, cfg.coordinator.scheduler.pipeline_draft_tokens) == ("cuda", "cuda:1", 4)
+    assert (cfg.target.device, cfg.draft.device, cfg.colocate) == ("cuda", "cuda:1", False)
     assert serve_config(serve.make_context("serve", list(map(str, base)))).draft.device == "cuda"  # the target's
     same = serve_config(serve.make_context("serve", [*map(str, base), "--draft-device", "cuda:0"]))
     assert same.colocate, "cuda:0 is the target's 'cuda': the draft stays in the target's process"
-
-
-def test_a_bad_pipeline_length_is_named(llama_target, llama_draft):
-    proc = subprocess.run(bass_cmd("serve", "--target", llama_target, "--draft", llama_draft, "--device", "cpu",
-                                   "--pipeline-draft-tokens", "1"), capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0
-    assert "pipeline_draft_tokens" in proc.stderr and "got 1" in proc.stderr, proc.stderr
 
 
 def test_streamed_speculation_flag_and_keys_reach_the_config(llama_target, llama_draft, tmp_path):

@@ -36,12 +36,20 @@ from bass.v1 import worker_pb2 as pb
 from conftest import build_scheduler
 from services import start_services
 from test_draft_loop import make_worker
-from test_pipelined_speculation import REQUESTS, texts
+from test_device_drafts import REQUESTS as DEVICE_REQUESTS
 
+# Greedy and sampled, n = 1 and 2 (test_device_drafts), and a longer prompt.
+REQUESTS = DEVICE_REQUESTS + [
+    GenerationRequest(prompt_ids=tuple(range(60, 75)), max_new_tokens=9, ignore_eos=True),
+]
 GREEDY = SequenceSampling(SamplingParams(), seed_key=1)
 SAMPLED = SequenceSampling(SamplingParams(temperature=0.9, top_p=0.9), seed_key=12345)
 PROMPT = (5, 6, 7, 8)
 WAIT = {"wait_ms": 200}  # see the module docstring
+
+
+def texts(results):
+    return [[s.token_ids for s in r.sequences] for r in results]
 
 
 @pytest.fixture(scope="module")
@@ -265,6 +273,28 @@ class Truth:
             assert x.tokens == want, f"{x} is not what the draft drafts after the {len(prefix)} tokens before it ({want})"
             for i, token in enumerate(x.tokens):
                 self.drafted[x.position + i] = token
+
+
+def test_the_draft_rolls_back_what_it_assumed(llama_target):
+    """DraftWorker with `assumed` tokens: it proposes after them as if committed, and its next
+    call forgets them before committing what the target decided, so its cache record is the
+    committed tokens (plus what it ran for its new proposal), never a rejected block."""
+    worker = make_worker(llama_target, prepared=True)
+    greedy = SequenceSampling(SamplingParams(), seed_key=1)
+    worker.propose(ProposeRequest(items=[], add=[AddSequence(1, (5, 6, 7, 8))]))
+    runner = worker.runner
+    first = worker.propose(ProposeRequest(items=[ProposeItem(1, 3, (), greedy, assumed=(11, 12))])).tokens[0]
+    state = runner.get(1)
+    assert state.committed == [5, 6, 7, 8, 11, 12]
+    # The proposal after the assumed block is the one made with that block committed.
+    twin = make_worker(llama_target, prepared=True)
+    twin.propose(ProposeRequest(items=[], add=[AddSequence(1, (5, 6, 7, 8, 11, 12))]))
+    assert twin.propose(ProposeRequest(items=[ProposeItem(1, 3, (), greedy)])).tokens[0] == first
+    # The target took 11 and then 99, not 12: the block is forgotten, 11 and 99 committed.
+    worker.propose(ProposeRequest(items=[ProposeItem(1, 2, (11, 99), greedy)]))
+    assert state.committed == [5, 6, 7, 8, 11, 99]
+    cached = runner.cache.tokens(state.slot)
+    assert cached[:6] == [5, 6, 7, 8, 11, 99] and 12 not in cached[4:6]
 
 
 def test_the_loop_drafts_up_to_its_lookahead_then_waits_for_a_commit(loop):
@@ -694,14 +724,6 @@ def test_draft_stream_config_accepts_its_limits_and_is_off_by_default():
     assert not DraftStreamConfig().on and not SchedulerConfig().draft_stream.on
     c = DraftStreamConfig(block=8, lookahead=4, chunk=4, wait_ms=0)
     assert c.on and c.block == 8
-
-
-def test_streamed_and_pipelined_speculation_are_exclusive():
-    with pytest.raises(InvalidRequestError) as e:
-        SchedulerConfig(pipeline_draft_tokens=3, draft_stream=DraftStreamConfig(block=2))
-    assert e.value.field == "draft_stream.block"
-    SchedulerConfig(pipeline_draft_tokens=3)  # either alone is fine
-    SchedulerConfig(draft_stream=DraftStreamConfig(block=2))
 
 
 def test_the_loop_and_the_step_reject_bad_sizes(draft_worker):

@@ -266,21 +266,13 @@ class SchedulerConfig:
     # than the budget is still admitted, alone in its step, so nothing starves.
     max_prefill_tokens_per_step: int = 512
     draft_length: DraftLengthConfig = field(default_factory=DraftLengthConfig)
-    # Pipelined speculation (coordinator/pipelined_step.py): 0 = off; k >= 2 = the draft proposes
-    # k tokens for step t + 1 while the target verifies step t, so their times overlap instead of
-    # adding up. For a draft on a GPU of its own: on one GPU the two models' kernels slow each
-    # other (bench/results, 2026-11-27: one GPU hides 14-24% of the draft). Replaces
-    # draft_length while on: each step verifies k - 1 drafts a sequence.
-    pipeline_draft_tokens: int = 0
+    # Streamed speculation, for a draft on a GPU of its own (on one GPU the two models' kernels
+    # slow each other: bench/results, 2026-11-27, one GPU hides 14-24% of the draft). Replaces
+    # draft_length while on.
     draft_stream: DraftStreamConfig = field(default_factory=DraftStreamConfig)
 
     def __post_init__(self) -> None:
-        _require(not (self.pipeline_draft_tokens and self.draft_stream.on), "draft_stream.block",
-                 "streamed and pipelined speculation are two ways of running the draft ahead: turn one off")
         _require(self.max_batch_size >= 1, "max_batch_size", f"must be >= 1, got {self.max_batch_size}")
-        k = self.pipeline_draft_tokens
-        _require(isinstance(k, int) and not isinstance(k, bool) and (k == 0 or 2 <= k <= 32),
-                 "pipeline_draft_tokens", f"must be 0 (off) or in [2, 32], got {k!r}")
         _require(self.max_n >= 1, "max_n", f"must be >= 1, got {self.max_n}")
         _require(self.max_new_tokens >= 1, "max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
         budget = self.max_prefill_tokens_per_step

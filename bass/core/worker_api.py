@@ -45,9 +45,9 @@ class ProposeItem:
     num_tokens: int
     committed: tuple[int, ...]  # tokens committed since this worker last saw this sequence
     sampling: SequenceSampling
-    # Tokens to propose after as if they were committed: the block the target verifies at the
-    # same time (pipelined speculation, coordinator/pipelined_step.py). The worker forgets them
-    # at its next call for the sequence, before it commits what the target decided.
+    # Tokens to propose after as if they were committed: what the draft drafted itself and the
+    # target has not verified yet (a draft stream, draft_service/stream.py). The worker forgets
+    # them at its next call for the sequence, before it commits what the target decided.
     assumed: tuple[int, ...] = ()
 
 

@@ -160,15 +160,13 @@ def stream_config(policy: str) -> DraftStreamConfig:
 
 def case_scheduler(target, draft, codec, batch: int, policy: str, max_new_tokens: int) -> Scheduler:
     """The scheduler of one (batch, policy) case: fresh, so its policy learns from nothing;
-    without the draft for regular decoding; one sequence a request. A policy `pipeK` is
-    pipelined speculation drafting K tokens ahead (SchedulerConfig.pipeline_draft_tokens);
-    `streamK...` streamed speculation (`stream_config`)."""
-    pipeline = int(policy[4:]) if policy.startswith("pipe") else 0
+    without the draft for regular decoding; one sequence a request. A policy `streamK...` is
+    streamed speculation (`stream_config`)."""
     stream = stream_config(policy)
-    length = DraftLengthConfig.parse("0" if pipeline or stream.on else policy)
-    return Scheduler(target, draft if length.speculates or pipeline or stream.on else None, codec,
+    length = DraftLengthConfig.parse("0" if stream.on else policy)
+    return Scheduler(target, draft if length.speculates or stream.on else None, codec,
                      SchedulerConfig(max_batch_size=batch, max_n=1, max_new_tokens=max_new_tokens, draft_length=length,
-                                     pipeline_draft_tokens=pipeline, draft_stream=stream))
+                                     draft_stream=stream))
 
 
 def case_requests(prompts: list[str], batch: int, mode: str, tokens: int, round_: int) -> list[GenerationRequest]:

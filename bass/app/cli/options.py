@@ -56,9 +56,6 @@ def scheduler_options(f):
         click.option("--max-prefill-tokens-per-step", type=int,
                      help="Prompt tokens prefilled per step, target and draft together; a longer prompt goes "
                           "alone [512]."),
-        click.option("--pipeline-draft-tokens", type=int,
-                     help="Pipelined speculation: the draft proposes K tokens for the next step while the target "
-                          "verifies this one (for a draft on a GPU of its own: --draft-device); 0 = off [0]."),
         click.option("--draft-stream", "draft_stream_block", type=int,
                      help="Streamed speculation: the draft drafts ahead on its own and each step verifies up to K "
                           "of its tokens a sequence (for a draft on a GPU of its own: --draft-device; more "
@@ -69,8 +66,7 @@ def scheduler_options(f):
 
 
 def with_scheduler_options(ctx, cfg: CoordinatorConfig) -> CoordinatorConfig:
-    sched = explicit(ctx, ["max_batch_size", "max_n", "max_new_tokens", "max_prefill_tokens_per_step",
-                           "pipeline_draft_tokens"])
+    sched = explicit(ctx, ["max_batch_size", "max_n", "max_new_tokens", "max_prefill_tokens_per_step"])
     if ctx.params.get("draft_length") is not None:
         sched["draft_length"] = ctx.params["draft_length"]
     block = explicit(ctx, ["draft_stream_block"]).get("draft_stream_block")

@@ -2,7 +2,7 @@
 # On the GPU machine, after setup.sh and with the Ray wheel's parts in /tmp/m (issue #6):
 # `bass up` on a local Ray with the given placement, the demo request through it, Ray's view of
 # where each actor runs; then the same request through the plain local launcher (`bass serve`).
-# Usage: ray.sh NAME NUM_GPUS TARGET_GPUS DRAFT_GPUS     ray.sh one-gpu 1 0.5 0.5 | PIPELINE=3 ray.sh two-gpus 2 1 1
+# Usage: ray.sh NAME NUM_GPUS TARGET_GPUS DRAFT_GPUS     ray.sh one-gpu 1 0.5 0.5 | STREAM=6 ray.sh two-gpus 2 1 1
 set -uo pipefail
 name=$1 num_gpus=$2 target_gpus=$3 draft_gpus=$4
 source "$(dirname "$0")/serve.sh"
@@ -17,7 +17,7 @@ fi
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
 M=/tmp/models
 # A draft with a GPU of its own must not be co-located (the default puts it in the target's
-# process, on the target's GPU, whatever draft_gpus says); PIPELINE=K turns on pipelined speculation.
+# process, on the target's GPU, whatever draft_gpus says); STREAM=K turns on streamed speculation.
 colocate=true; [ "$num_gpus" -ge 2 ] && colocate=false
 cat > /tmp/ray-$name.toml <<EOT
 colocate = $colocate
@@ -33,8 +33,8 @@ dtype = "bfloat16"
 strategy = "PACK"
 target_gpus = $target_gpus
 draft_gpus = $draft_gpus
-[coordinator.scheduler]
-pipeline_draft_tokens = ${PIPELINE:-0}
+[coordinator.scheduler.draft_stream]
+block = ${STREAM:-0}
 EOT
 timeout 240 python3 -m bass.cli up --config /tmp/ray-$name.toml --num-gpus $num_gpus 2>&1 | tee $OUT/ray-$name-up.log
 python3 - <<EOT | tee $OUT/ray-$name-placement.json

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # On a machine with two GPUs, after setup/setup.sh: issue #36's comparison in one call. The same
 # `bass bench speed` through the services with both models on GPU 0 (today's one-GPU default),
-# then with the draft on GPU 1 (sequential speculation through the host, and pipelined
-# speculation: the draft proposes step t + 1 while the target verifies step t). Usage:
-#   two_gpus.sh MODE BATCHES ONE_GPU_POLICIES TWO_GPU_POLICIES   (e.g. greedy 1,8 0,3,auto 3,pipe3,pipe4)
+# then with the draft on GPU 1 (sequential speculation through the host, and streamed
+# speculation: the draft drafts ahead on its own, the target verifies what it streamed). Usage:
+#   two_gpus.sh MODE BATCHES ONE_GPU_POLICIES TWO_GPU_POLICIES   (e.g. greedy 1,8 3,auto 3,stream6,stream4c2)
 # LIMIT_S bounds each process; extra arguments go to both.
 set -uo pipefail
 mode=$1 batches=$2 one=$3 two=$4; shift 4
