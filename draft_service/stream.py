@@ -10,11 +10,15 @@ meanwhile stand. Where it does not, the draft drops its tokens past the commit, 
 *epoch* for the sequence and drafts again from the committed tokens (the coordinator discards
 the old epoch's tokens that were still on their way).
 
-Each call of the loop is one DraftWorker proposal of `chunk` tokens per drafting sequence, the
-tokens it drafted before passed as `assumed` (the worker forgets them at its next call, before
+Each call of the loop drafts `chunk` tokens per drafting sequence, and one call is always queued
+on the device while the host reads the one before (`step`). A call is a DraftWorker proposal,
+the tokens drafted before passed as `assumed` (the worker forgets them at its next call, before
 it commits what the target decided): the same graphs, sampling and cache rollback as a
-proposal of a speculative step. So a sampled draft token is still the winner of the target's
-keyed race at its position, whatever the epoch.
+speculative step's proposal, so a sampled draft token is still the winner of the target's keyed
+race at its position, whatever the epoch. While only agreeing commits arrive, the next call
+*extends* the last proposal on the device instead (DraftWorker.extend: more replays of its
+self-feeding graph), which needs nothing from the host. A commit may reach past the tokens the
+loop has read into those still in flight (`_Followed.overrun`): they are checked when read.
 
 `LocalDraftStream` runs the loop on a thread of the coordinator's process (tests, and a draft
 in the coordinator's process); the draft service runs it for a stream RPC
