@@ -40,11 +40,11 @@ def first_answer_after_restart(client, timeout_s: float = 20.0):
             time.sleep(0.2)
 
 
-@pytest.mark.parametrize("pipeline", [0, 3])
-def test_draft_death_falls_back_to_regular_decoding_then_reconnects(llama_target, llama_draft, expected, pipeline):
-    """pipeline 3: pipelined speculation, the draft in its process proposing the next step while
-    the target verifies: it dies mid-pipeline, and comes back, with the same text throughout."""
-    services = start_services(llama_target, llama_draft, policy="3", pipeline=pipeline)
+@pytest.mark.parametrize("stream", [0, 3])
+def test_draft_death_falls_back_to_regular_decoding_then_reconnects(llama_target, llama_draft, expected, stream):
+    """stream 3: streamed speculation, the draft in its process drafting ahead on its own while the
+    target verifies: it dies mid-stream, and comes back, with the same text throughout."""
+    services = start_services(llama_target, llama_draft, policy="3", stream={"block": stream, "wait_ms": 200})
     try:
         _draft_death_then_reconnect(services, expected)
     finally:
