@@ -61,6 +61,14 @@ class CoordinatorMetrics:
         self.verify_seconds = Counter("bass_verify_seconds", "Time in Verify calls, transport included", registry=r)
         self.verify_compute_seconds = Counter("bass_verify_compute_seconds", "Time inside the target worker",
                                               registry=r)
+        # Streamed speculation (two GPUs): whether the draft keeps the target fed.
+        self.stream_drafts = Counter("bass_stream_drafts", "Draft tokens that arrived from the draft stream, "
+                                     "by fate: kept (they continued the committed text) or contradicted (the "
+                                     "target had decided otherwise on their way)", ["fate"], registry=r)
+        self.stream_starved = Counter("bass_stream_starved_sequence_steps", "Sequence-steps of streamed "
+                                      "speculation that found no draft to verify", registry=r)
+        self.stream_draft_busy_seconds = Counter("bass_stream_draft_busy_seconds", "Time the draft stream had a "
+                                                 "proposal on its device", registry=r)
         self.running = Gauge("bass_running_sequences", "Sequences in the batch", registry=r)
         self.waiting = Gauge("bass_waiting_requests", "Requests queued for a place in the batch", registry=r)
         self.draft_available = Gauge("bass_draft_available", "1 while the draft worker serves, else 0 "
@@ -82,6 +90,11 @@ class CoordinatorMetrics:
         self.draft_compute_seconds.inc(d["draft_compute_s"])
         self.verify_seconds.inc(d["verify_s"])
         self.verify_compute_seconds.inc(d["verify_compute_s"])
+        if d["stream_arrived"]:
+            self.stream_drafts.labels("kept").inc(d["stream_kept"])
+            self.stream_drafts.labels("contradicted").inc(d["stream_arrived"] - d["stream_kept"])
+        self.stream_starved.inc(d["stream_starved"])
+        self.stream_draft_busy_seconds.inc(d["stream_draft_busy_s"])
 
     def batch(self, running: int, waiting: int, draft_up: bool) -> None:
         self.running.set(running)
