@@ -31,8 +31,15 @@ from typing import Callable
 
 from bass.coordinator.draft_ahead import DraftsAhead
 from bass.coordinator.sequences import SequenceRun
+from bass.core.errors import WorkerUnavailableError
 from bass.core.worker_api import (AddSequence, DraftStream, FollowSequence, StreamCommit, StreamControl,
                                   TargetWorkerAPI, VerifyItem, VerifyRequest, VerifyResponse)
+
+# A draft that neither streams nor fails (its process hung) would leave every step verifying
+# stand-ins, and the commits queueing on its stream, for good: after this long with sequences
+# waiting for drafts and nothing arriving, the stream counts as failed (regular decoding, and
+# the scheduler probes the draft as after any failure).
+STALL_S = 10.0
 
 
 @dataclass
@@ -69,10 +76,11 @@ class StreamedStep:
         self.ahead = DraftsAhead()
         self.stream: DraftStream | None = None
         self._busy_s = 0.0  # the stream's busy_s at the last step
+        self._starving_since: float | None = None  # clock() since sequences waited with nothing arriving
 
     def open(self, stream: DraftStream) -> None:
         self.close()
-        self.stream, self._busy_s = stream, 0.0
+        self.stream, self._busy_s, self._starving_since = stream, 0.0, None
 
     def close(self) -> None:
         """The draft went down, restarted or is no longer wanted: nothing it drafted stands."""
@@ -145,7 +153,20 @@ class StreamedStep:
                 break
             more = self.ahead.deliver(self.stream.receive(left))
             arrived, kept = arrived + more[0], kept + more[1]
+        self._check_stall(batch, arrived)
         return arrived, kept
+
+    def _check_stall(self, batch: list[SequenceRun], arrived: int) -> None:
+        starving = any(self.ahead.follows(s.seq_id) and not self.ahead.held(s.seq_id) for s in batch)
+        if arrived or not starving:
+            self._starving_since = None
+            return
+        now = self.clock()
+        if self._starving_since is None:
+            self._starving_since = now
+        elif now - self._starving_since > STALL_S:
+            raise WorkerUnavailableError(f"the draft stream sent nothing for {now - self._starving_since:.0f} s "
+                                         "while sequences waited for drafts")
 
 
 def _last_token(seq: SequenceRun) -> int:

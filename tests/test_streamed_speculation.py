@@ -829,3 +829,38 @@ def test_a_batch_above_max_batch_decodes_regularly(llama_target, llama_draft, re
     assert any(n > 2 and f == 0 for n, f in followed), followed  # a large batch: nobody followed
     assert s.step_stats.stream_arrived > 0, "the small batch at the end streamed"
     assert wait_until(lambda: not s.draft.runner.sequences)
+
+
+def test_a_draft_stream_that_stalls_counts_as_failed(llama_target, llama_draft, regular, schedulers):
+    """A draft that hung (its stream neither sends nor fails) would leave every step verifying
+    stand-ins: after STALL_S with sequences waiting and nothing arriving, the draft is failed
+    (regular decoding, probes), and the text is the target's own throughout."""
+    from bass.coordinator.streamed_step import STALL_S
+
+    class Silent:
+        busy_s = 0.0
+
+        def __init__(self):
+            self.sent = 0
+
+        def send(self, control):
+            self.sent += 1
+
+        def receive(self, timeout_s=0.0):
+            return []
+
+        def close(self):
+            pass
+
+    s = schedulers(llama_target, llama_draft, stream={"block": 3})
+    silent, now = Silent(), [0.0]
+    s.streamed.open(silent)
+    s.streamed.clock = lambda: now[0]
+    runs = [s.submit(r) for r in REQUESTS]
+    up = []
+    while s.has_work:
+        now[0] += STALL_S / 3
+        s.step()
+        up.append(s.draft_up)
+    assert texts([r.result for r in runs]) == regular
+    assert silent.sent > 0 and False in up, up  # it was used, then given up on
