@@ -40,12 +40,15 @@ def main() -> None:
     parser.add_argument("--problems", default="0:16")
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--out")
+    parser.add_argument("--ranks-out", help="also write each prompt's per-token ranks (JSON lists), for "
+                                            "bench/cpu/stream_model.py")
     args = parser.parse_args()
     torch.manual_seed(0)
     codec = load_codec(f"{MODELS}/qwen2.5-coder-1.5b-instruct")
     target, draft = load("qwen2.5-coder-1.5b-instruct"), load("qwen2.5-coder-0.5b-instruct")
     ranks: list[int] = []  # per generated token: the target's token's rank among the draft's (0 = first), capped at 3
     runs: list[int] = []  # lengths of agreement between the draft's first choice and the target
+    per_prompt: list[list[int]] = []
     started = time.perf_counter()
     for problem in select(load_problems(), args.problems):
         prompt = codec.encode(problem["prompt"])
@@ -56,10 +59,12 @@ def main() -> None:
             generated = out[0, len(prompt):].tolist()
             logits = draft(out).logits[0, len(prompt) - 1:len(prompt) - 1 + len(generated)]
         top = logits.topk(3, dim=-1).indices.tolist()
+        per_prompt.append([])
         run = 0
         for token, choices in zip(generated, top):
             rank = choices.index(token) if token in choices else 3
             ranks.append(rank)
+            per_prompt[-1].append(rank)
             if rank == 0:
                 run += 1
             else:
@@ -81,6 +86,9 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
+    if args.ranks_out:
+        with open(args.ranks_out, "w") as f:
+            json.dump({"problems": args.problems, "ranks": per_prompt}, f)
 
 
 if __name__ == "__main__":

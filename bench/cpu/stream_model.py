@@ -1,0 +1,149 @@
+"""A model of streamed speculation at one sequence, to weigh its next levers before building them.
+
+Replays, per HumanEval prompt, where the real draft agrees with the target's greedy text (the
+per-token ranks `bench/cpu/draft_agreement.py --ranks-out` writes: 0 = the draft's first choice is
+the target's token, 1 = its second, ...) through the timeline of coordinator/streamed_step.py and
+draft_service/stream.py with the step costs measured on two H200s (bench/results/journal/
+2026-11-27-h200x2-streamed.md, run 3, one sequence):
+
+- a step takes `step_ms` (verification + the Verify round trip + the coordinator) and verifies up
+  to `block` of the drafts that have arrived, back to back (no wait);
+- the draft drafts a token every `draft_ms` while it is fewer than `lookahead` tokens ahead of the
+  commits it has heard of; its tokens reach the coordinator, and the commits reach it, `link_ms`
+  later;
+- along the target's text the draft's token at a position is right where its rank is 0; its first
+  wrong token ends what a step can accept, and the draft, once it hears of that commit, finishes
+  the forward it is in and drafts again from the committed text;
+- `hedge`: the draft also drafts from its second choice at each unverified position, so a wrong
+  token whose rank is 1 costs the step its remaining drafts but not the draft's chain.
+
+First the model is checked against what run 3 measured (ms a token, sequence-steps without a
+draft); then it predicts the levers. An estimate, not a measurement: compare the levers with each
+other, and build before believing a number.
+
+    .venv/bin/python bench/cpu/stream_model.py RANKS.json [--agreement A [--second S]] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from collections import deque
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class Costs:
+    step_ms: float = 3.15
+    draft_ms: float = 0.72
+    link_ms: float = 0.25
+    block: int = 6
+    lookahead: int = 8
+    hedge: bool = False
+
+
+def simulate(ranks: list[int], c: Costs) -> dict:
+    """One sequence decoding len(ranks) tokens."""
+    n, inf = len(ranks), float("inf")
+
+    def breaks(anchor: int) -> int:
+        """Where a chain drafted from `anchor` leaves the target's text: its first wrong token
+        that no hedge covers (every token after it is drafted from a wrong prefix)."""
+        p = anchor
+        while p < n and (ranks[p] == 0 or (c.hedge and ranks[p] == 1)):
+            p += 1
+        return p
+
+    committed, heard = 0, 0
+    heard_at: deque[tuple[float, int]] = deque()  # (when the draft hears it, the committed count)
+    anchor, arrivals = 0, []  # the draft's chain: its token at anchor + i reaches the coordinator at arrivals[i]
+    free_at = 0.0  # when the draft's last forward ended
+    now, steps, starved = 0.0, 0, 0
+
+    def draft_until(t: float) -> None:
+        nonlocal anchor, arrivals, free_at, heard
+        while True:
+            position = anchor + len(arrivals)
+            drafting = position < n and position - heard < c.lookahead
+            next_token = free_at + c.draft_ms if drafting else inf
+            next_commit = heard_at[0][0] if heard_at else inf
+            if min(next_token, next_commit) > t:
+                return
+            if next_commit <= next_token:
+                when, heard = heard_at.popleft()
+                if breaks(anchor) < heard:  # the commit contradicts the chain: start over there
+                    anchor, arrivals = heard, []
+                    free_at = next_token if drafting else when  # after the forward in flight
+                elif not drafting:
+                    free_at = max(free_at, when)  # it waited at the lookahead
+                continue
+            free_at = next_token
+            arrivals.append(next_token + c.link_ms)
+
+    while committed < n:
+        draft_until(now)
+        block = []
+        if breaks(anchor) >= committed:  # the chain continues the committed text
+            for i, at in enumerate(arrivals):
+                p = anchor + i
+                if at > now or len(block) == c.block:
+                    break
+                if p >= committed:
+                    block.append(p)
+        steps += 1
+        starved += not block
+        accepted = 0
+        for p in block:
+            if ranks[p] != 0:
+                break
+            accepted += 1
+        committed = min(n, committed + accepted + 1)
+        now += c.step_ms
+        heard_at.append((now + c.link_ms, committed))
+    return {"ms": now, "steps": steps, "starved": starved, "tokens": n}
+
+
+def run(all_ranks: list[list[int]], c: Costs) -> dict:
+    results = [simulate(r, c) for r in all_ranks if r]
+    tokens = sum(r["tokens"] for r in results)
+    steps = sum(r["steps"] for r in results)
+    return {"ms_per_token": round(sum(r["ms"] for r in results) / tokens, 3),
+            "tokens_per_step": round(tokens / steps, 2), "starved": round(sum(r["starved"] for r in results) / steps, 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("ranks")
+    parser.add_argument("--agreement", type=float,
+                        help="instead of the file's ranks, draws of the same lengths where the draft's first "
+                             "choice is right with this probability (the GPU's bf16 pair agrees less than fp32)")
+    parser.add_argument("--second", type=float, default=0.6,
+                        help="with --agreement: where the first choice is wrong, how often the second is right")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    ranks = json.load(open(args.ranks))["ranks"]
+    if args.agreement is not None:
+        draw = random.Random(0)
+        ranks = [[0 if draw.random() < args.agreement else 1 if draw.random() < args.second else 2 for _ in r]
+                 for r in ranks]
+    base = Costs()
+    cases = {
+        "as measured (run 3: 1.35 ms a token, 35% of steps without a draft)": base,
+        "hedged on the second choice": replace(base, hedge=True),
+        "draft twice as fast": replace(base, draft_ms=base.draft_ms / 2),
+        "Verify round trip halved (step 2.65 ms)": replace(base, step_ms=base.step_ms - 0.5),
+        "hedged + draft twice as fast": replace(base, hedge=True, draft_ms=base.draft_ms / 2),
+        "hedged + draft twice as fast + round trip halved": replace(base, hedge=True, draft_ms=base.draft_ms / 2,
+                                                                    step_ms=base.step_ms - 0.5),
+    }
+    out = {name: {**run(ranks, c), "costs": c.__dict__} for name, c in cases.items()}
+    for name, r in out.items():
+        print(f"{r['ms_per_token']:6.3f} ms/token  {r['tokens_per_step']:4.2f} tokens/step  "
+              f"{100 * r['starved']:3.0f}% starved  {name}")
+    if args.out:
+        json.dump(out, open(args.out, "w"), indent=2)
+
+
+if __name__ == "__main__":
+    main()
