@@ -147,7 +147,7 @@ class StreamedStep:
         most wait_s. Returns (tokens arrived, tokens kept)."""
         arrived, kept = self.ahead.deliver(self.stream.receive())
         deadline = self.clock() + self.wait_s
-        while any(self.ahead.follows(s.seq_id) and not self.ahead.held(s.seq_id) for s in batch):
+        while self._starving(batch):
             left = deadline - self.clock()
             if left <= 0:
                 break
@@ -156,9 +156,12 @@ class StreamedStep:
         self._check_stall(batch, arrived)
         return arrived, kept
 
+    def _starving(self, batch: list[SequenceRun]) -> bool:
+        """Whether a sequence the draft follows holds no draft."""
+        return any(self.ahead.follows(s.seq_id) and not self.ahead.held(s.seq_id) for s in batch)
+
     def _check_stall(self, batch: list[SequenceRun], arrived: int) -> None:
-        starving = any(self.ahead.follows(s.seq_id) and not self.ahead.held(s.seq_id) for s in batch)
-        if arrived or not starving:
+        if arrived or not self._starving(batch):
             self._starving_since = None
             return
         now = self.clock()

@@ -27,7 +27,6 @@ in the coordinator's process); the draft service runs it for a stream RPC
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -132,7 +131,6 @@ class StreamingDraft:
         self._busy_since: float | None = None
         self.calls = 0  # proposals and extensions made (statistics, tests)
         self.busy_s = 0.0  # time with one in flight
-        worker.keys_for_extension = True
 
     # -- any thread ------------------------------------------------------------------------------
     def control(self, message: StreamControl) -> None:
@@ -216,7 +214,8 @@ class StreamingDraft:
                 self._keep_unsent(items)
             return None
         self.calls += 1
-        return _InFlight(self.worker.start_propose(ProposeRequest(items=items)), [it.seq_id for it in items],
+        return _InFlight(self.worker.start_propose(ProposeRequest(items=items), extendable=True),
+                         [it.seq_id for it in items],
                          [self._followed[it.seq_id].epoch for it in items], [it.num_tokens for it in items])
 
     def _extend(self, inflight: "_InFlight") -> "_InFlight | None":
@@ -328,5 +327,4 @@ class LocalDraftStream:
 
     def close(self) -> None:
         self.loop.close()
-        with contextlib.suppress(RuntimeError):
-            self._thread.join(timeout=10)
+        self._thread.join(timeout=10)

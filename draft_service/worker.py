@@ -62,10 +62,9 @@ class DraftWorker:
         # (ProposeItem.assumed): dropped at the sequence's next call.
         self._assumed: dict[int, int] = {}
         # A draft stream (draft_service/stream.py) continues its proposals on the device
-        # (`extend`): the last proposal's sequences, where it ran through the self-feeding
-        # graphs and nothing else ran since; and whether to key every step a run may reach.
-        self._open_run: tuple[list[int], list[SequenceState]] | None = None  # (seq_ids, states)
-        self.keys_for_extension = False
+        # (`extend`): the last proposal's (seq_ids, states), where it was started extendable, ran
+        # through the self-feeding graphs and nothing else ran since.
+        self._open_run: tuple[list[int], list[SequenceState]] | None = None
 
     def info(self) -> WorkerInfo:
         return self.runner.info()
@@ -102,16 +101,17 @@ class DraftWorker:
         from bass.draft_service.stream import LocalDraftStream  # the stream builds on this module
         return LocalDraftStream(self, first)
 
-    def start_propose(self, request: ProposeRequest) -> "PendingProposal":
+    def start_propose(self, request: ProposeRequest, extendable: bool = False) -> "PendingProposal":
         """Queue a proposal's forwards and the copy of its tokens to the host. In-process, the
-        target can verify from `PendingProposal.on_device` before the tokens reach the host."""
+        target can verify from `PendingProposal.on_device` before the tokens reach the host.
+        extendable: `extend` may continue it (its noise keys cover every step a run can reach)."""
         started = time.perf_counter()
         with torch.inference_mode():
-            pending = self._launch(request)
+            pending = self._launch(request, extendable)
         pending.worker_s += time.perf_counter() - started
         return pending
 
-    def _launch(self, request: ProposeRequest) -> "PendingProposal":
+    def _launch(self, request: ProposeRequest, extendable: bool = False) -> "PendingProposal":
         runner = self.runner
         self._open_run = None
         runner.release(request.release)
@@ -135,7 +135,7 @@ class DraftWorker:
         if not all(p.greedy for p in params):
             # Every step's noise keys: row n, column j is (sequence n, position base + j).
             # An extended run keys its later steps with the columns past `steps`.
-            width = MAX_STEPS if self.keys_for_extension and self.loop is not None else steps
+            width = MAX_STEPS if extendable and self.loop is not None else steps
             keys = noise_keys([items[i].sampling.seed_key for i in active for _ in range(width)],
                               [len(states[i].committed) + j for i in active for j in range(width)])
             keys = keys.view(len(active), width)
@@ -144,7 +144,8 @@ class DraftWorker:
         if self._loop_fits(drafting, rows, keys is not None):
             tokens = self._propose_looped(drafting, steps, None if keys is None else params, keys)
             decode = None
-            self._open_run = ([items[i].seq_id for i in active], drafting)
+            if extendable:
+                self._open_run = ([items[i].seq_id for i in active], drafting)
         elif len(set(rows)) == 1:
             tokens = torch.stack([t for _, t in self._propose_stepwise(drafting, rows, params, keys)], dim=1)
             decode = None

@@ -96,14 +96,6 @@ class ColocatedDraft:
     def __getattr__(self, name):
         return getattr(self._worker, name)
 
-    @property
-    def keys_for_extension(self) -> bool:  # set by a draft stream: on the worker itself
-        return self._worker.keys_for_extension
-
-    @keys_for_extension.setter
-    def keys_for_extension(self, value: bool) -> None:
-        self._worker.keys_for_extension = value
-
     def propose(self, request):
         self._speculation.drop_chain()
         return self._worker.propose(request)

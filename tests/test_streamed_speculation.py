@@ -638,12 +638,12 @@ def test_a_draft_that_fails_mid_stream_changes_nothing_but_speed(llama_target, l
     worker, original = s.draft, s.draft.start_propose  # what every proposal of the loop starts with
     calls, at_failure = [0], []
 
-    def flaky(request):
+    def flaky(request, **kwargs):
         calls[0] += 1
         if calls[0] == 4:
             at_failure.append(s.step_stats.draft_tokens)
             raise RuntimeError("draft killed (test)")
-        return original(request)
+        return original(request, **kwargs)
 
     worker.start_propose = flaky
     try:

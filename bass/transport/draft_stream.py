@@ -55,7 +55,6 @@ class Mailbox:
             return out
 
 
-
 class RemoteDraftStream:
     """The coordinator's end of a draft service's stream (DraftStream in bass/core/worker_api.py)."""
 
