@@ -500,9 +500,11 @@ class Scheduler:
         self.draft_up = True
         # Whether draft and target share a device is known once both answered Info: a remote
         # pair that restarted together is one again only once the draft has reconnected.
-        # A draft on a GPU of its own hands its tokens over through the host.
+        # A draft on a GPU or in a process of its own hands its tokens over through the host
+        # (in-process workers report no instance_id; a service reports its process's).
         shares = (bool(getattr(self.target, "verifies_device_drafts", False))
-                  and same_device(info.device, self.target_info.device))
+                  and same_device(info.device, self.target_info.device)
+                  and info.instance_id == self.target_info.instance_id)
         self.speculative.fed_verify = self.speculative.chains = shares
         log.info("draft ready: %s on %s%s", info.model_name, info.device,
                  " (shares the target's device: a speculative step is one call)" if shares else "")

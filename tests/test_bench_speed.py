@@ -109,3 +109,25 @@ def test_speed_bench_keeps_the_reported_rounds_step_trace_when_asked(llama_targe
         assert row["gc_pauses"], "a collection every 50 allocations: some ran"
         for generation, start, took in row["gc_pauses"]:  # the coordinator's collections in that run
             assert generation in (0, 1, 2) and 0 <= start and start + took <= 1000 * row["wall_s"] + 1
+
+
+def test_speed_bench_runs_the_target_here_and_the_draft_in_a_process_of_its_own(llama_target, llama_draft, tmp_path):
+    """--separate-draft without --services: the target in the bench's process, the draft a real
+    service process (the streamed draft's own GPU, without the Verify round trip). Every policy,
+    streamed included, writes the texts the all-in-process run writes (fp32: lossless)."""
+    texts = {}
+    for placement in (["--separate-draft"], []):
+        out = tmp_path / f"speed{len(placement)}.json"
+        result = CliRunner().invoke(main, [
+            "bench", "speed", "--target", str(llama_target), "--draft", str(llama_draft), "--problems", "0:2",
+            "--batches", "2", "--policies", "0,3,stream3", "--max-new-tokens", "10", "--device", "cpu",
+            "--repeats", "1", "--out", str(out), *placement])
+        assert result.exit_code == 0, result.output
+        rows = json.loads(out.read_text())["results"]
+        assert {(r["services"], r["draft_process"]) for r in rows} == {(False, "own" if placement else "target's")}
+        texts[bool(placement)] = [r["outputs_digest_per_round"] for r in rows]
+        if placement:
+            streamed = rows[2]["step_stats"]
+            assert streamed["stream_arrived"] > 0, "the draft process streamed drafts to this one"
+    assert texts[True] == texts[False]
+    assert len({d[0] for d in texts[True]}) == 1  # regular, k = 3 and streamed: one greedy text

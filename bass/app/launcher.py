@@ -26,7 +26,7 @@ import time
 from dataclasses import asdict, replace
 from typing import Callable
 
-from bass.core.config import ServeConfig
+from bass.core.config import ServeConfig, WorkerServiceConfig
 from bass.core.errors import CapacityError
 
 log = logging.getLogger(__name__)
@@ -248,6 +248,14 @@ def start_workers(config: ServeConfig, started: list[ServiceProcess]) -> tuple[s
         started.append(processes[-1])  # stopped by the caller should the next one fail to start
     addresses = [p.wait_ready() for p in processes]
     return addresses[0], addresses[-1] if config.with_draft else ""
+
+
+def start_draft_worker(config: WorkerServiceConfig, started: list[ServiceProcess]) -> str:
+    """Only the draft's service, as a process appended to `started` (its coordinator holds the
+    target in its own process): its address."""
+    process = ServiceProcess("draft", ["draft-service", "--config-json", _jsonable(config)])
+    started.append(process)
+    return process.wait_ready()
 
 
 def stop_all(processes: list[ServiceProcess]) -> None:

@@ -48,14 +48,16 @@ def params_count(model_dir: Path) -> int:
 @contextmanager
 def workers(target: RunnerConfig, draft: RunnerConfig, *, services: bool, draft_top_n: int,
             colocate: bool = True) -> Iterator[tuple]:
-    """(target worker, draft worker): in-process objects, or gRPC clients of service processes."""
-    if not services:
+    """(target worker, draft worker): in-process objects, or gRPC clients of service processes.
+    In-process with colocate=False, the target is here and the draft a service process of its own."""
+    from bass.app.launcher import start_draft_worker, start_workers, stop_all
+    from bass.transport.remote import RemoteDraftWorker, RemoteTargetWorker
+
+    if not services and colocate:
         from bass.app.local import build_local_workers
 
         yield build_local_workers(target, draft, draft_top_n=draft_top_n)
         return
-    from bass.app.launcher import start_workers, stop_all
-    from bass.transport.remote import RemoteDraftWorker, RemoteTargetWorker
 
     def as_service(r: RunnerConfig, **extra) -> WorkerServiceConfig:
         return WorkerServiceConfig(model_dir=r.model_dir, device=r.device, dtype=r.dtype, num_slots=r.num_slots,
@@ -67,6 +69,12 @@ def workers(target: RunnerConfig, draft: RunnerConfig, *, services: bool, draft_
                          colocate=colocate)
     procs: list = []
     try:
+        if not services:
+            from bass.app.local import build_local_workers
+
+            draft_worker = RemoteDraftWorker(start_draft_worker(config.draft, procs))
+            yield build_local_workers(target)[0], draft_worker
+            return
         target_address, draft_address = start_workers(config, procs)
         d = RemoteDraftWorker(draft_address)
         yield RemoteTargetWorker(target_address, draft=d), d
@@ -116,7 +124,7 @@ def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, ba
                 flops = (flops_per_token["target"] * st.verify_tokens
                          + flops_per_token["draft"] * (st.draft_tokens + st.sequence_steps * bool(st.draft_forwards)))
                 row = {"batch": batch, "policy": policy, "mode": mode, "services": services,
-                       "colocated": services and colocate,
+                       "colocated": services and colocate, "draft_process": "target's" if colocate else "own",
                        "max_new_tokens": max_new_tokens, "generated_tokens": generated, "wall_s": round(wall, 3),
                        "wall_s_all_runs": [round(r[0], 3) for r in runs], "outputs_digest_per_round": digests,
                        "ms_per_token_per_sequence": round(1000 * wall / max_new_tokens, 4),

@@ -171,7 +171,8 @@ def bench_invariance(target_dir, draft_dir, problems, max_new_tokens, modes, pol
 @click.option("--mode", type=click.Choice(["greedy", "t0.8-p0.95"]), default="greedy", show_default=True)
 @click.option("--services", is_flag=True, help="Through the real draft/target gRPC services (RPC cost included).")
 @click.option("--separate-draft", is_flag=True,
-              help="With --services: the draft in a process of its own [in the target's, as `bass serve`].")
+              help="The draft in a service process of its own [in the target's, as `bass serve`]; without "
+                   "--services the target runs in this process.")
 @click.option("--attention", type=click.Choice(ATTENTION_BACKENDS), default=None,
               help="[triton on CUDA, pad on CPU]")
 @click.option("--peak-tflops", type=float, help="Peak dense bf16 TFLOP/s for GPU utilization (H100 SXM: 989).")
@@ -207,9 +208,9 @@ def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_ne
                   few_row_cuda=few_row_cuda)
     prompts = [p["prompt"] for p in select(load_problems(), problems)]
     draft_runner = {**runner, "device": resolve_device(draft_device or device)}
-    if not same_device(draft_runner["device"], device) and not (services and separate_draft):
+    if not same_device(draft_runner["device"], device) and not separate_draft:
         raise click.UsageError("a draft on another device than the target's runs in a service of its own: "
-                               "add --services --separate-draft")
+                               "add --separate-draft")
     rows = measure(RunnerConfig(model_dir=target_dir, batch_invariant=batch_invariant, **runner),
                    RunnerConfig(model_dir=draft_dir, int8_weights=draft_int8, **draft_runner), prompts,
                    batches=batch_list, policies=[p for p in policies.split(",") if p], mode=mode,
