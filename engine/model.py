@@ -119,7 +119,7 @@ def rope_inv_freq(config: TransformerConfig) -> torch.Tensor:
 class Transformer:
     def __init__(self, config: TransformerConfig, weights: TransformerWeights, *, max_seq_len: int,
                  attention: str = "pad", batch_invariant: bool = False, int8_weights: bool = False,
-                 few_row_cuda: bool = False, fuse_layers: bool = True, decode_attention: bool = True):
+                 few_row_cuda: bool = False, fuse_layers: bool = True):
         """batch_invariant: every row's values are computed the same way whatever the batch
         around it (one GEMM tiling without split-K, attention with one launch plan and no
         split-KV), so a sequence's logits, and so its tokens, do not depend on what it is
@@ -134,9 +134,7 @@ class Transformer:
         fuse_layers (with int8_weights and the few-row CUDA kernel, so a draft): decode steps of
         up to 16 tokens run each layer in five launches instead of nine, the norms, RoPE and cache
         writes, residual adds and SiLU * up in the products' epilogues (engine/fused_layers.py;
-        changes the weights' layout and the values' rounding). decode_attention (with the fused
-        layers): their steps of one token a sequence attend through the CUDA decode kernel
-        (kernels/cuda_attention.py) instead of Triton's."""
+        changes the weights' layout and the values' rounding)."""
         self.config = config
         self.weights = weights
         self.attend = attention_kernel(attention)
@@ -185,11 +183,6 @@ class Transformer:
             fused_layers.prepare_weights(weights, config)
             self.silu_mul = functools.partial(self.silu_mul, paired=True)
             self.rope_into_cache = functools.partial(self.rope_into_cache, paired=True)
-        self.decode_attention = None
-        if self.fused_layers and decode_attention:
-            from bass.kernels.cuda_attention import load_decode_attention
-
-            self.decode_attention = load_decode_attention(weights.embed.device)
         if self.int8_weights:
             from bass.kernels.triton_int8 import Int8Linear, Int8Weight
 
@@ -282,14 +275,10 @@ class Transformer:
         q_size = c.num_heads * c.head_dim
         x = self.weights.embed[batch.input_ids]
         q = torch.empty((x.shape[0], c.num_heads, c.head_dim), dtype=x.dtype, device=x.device)
-        attend = self.attend
-        if self.decode_attention is not None and self.decode_attention.takes(batch, c.num_heads, c.num_kv_heads,
-                                                                             c.head_dim, x.dtype):
-            attend = self.decode_attention
         for i, layer in enumerate(layers):
             rope = Rope(self.cos, self.sin, batch.positions, batch.token_slots, q, cache.k[i], cache.v[i])
             product(x, layer.qkv, layer.qkv_bias, norm_eps=eps, rope=rope)
-            attn = attend(q, cache.k[i], cache.v[i], batch, self.scale)
+            attn = self.attend(q, cache.k[i], cache.v[i], batch, self.scale)
             product(attn.reshape(-1, q_size), layer.o, layer.o_bias, out=x, residual=x)
             product(product(x, layer.gate_up, norm_eps=eps, silu_pairs=True), layer.down, out=x, residual=x)
         rows = batch.logit_rows

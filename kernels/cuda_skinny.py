@@ -1,22 +1,36 @@
-"""Few-row products on the tensor cores from CUDA C++ (kernels/cuda/skinny_gemm.cu), in the kernel
-library built on the machine that runs them (kernels/cuda_library.py).
+"""Few-row products on the tensor cores from CUDA C++ (kernels/cuda/skinny_gemm.cu), built on the
+machine that runs them.
 
 Triton has no way to issue a lane's weight loads for several chunks of the inner dimension before
 it multiplies any (its pipeliner keeps a few tiles in flight, in order), and at 1-16 rows that is
 what a product costs: DRAM round trips, not bytes. The .cu file says how the kernel avoids them.
-Launched on PyTorch's current stream, so CUDA graphs capture it like any other launch. Where the
-library cannot be had, `load_skinny_gemm` returns None and callers keep their Triton / cuBLAS path.
+
+Built once per machine with the CUDA compiler (`nvcc`, found on PATH or under CUDA_HOME) into
+BASS_KERNEL_CACHE (default ~/.cache/bass/kernels), keyed by the source's hash and the GPU's
+architecture; loaded with ctypes and launched on PyTorch's current stream, so CUDA graphs capture
+it like any other launch. Where there is no compiler or no GPU, `load_skinny_gemm` returns None and
+callers keep their Triton / cuBLAS path. `bass build-kernels` builds it ahead of the first load;
+deploy/docker/Dockerfile's kernels stage builds it into the image.
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from bass.kernels.cuda_library import load_for_device
+log = logging.getLogger(__name__)
 
+_SOURCE = Path(__file__).with_name("cuda") / "skinny_gemm.cu"
 MAX_ROWS = 64  # eight 8-row groups
 SHARED_FLOATS = 12 * 1024  # the kernel's partial sums: warps x column groups x row groups x 128 fp32
 
@@ -167,8 +181,71 @@ class SkinnyGemm:
         return rope.q_out if rope is not None else out
 
 
+def find_nvcc() -> str | None:
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    candidate = Path(home, "bin", "nvcc") if home else None
+    return str(candidate) if candidate is not None and candidate.exists() else None
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("BASS_KERNEL_CACHE", Path.home() / ".cache" / "bass" / "kernels"))
+
+
 def load_skinny_gemm(device: torch.device) -> SkinnyGemm | None:
-    """The few-row products of the kernel library for `device` (kernels/cuda_library.py); None
-    where it cannot be built or loaded (the caller keeps its Triton / cuBLAS products)."""
-    library = load_for_device(device, "few-row products stay on Triton / cuBLAS")
-    return SkinnyGemm(library) if library is not None else None
+    """The kernel library for `device`'s architecture, compiled on first use; None where it cannot
+    be (no CUDA device, no nvcc, or the build failed: logged, and the caller keeps its fallback)."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    if major < 8:  # bf16 mma.sync needs Ampere or newer
+        return None
+    return load_library(f"{major}{minor}")
+
+
+def load_library(arch: str) -> SkinnyGemm | None:
+    """The library built for sm_`arch` from the cache, compiled into it first where it is not
+    there; None (with a warning: the products keep their fallback) where that cannot be done:
+    no nvcc, a compiler error, a cache that cannot be written or a file that does not load."""
+    target = cache_dir() / library_name(arch)
+    fallback = "few-row products stay on Triton / cuBLAS"
+    try:
+        if not target.exists():
+            nvcc = find_nvcc()
+            if nvcc is None:
+                log.warning("no nvcc on PATH or under CUDA_HOME: %s", fallback)
+                return None
+            log.info("compiling %s for sm_%s into %s (once per machine, ~30 s)", _SOURCE.name, arch, target)
+            started = time.monotonic()
+            error = build_library(nvcc, arch, target)
+            if error is not None:
+                log.warning("building %s failed; %s:\n%s", _SOURCE.name, fallback, error)
+                return None
+            log.info("compiled %s in %.1f s", _SOURCE.name, time.monotonic() - started)
+        return SkinnyGemm(ctypes.CDLL(str(target)))
+    except OSError as exc:  # an unwritable cache (BASS_KERNEL_CACHE), a truncated library
+        log.warning("few-row CUDA kernel unavailable (%s); %s", exc, fallback)
+        return None
+
+
+def library_name(arch: str) -> str:
+    """The built library's file name: the source's hash (a new source is rebuilt) and the GPU
+    architecture. deploy/docker/Dockerfile's kernels stage builds the same names."""
+    return f"skinny_gemm-{hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:16]}-sm{arch}.so"
+
+
+def build_library(nvcc: str, arch: str, target: Path) -> str | None:
+    """Compile the kernel for sm_`arch` into the shared library `target`; the compiler's error
+    output where it fails, else None."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        built = Path(tmp) / target.name
+        cmd = [nvcc, "-O3", "-shared", "-Xcompiler", "-fPIC", f"-gencode=arch=compute_{arch},code=sm_{arch}",
+               "-o", str(built), str(_SOURCE)]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            return result.stderr[-2000:] or f"nvcc exited with {result.returncode}"
+        os.replace(built, target)  # atomic: a concurrent loader sees the whole file or none
+    return None

@@ -9,6 +9,7 @@ projections run through the kernel gives the logits of the model without it.
 
 from __future__ import annotations
 
+import ctypes
 import shutil
 
 import pytest
@@ -36,6 +37,62 @@ def test_launch_shapes_cover_the_rows_and_fit_shared_memory(int8):
             # the kernel's partial sums: warps x column groups x row groups x 128 fp32 in 48 KB of static shared memory
             assert launch.warps * launch.column_groups * launch.row_groups * 512 <= 48 * 1024
             assert launch.warps in (2, 4, 8, 16) and launch.column_groups in (1, 2)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no CUDA compiler on this machine")
+def test_build_kernels_compiles_for_hopper_into_the_cache_the_loader_reads(tmp_path, monkeypatch):
+    """`bass build-kernels --arch 90` on a machine without a GPU: the source compiles, the library
+    exports its entry point, lands under the name the loader looks for, and is not rebuilt."""
+    from click.testing import CliRunner
+
+    from bass.app.cli import main
+    from bass.kernels.cuda_skinny import library_name, load_library
+
+    monkeypatch.setenv("BASS_KERNEL_CACHE", str(tmp_path))
+    first = CliRunner().invoke(main, ["build-kernels", "--arch", "90"])
+    assert first.exit_code == 0, first.output
+    assert str(tmp_path / library_name("90")) in first.output
+    assert (tmp_path / library_name("90")).is_file() and load_library("90") is not None
+    assert hasattr(ctypes.CDLL(str(tmp_path / library_name("90"))), "bass_skinny_gemm")
+    again = CliRunner().invoke(main, ["build-kernels", "--arch", "90"])
+    assert again.exit_code == 0 and "already built" in again.output
+
+
+def test_build_kernels_says_what_is_missing(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    import bass.kernels.cuda_skinny as cuda_skinny
+    from bass.app.cli import main
+
+    bad = CliRunner().invoke(main, ["build-kernels", "--arch", "7x"])
+    assert bad.exit_code == 2 and "compute capability" in bad.output
+    old = CliRunner().invoke(main, ["build-kernels", "--arch", "75"])
+    assert old.exit_code == 2 and "80 or more" in old.output
+    if not CUDA:
+        no_gpu = CliRunner().invoke(main, ["build-kernels"])
+        assert no_gpu.exit_code == 2 and "--arch" in no_gpu.output
+    monkeypatch.setattr(cuda_skinny, "find_nvcc", lambda: None)
+    no_nvcc = CliRunner().invoke(main, ["build-kernels", "--arch", "90"])
+    assert no_nvcc.exit_code == 1 and "no nvcc" in no_nvcc.output
+
+
+def test_a_cache_that_cannot_be_written_or_read_leaves_the_fallback(tmp_path, monkeypatch, caplog):
+    """No kernel, a warning, and no error for the model that asked: an unwritable cache (a path
+    under a file) and a library file that does not load."""
+    import bass.kernels.cuda_skinny as cuda_skinny
+    from bass.kernels.cuda_skinny import library_name, load_library
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("BASS_KERNEL_CACHE", str(blocker / "kernels"))
+    monkeypatch.setattr(cuda_skinny, "find_nvcc", lambda: "/nonexistent/nvcc")  # the cache fails before it runs
+    assert load_library("90") is None
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / library_name("90")).write_bytes(b"not a shared library")
+    monkeypatch.setenv("BASS_KERNEL_CACHE", str(cache))
+    assert load_library("90") is None
+    assert "unavailable" in caplog.text and "stay on Triton / cuBLAS" in caplog.text
 
 
 class _RecordingKernel:

@@ -833,23 +833,20 @@ def test_dockerfile_installs_bass_as_documented():
 
 
 def test_dockerfile_builds_the_cuda_kernel_where_its_loader_looks():
-    """The runtime image has no nvcc: the kernels stage compiles the CUDA kernel library under the
-    names kernels/cuda_library.py looks for, and the runtime stage points its cache there."""
-    from bass.kernels.cuda_library import library_name, sources
-
-    stages = {c.value[2].lower(): stage for stage in docker_stages() for c in stage[:1] if len(c.value) == 3}
-    kernels = stages["kernels"]
-    assert any(c.cmd.lower() == "copy" and tuple(c.value) == ("kernels/cuda/", "/src/cuda/") for c in kernels)
-    (build,) = [c.value[0] for c in kernels if c.cmd.lower() == "run"]
-    # the loader hashes the sources concatenated in name order, as the shell's sorted glob does
-    assert "cat /src/cuda/*.cu | sha256sum | cut -c1-16" in build and "/src/cuda/*.cu" in build.split("-o")[-1]
+    """The runtime image has no nvcc: the kernels stage compiles the few-row kernel under the
+    names kernels/cuda_skinny.py looks for, and the runtime stage points its cache there."""
     import hashlib
 
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources())).hexdigest()[:16]
+    from bass.kernels.cuda_skinny import _SOURCE, library_name
+
+    stages = {c.value[2].lower(): stage for stage in docker_stages() for c in stage[:1] if len(c.value) == 3}
+    (build,) = [c.value[0] for c in stages["kernels"] if c.cmd.lower() == "run"]
+    assert "sha256sum /src/skinny_gemm.cu | cut -c1-16" in build
+    digest = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:16]
     archs = docker_args()["CUDA_ARCHS"].strip('"').split()
-    assert "90" in archs and len(sources()) >= 2
+    assert "90" in archs
     for arch in archs:
-        name = build[build.index("/opt/bass-kernels/bass_kernels-"):].split('"')[0]
+        name = build[build.index("/opt/bass-kernels/skinny_gemm-"):].split('"')[0]
         assert name.replace("${digest}", digest).replace("${arch}", arch) == f"/opt/bass-kernels/{library_name(arch)}"
     runtime = docker_stages()[-1]
     assert any("--from=kernels" in c.flags and "/opt/bass-kernels" in c.value for c in runtime if c.cmd.lower() == "copy")

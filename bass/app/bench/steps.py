@@ -43,8 +43,7 @@ def shape_config(name: str) -> TransformerConfig:
 
 def random_transformer(config: TransformerConfig, *, dtype: str, device: str, max_seq_len: int,
                        attention: str, int8_weights: bool = False, batch_invariant: bool = False,
-                       few_row_cuda: bool = False, fuse_layers: bool = True,
-                       decode_attention: bool = True) -> Transformer:
+                       few_row_cuda: bool = False, fuse_layers: bool = True) -> Transformer:
     dt = TORCH_DTYPES[dtype]
     gen = torch.Generator(device=device).manual_seed(0)
 
@@ -62,8 +61,7 @@ def random_transformer(config: TransformerConfig, *, dtype: str, device: str, ma
     weights = TransformerWeights(embed=embed, layers=layers, final_norm=torch.ones(c.hidden_size, dtype=dt, device=device),
                                  lm_head=w(c.vocab_size, c.hidden_size))
     return Transformer(config, weights, max_seq_len=max_seq_len, attention=attention, int8_weights=int8_weights,
-                       batch_invariant=batch_invariant, few_row_cuda=few_row_cuda, fuse_layers=fuse_layers,
-                       decode_attention=decode_attention)
+                       batch_invariant=batch_invariant, few_row_cuda=few_row_cuda, fuse_layers=fuse_layers)
 
 
 def weight_bytes(config: TransformerConfig, dtype: str) -> int:
@@ -120,8 +118,7 @@ class StepTimer:
 
 
 def _attention(config_name: str) -> str:
-    return (config_name.removesuffix("-triton-attention").removesuffix("-unfused").removesuffix("-invariant")
-            .removesuffix("-cuda"))
+    return config_name.removesuffix("-unfused").removesuffix("-invariant").removesuffix("-cuda")
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -137,15 +134,13 @@ def measure(target: str, draft: str, *, batches: list[int], draft_lengths: list[
     models = {}
     # "NAME-invariant": attention NAME with the target in its batch-invariant mode (the draft as usual);
     # "NAME-cuda": both models' 1-16-row products through the CUDA few-row kernel where it times faster
-    # (and an int8 draft's decode layers fused around it, attending through the CUDA decode kernel);
-    # "NAME-cuda-unfused": the same, layers unfused; "NAME-cuda-triton-attention": fused, Triton's attention.
+    # (and an int8 draft's decode layers fused around it); "NAME-cuda-unfused": the same, layers unfused.
     for name in {target, draft}:
         models[name] = {att: random_transformer(shape_config(name), dtype=dtype, device=device,
                                                 max_seq_len=context + max_q + 8, attention=_attention(att),
                                                 batch_invariant=name == target and att.endswith("-invariant"),
                                                 few_row_cuda="-cuda" in att,
                                                 fuse_layers=not att.endswith("-unfused"),
-                                                decode_attention=not att.endswith("-triton-attention"),
                                                 int8_weights=draft_int8 and name == draft)
                         for att in {a for a, _ in configs}}
     for config_name, graphs in configs:
