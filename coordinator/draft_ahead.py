@@ -7,12 +7,15 @@ by epoch: a token at a position the target already committed must equal the comm
 its chain is dead (every later token of that epoch too, until the draft's next epoch arrives);
 a commit that disagrees with the tokens held kills their chain the same way. What survives is,
 per sequence, a run of drafts that continues the committed tokens exactly: the next block to verify.
+Where that run is shorter than a block, `lookup` gives the rest of the block from the sequence's
+own earlier text (coordinator/lookup_drafts.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from bass.coordinator.lookup_drafts import NgramIndex
 from bass.core.worker_api import StreamDrafts
 
 
@@ -22,6 +25,7 @@ class _Sequence:
     drafts: list[int] = field(default_factory=list)  # continue `committed`
     epoch: int = 0  # of `drafts`' chain
     dead_below: int = 0  # tokens of epochs below this are from a dead chain
+    index: NgramIndex | None = None  # over `committed`, built at the first lookup
 
     def deliver(self, d: StreamDrafts) -> int:
         """Take what arrived; returns how many of its tokens were kept as drafts."""
@@ -51,6 +55,14 @@ class _Sequence:
         else:
             self._kill()
         self.committed.extend(tokens)
+        if self.index is not None:
+            self.index.extend(tokens)
+
+    def lookup(self, block: tuple[int, ...], count: int, longest: int) -> tuple[int, ...]:
+        if self.index is None:  # most sequences of a batch go many steps without needing one
+            self.index = NgramIndex(longest)
+            self.index.extend(self.committed)
+        return self.index.continuation(self.committed[-longest:] + list(block), count)
 
     def _kill(self) -> None:
         self.drafts = []
@@ -60,8 +72,10 @@ class _Sequence:
 class DraftsAhead:
     """Per sequence followed by a draft stream, the drafts that continue its committed tokens."""
 
-    def __init__(self):
+    def __init__(self, lookup: int = 0):
+        """lookup: the longest n-gram `lookup` matches (0: it gives nothing)."""
         self._seqs: dict[int, _Sequence] = {}
+        self.longest = lookup
 
     def follow(self, seq_id: int, committed: list[int]) -> None:
         """Start holding drafts for a sequence whose committed tokens (prompt included) are these."""
@@ -99,3 +113,11 @@ class DraftsAhead:
         """The next block to verify: up to `most` drafts (they stay held until committed)."""
         seq = self._seqs.get(seq_id)
         return tuple(seq.drafts[:most]) if seq is not None else ()
+
+    def lookup(self, seq_id: int, block: tuple[int, ...], count: int) -> tuple[int, ...]:
+        """Up to `count` tokens to verify after `block` (the drafts it holds, or fewer) where the
+        draft has none: what followed the last recurrence of the sequence's latest tokens."""
+        seq = self._seqs.get(seq_id)
+        if seq is None or not self.longest or count <= 0:
+            return ()
+        return seq.lookup(block, count, self.longest)

@@ -65,7 +65,7 @@ class Scheduler:
         self.regular = RegularPipeline(target, self._depth, clock)
         self.speculative = SpeculativeStep(target, draft, clock, self._draft_failed)
         stream = config.draft_stream
-        self.streamed = (StreamedStep(target, clock, stream.block, stream.wait_ms / 1000)
+        self.streamed = (StreamedStep(target, clock, stream.block, stream.wait_ms / 1000, lookup=stream.lookup)
                          if stream.on and draft is not None else None)
         self.wants_draft = draft is not None and (config.draft_length.speculates or self.streamed is not None)
         self.draft_up = False
@@ -344,6 +344,8 @@ class Scheduler:
         st.stream_kept += outcome.kept
         st.stream_starved += outcome.starved
         st.stream_draft_busy_s += outcome.draft_busy_s
+        st.stream_looked_up += outcome.looked_up
+        st.stream_lookup_kept += outcome.lookup_kept
         finished += self._commit(batch, outcome.drafts, outcome.verified, 0, outcome.draft_wait_s,
                                  outcome.verify_s, draft_wait_s=outcome.draft_wait_s, policy_observes=False)
         for seq in batch:  # the executor sent the draft the verdicts themselves

@@ -24,11 +24,14 @@ class StepStats:
     steps_by_length: dict[int, int] = field(default_factory=dict)
     # Streamed speculation (coordinator/streamed_step.py): draft tokens that arrived from the
     # draft stream, those that continued the committed text (the rest had been contradicted on
-    # their way), sequence-steps that found no draft to verify, and the draft's time drafting.
+    # their way), sequence-steps that found no draft to verify, and the draft's time drafting;
+    # stand-ins taken from the sequences' own text where drafts were short, and those accepted.
     stream_arrived: int = 0
     stream_kept: int = 0
     stream_starved: int = 0
     stream_draft_busy_s: float = 0.0
+    stream_looked_up: int = 0
+    stream_lookup_kept: int = 0
     # Per step, when a benchmark asks for it (a list, else None): (draft length, sequences,
     # tokens committed, draft seconds, the Verify call's seconds where the step is timed for the
     # policy, else None (the policy is given the step's whole period less the draft call),

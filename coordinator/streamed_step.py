@@ -16,9 +16,10 @@ target committed; its tokens stream to the coordinator while the target verifies
 A block accepted whole costs nothing: the draft went on drafting past it meanwhile, and where its
 next token is the target's own, those tokens are the next block. Where the target disagrees, the
 draft drops what it drafted past that point and drafts again from the committed tokens; until
-its new tokens arrive, that sequence verifies stand-ins (its last token repeated), which the target
-accepts only where they are its own tokens. A step waits for the draft only where a drafting
-sequence holds nothing yet, and then at most `wait_s`.
+its new tokens arrive, that sequence verifies stand-ins, which the target accepts only where they
+are its own tokens: what followed the last recurrence of its latest tokens in its own text
+(coordinator/lookup_drafts.py), else its last token repeated. A step waits for the draft only
+where a drafting sequence holds nothing yet, and then at most `wait_s`.
 
 Lossless as every step is: the target decides each position by its own keyed race
 (engine/verification.py); the drafts only decide how many positions one step covers.
@@ -66,14 +67,19 @@ class StreamOutcome:
     kept: int = 0  # of them, those that continued the committed text
     starved: int = 0  # sequences the draft follows that had no draft to verify
     draft_busy_s: float = 0.0  # the draft's time in its proposals since the last step
+    looked_up: int = 0  # stand-ins taken from the sequences' own text (lookup)
+    lookup_kept: int = 0  # of them, those the target accepted
 
 
 class StreamedStep:
-    def __init__(self, target: TargetWorkerAPI, clock: Callable[[], float], block: int, wait_s: float):
+    def __init__(self, target: TargetWorkerAPI, clock: Callable[[], float], block: int, wait_s: float,
+                 lookup: int = 0):
+        """lookup: the longest n-gram matched for stand-ins from a sequence's own text (0: its
+        last token repeated)."""
         if block < 1:
             raise ValueError(f"a streamed step verifies blocks of >= 1 token, got {block}")
         self.target, self.clock, self.block, self.wait_s = target, clock, block, wait_s
-        self.ahead = DraftsAhead()
+        self.ahead = DraftsAhead(lookup)
         self.stream: DraftStream | None = None
         self._busy_s = 0.0  # the stream's busy_s at the last step
         self._starving_since: float | None = None  # clock() since sequences waited with nothing arriving
@@ -110,11 +116,14 @@ class StreamedStep:
         except Exception as exc:  # noqa: BLE001 - speculation is optional; never fail a request for it
             error = exc
         draft_wait_s = self.clock() - started
-        blocks, real, starved = [], [], 0
+        blocks, real, looked_up, starved = [], [], [], 0
         for seq, room in zip(batch, plan.rooms):
             block = self.ahead.block(seq.seq_id, min(self.block, room)) if error is None else ()
             real.append(block)
             starved += not block and self.ahead.follows(seq.seq_id)
+            filler = self.ahead.lookup(seq.seq_id, block, min(self.block, room) - len(block))
+            looked_up.append(len(filler))
+            block += filler
             last = block[-1] if block else _last_token(seq)
             blocks.append((block + (last,) * (self.block - len(block)))[:max(0, room)])
         started = self.clock()
@@ -129,12 +138,16 @@ class StreamedStep:
                     if self.ahead.follows(s.seq_id)]))
             except Exception as exc:  # noqa: BLE001
                 error = exc
-        for seq, verdict in zip(batch, verified.verdicts):
+        lookup_kept = 0
+        for seq, verdict, drafted, filled in zip(batch, verified.verdicts, real, looked_up):
             self.ahead.commit(seq.seq_id, list(verdict.tokens))
+            # Every token but the last is an accepted position: the drafts first, then the lookup's.
+            lookup_kept += min(filled, max(0, len(verdict.tokens) - 1 - len(drafted)))
         busy_s = self.stream.busy_s if self.stream is not None else self._busy_s
         outcome = StreamOutcome(drafts=real, verified=verified, draft_wait_s=draft_wait_s, verify_s=verify_s,
                                 draft_error=error, arrived=arrived, kept=kept, starved=starved,
-                                draft_busy_s=max(0.0, busy_s - self._busy_s))
+                                draft_busy_s=max(0.0, busy_s - self._busy_s), looked_up=sum(looked_up),
+                                lookup_kept=lookup_kept)
         self._busy_s = busy_s
         return outcome
 

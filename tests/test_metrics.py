@@ -44,16 +44,21 @@ def test_a_step_counts_only_what_it_added():
 
 def test_a_streamed_step_counts_the_streams_drafts_by_fate():
     """Streamed speculation: the drafts that arrived, kept or already contradicted, the
-    sequence-steps that found none, and the draft's busy time, as each step added them."""
+    sequence-steps that found none, the draft's busy time, and the lookup stand-ins accepted
+    or rejected, as each step added them."""
     m = CoordinatorMetrics()
-    before = StepStats(steps=2, stream_arrived=10, stream_kept=6, stream_starved=1, stream_draft_busy_s=0.01)
-    after = StepStats(steps=3, stream_arrived=15, stream_kept=8, stream_starved=3, stream_draft_busy_s=0.014)
+    before = StepStats(steps=2, stream_arrived=10, stream_kept=6, stream_starved=1, stream_draft_busy_s=0.01,
+                       stream_looked_up=4, stream_lookup_kept=1)
+    after = StepStats(steps=3, stream_arrived=15, stream_kept=8, stream_starved=3, stream_draft_busy_s=0.014,
+                      stream_looked_up=11, stream_lookup_kept=3)
     m.step(before, after)
     values = {(s.name, tuple(s.labels.items())): s.value for f in m.registry.collect() for s in f.samples}
     assert values[("bass_stream_drafts_total", (("fate", "kept"),))] == 2
     assert values[("bass_stream_drafts_total", (("fate", "contradicted"),))] == 3
     assert values[("bass_stream_starved_sequence_steps_total", ())] == 2
     assert values[("bass_stream_draft_busy_seconds_total", ())] == pytest.approx(0.004)
+    assert values[("bass_stream_lookup_tokens_total", (("fate", "accepted"),))] == 2
+    assert values[("bass_stream_lookup_tokens_total", (("fate", "rejected"),))] == 5
 
 
 def test_services_export_requests_tokens_and_acceptance(llama_target, llama_draft):

@@ -713,6 +713,8 @@ def test_through_separate_services_and_a_draft_that_dies_and_comes_back(llama_ta
     ({"lookahead": 0}, "draft_stream.lookahead"),
     ({"wait_ms": -0.5}, "draft_stream.wait_ms"),
     ({"wait_ms": float("nan")}, "draft_stream.wait_ms"),
+    ({"lookup": -1}, "draft_stream.lookup"),
+    ({"lookup": 9}, "draft_stream.lookup"),
 ])
 def test_draft_stream_config_rejects_bad_values(fields, field):
     with pytest.raises(InvalidRequestError) as e:
@@ -768,6 +770,8 @@ def test_bench_stream_policies():
     assert stream_config("stream4") == DraftStreamConfig(block=4)
     assert stream_config("stream4c3w2.5l12") == DraftStreamConfig(block=4, chunk=3, wait_ms=2.5, lookahead=12)
     assert stream_config("stream2w10") == DraftStreamConfig(block=2, wait_ms=10.0)
+    assert stream_config("stream6n0") == DraftStreamConfig(block=6, lookup=0)
+    assert stream_config("stream6c1l12n2") == DraftStreamConfig(block=6, chunk=1, lookahead=12, lookup=2)
     for other in ("3", "pipe3", "bass", "stream", "stream4x"):
         assert not stream_config(other).on, other
 

@@ -233,6 +233,10 @@ class DraftStreamConfig:
     # Above this many running sequences, regular decoding instead (steps kept in flight): on two
     # H200s at 64 sequences, streamed steps cost 3.3 ms a token against 2.35 regular (2026-11-27).
     max_batch: int = 16
+    # Positions of a block the draft leaves empty verify what followed the last recurrence of the
+    # sequence's latest tokens, matching up to this many of them (coordinator/lookup_drafts.py);
+    # 0: its last token repeated. Free on the GPU (the positions are verified anyway), lossless.
+    lookup: int = 3
 
     def __post_init__(self) -> None:
         _require(isinstance(self.block, int) and 0 <= self.block <= GRAPH_MAX_DRAFT, "draft_stream.block",
@@ -245,6 +249,8 @@ class DraftStreamConfig:
                  f"must be in [0, 1000], got {self.wait_ms!r}")
         _require(isinstance(self.max_batch, int) and self.max_batch >= 1, "draft_stream.max_batch",
                  f"must be an integer >= 1, got {self.max_batch!r}")
+        _require(isinstance(self.lookup, int) and 0 <= self.lookup <= 8, "draft_stream.lookup",
+                 f"must be 0 (off) or in [1, 8], got {self.lookup!r}")
 
     @property
     def on(self) -> bool:

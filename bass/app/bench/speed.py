@@ -150,20 +150,22 @@ def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, ba
     return rows
 
 
-# streamK[cC][wW][lL]: streamed speculation verifying up to K drafts a sequence, the draft's loop
-# drafting C tokens a call up to L ahead, a step waiting up to W ms for a sequence with no draft.
-_STREAM_POLICY = re.compile(r"stream(\d+)(?:c(\d+))?(?:w(\d+(?:\.\d+)?))?(?:l(\d+))?")
+# streamK[cC][wW][lL][nN]: streamed speculation verifying up to K drafts a sequence, the draft's
+# loop drafting C tokens a call up to L ahead, a step waiting up to W ms for a sequence with no
+# draft, positions without a draft filled by lookups of up to N tokens (n0: off).
+_STREAM_POLICY = re.compile(r"stream(\d+)(?:c(\d+))?(?:w(\d+(?:\.\d+)?))?(?:l(\d+))?(?:n(\d+))?")
 
 
 def stream_config(policy: str) -> DraftStreamConfig:
-    """The DraftStreamConfig of a policy `streamK[cC][wW][lL]` (off for any other policy)."""
+    """The DraftStreamConfig of a policy `streamK[cC][wW][lL][nN]` (off for any other policy)."""
     m = _STREAM_POLICY.fullmatch(policy)
     if m is None:
         return DraftStreamConfig()
-    block, chunk, wait, lookahead = m.groups()
+    block, chunk, wait, lookahead, lookup = m.groups()
     defaults = DraftStreamConfig()
     return DraftStreamConfig(block=int(block), chunk=int(chunk or defaults.chunk),
-                             wait_ms=float(wait or defaults.wait_ms), lookahead=int(lookahead or defaults.lookahead))
+                             wait_ms=float(wait or defaults.wait_ms), lookahead=int(lookahead or defaults.lookahead),
+                             lookup=defaults.lookup if lookup is None else int(lookup))
 
 
 def case_scheduler(target, draft, codec, batch: int, policy: str, max_new_tokens: int) -> Scheduler:

@@ -192,10 +192,10 @@ def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_ne
                 device, dtype, attention, max_seq_len, peak_tflops, repeats, batch_invariant, draft_int8, few_row_cuda,
                 trace, draft_device, out) -> None:
     """End-to-end decoding speed: regular vs speculative, in-process or through the services.
-    A policy `streamK[cC][wW][lL]` is streamed speculation verifying up to K drafts a step (the
-    draft's loop drafting C tokens a call, up to L ahead; a step waiting up to W ms for a
-    sequence with no draft), for a draft on a GPU of its own (--separate-draft --draft-device
-    cuda:1)."""
+    A policy `streamK[cC][wW][lL][nN]` is streamed speculation verifying up to K drafts a step
+    (the draft's loop drafting C tokens a call, up to L ahead; a step waiting up to W ms for a
+    sequence with no draft; positions without a draft filled from lookups of up to N tokens,
+    n0 = off), for a draft on a GPU of its own (--separate-draft --draft-device cuda:1)."""
     from bass.app.bench.environment import describe
     from bass.app.bench.speed import measure
     from bass.app.humaneval_problems import load_problems, select
