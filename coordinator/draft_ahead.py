@@ -18,6 +18,12 @@ from dataclasses import dataclass, field
 from bass.coordinator.lookup_drafts import NgramIndex
 from bass.core.worker_api import StreamDrafts
 
+# A sequence's lookups search at most its last this many tokens when it first needs one (and all it
+# commits after): indexing costs ~4 us a token on the coordinator's thread (~8 ms for a 2,000-token
+# prompt on a 2-core CPU), and what recurs is mostly recent. On HumanEval's canonical solutions
+# a 4-token lookup keeps 0.446 tokens on average with 256 tokens of prompt as with all of it (0.425 with 64).
+LOOKUP_WINDOW = 256
+
 
 @dataclass
 class _Sequence:
@@ -61,7 +67,7 @@ class _Sequence:
     def lookup(self, block: tuple[int, ...], count: int, longest: int) -> tuple[int, ...]:
         if self.index is None:  # most sequences of a batch go many steps without needing one
             self.index = NgramIndex(longest)
-            self.index.extend(self.committed)
+            self.index.extend(self.committed[-LOOKUP_WINDOW:])
         return self.index.continuation(self.committed[-longest:] + list(block), count)
 
     def _kill(self) -> None:

@@ -146,3 +146,14 @@ def test_text_is_the_targets_own_where_only_lookups_are_verified(llama_target, l
     st = s.step_stats
     assert st.draft_tokens == 0 and 0 < st.stream_lookup_kept <= st.stream_looked_up, st
     assert st.committed_tokens > st.sequence_steps, "no step committed more than its target token"
+
+
+def test_a_long_prompt_is_searched_over_its_last_window_of_tokens():
+    from bass.coordinator.draft_ahead import LOOKUP_WINDOW
+
+    ahead = DraftsAhead(lookup=2)
+    old, recent = [7, 8, 9], [1] * LOOKUP_WINDOW
+    ahead.follow(1, old + recent[:-1] + [7])
+    assert ahead.lookup(1, (), 2) == ()  # the 7 -> 8 of long ago is outside the window
+    ahead.commit(1, [8, 3, 7])
+    assert ahead.lookup(1, (), 2) == (8, 3)  # what is committed after is searched
