@@ -4,6 +4,8 @@
 #   router:   the same replica behind `bass router` (one replica): the router's cost per token,
 #             TTFT and TPOT p50 against `alone` (target: <= 0.1 ms p50 added to a token);
 #   replicas: `bass serve --replicas N` (N replicas, a GPU each, behind the router);
+#   streamed: one replica on two GPUs, the draft on GPU 1 streaming ahead (`--draft-device cuda:1
+#             --draft-stream 6`, issue #36's load targets against `alone` and `replicas` with N = 2);
 #   kill:     N replicas at half their saturation rate, one replica's coordinator killed under load
 #             (`bass serve` starts it again): only its in-flight requests may fail, every other
 #             answer still equals its reference (sent alone first; exact with BATCH_INVARIANT=1).
@@ -12,7 +14,7 @@
 # replica count (saturation throughput: target N replicas >= 3.6 x one replica's, speculative and
 # regular). Targets: bench/results "replicas", with the GPU, the commit and this command.
 # Usage: bash bench/gpu/runs/replicas.sh [N]      (N: replicas, default 4; N GPUs needed)
-# Overrides: PARTS (default "alone router replicas kill"; a part takes about 4-6 minutes with
+# Overrides: PARTS (default "alone router replicas kill"; "streamed" on request, STREAM=K its block; a part takes about 4-6 minutes with
 # COMPARE_REGULAR and one call runs at most 10, so run one part per call: PARTS=alone, then
 # PARTS=router, PARTS=replicas, PARTS=kill, on the same warm machine), RATES (per replica, requests/s;
 # default 9,18,27,36), CONCURRENCY (per replica, default 64), DURATION (s of arrivals per rate,
@@ -99,6 +101,12 @@ for part in $parts; do
         > $W/serve-replicas.log 2>&1 & s=$!
       wait_serving 127.0.0.1:50051 $W/serve-replicas.log && bench replicas-$n $n
       curl -s 127.0.0.1:9465/metrics | grep '^bass_' > $W/replicas-$n-metrics.txt
+      stop $s ;;
+    streamed)
+      python3 -m bass.cli serve "${models[@]}" --draft-device cuda:1 --draft-stream ${STREAM:-6} --port 50051 \
+        --metrics-port 9465 > $W/serve-streamed.log 2>&1 & s=$!
+      wait_serving 127.0.0.1:50051 $W/serve-streamed.log && bench streamed 1
+      curl -s 127.0.0.1:9465/metrics | grep '^bass_' > $W/streamed-metrics.txt
       stop $s ;;
     kill)
       flags=(); [ "${BATCH_INVARIANT:-0}" = 1 ] && flags=(--batch-invariant)
