@@ -31,7 +31,8 @@ class _Sequence:
     drafts: list[int] = field(default_factory=list)  # continue `committed`
     epoch: int = 0  # of `drafts`' chain
     dead_below: int = 0  # tokens of epochs below this are from a dead chain
-    index: NgramIndex | None = None  # over `committed`, built at the first lookup
+    index: NgramIndex | None = None  # over `committed`, built at the first lookup, caught up at each
+    indexed: int = 0  # tokens of `committed` the index has seen (or skipped: LOOKUP_WINDOW)
 
     def deliver(self, d: StreamDrafts) -> int:
         """Take what arrived; returns how many of its tokens were kept as drafts."""
@@ -61,13 +62,14 @@ class _Sequence:
         else:
             self._kill()
         self.committed.extend(tokens)
-        if self.index is not None:
-            self.index.extend(tokens)
 
     def lookup(self, block: tuple[int, ...], count: int, longest: int) -> tuple[int, ...]:
-        if self.index is None:  # most sequences of a batch go many steps without needing one
+        # Indexed here, not at each commit: a sequence whose drafts fill its blocks pays nothing.
+        if self.index is None:
             self.index = NgramIndex(longest)
-            self.index.extend(self.committed[-LOOKUP_WINDOW:])
+            self.indexed = max(0, len(self.committed) - LOOKUP_WINDOW)
+        self.index.extend(self.committed[self.indexed:])
+        self.indexed = len(self.committed)
         return self.index.continuation(self.committed[-longest:] + list(block), count)
 
     def _kill(self) -> None:
