@@ -15,13 +15,18 @@ draft_service/stream.py with the step costs measured on two H200s (bench/results
   wrong token ends what a step can accept, and the draft, once it hears of that commit, finishes
   the forward it is in and drafts again from the committed text;
 - `hedge`: the draft also drafts from its second choice at each unverified position, so a wrong
-  token whose rank is 1 costs the step its remaining drafts but not the draft's chain.
+  token whose rank is 1 costs the step its remaining drafts but not the draft's chain;
+- `queued`: a contradiction also waits for the call the loop keeps queued behind the one in flight;
+- `wait_ms`: a step whose sequence holds no draft waits up to this long for one;
+- `lag_ms`: a step verifies the drafts that had arrived this long before it starts (its Verify
+  sent while the step before ran, the target picking the block: the round trip hidden).
 
 First the model is checked against what run 3 measured (ms a token, sequence-steps without a
 draft); then it predicts the levers. An estimate, not a measurement: compare the levers with each
 other, and build before believing a number.
 
     .venv/bin/python bench/cpu/stream_model.py RANKS.json [--agreement A [--second S]] [--out FILE]
+    .venv/bin/python bench/cpu/stream_model.py --agreement 0.88 --cases restart   # no ranks file: 64 x 128 draws
 """
 
 from __future__ import annotations
@@ -41,6 +46,9 @@ class Costs:
     block: int = 6
     lookahead: int = 8
     hedge: bool = False
+    queued: bool = False
+    wait_ms: float = 0.0
+    lag_ms: float = 0.0
 
 
 def simulate(ranks: list[int], c: Costs) -> dict:
@@ -74,20 +82,30 @@ def simulate(ranks: list[int], c: Costs) -> dict:
                 when, heard = heard_at.popleft()
                 if breaks(anchor) < heard:  # the commit contradicts the chain: start over there
                     anchor, arrivals = heard, []
-                    free_at = next_token if drafting else when  # after the forward in flight
+                    # after the forward in flight (and the one queued behind it)
+                    free_at = next_token + (c.draft_ms if c.queued else 0.0) if drafting else when
                 elif not drafting:
                     free_at = max(free_at, when)  # it waited at the lookahead
                 continue
             free_at = next_token
             arrivals.append(next_token + c.link_ms)
 
+    def holds_draft(t: float) -> bool:
+        return breaks(anchor) >= committed and any(at <= t and anchor + i >= committed
+                                                   for i, at in enumerate(arrivals))
+
     while committed < n:
         draft_until(now)
+        if c.wait_ms and not holds_draft(now):
+            until = now + c.wait_ms
+            while now < until and not holds_draft(now):
+                now = min(until, now + 0.05)
+                draft_until(now)
         block = []
         if breaks(anchor) >= committed:  # the chain continues the committed text
             for i, at in enumerate(arrivals):
                 p = anchor + i
-                if at > now or len(block) == c.block:
+                if at > now - c.lag_ms or len(block) == c.block:
                     break
                 if p >= committed:
                     block.append(p)
@@ -114,29 +132,46 @@ def run(all_ranks: list[list[int]], c: Costs) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("ranks")
+    parser.add_argument("ranks", nargs="?", help="draft_agreement.py --ranks-out's file (else --agreement draws)")
     parser.add_argument("--agreement", type=float,
                         help="instead of the file's ranks, draws of the same lengths where the draft's first "
                              "choice is right with this probability (the GPU's bf16 pair agrees less than fp32)")
     parser.add_argument("--second", type=float, default=0.6,
                         help="with --agreement: where the first choice is wrong, how often the second is right")
+    parser.add_argument("--cases", choices=["levers", "restart"], default="levers",
+                        help="levers: the streamed session's (hedging, a faster draft, the round trip); restart: "
+                             "the seventh session's (a queued call, waiting, a pipelined Verify), at stream4's "
+                             "3.26 ms step")
     parser.add_argument("--out")
     args = parser.parse_args()
-    ranks = json.load(open(args.ranks))["ranks"]
+    if args.ranks is None and args.agreement is None:
+        parser.error("give a ranks file, or --agreement")
+    ranks = json.load(open(args.ranks))["ranks"] if args.ranks else [[0] * 128 for _ in range(64)]
     if args.agreement is not None:
         draw = random.Random(0)
         ranks = [[0 if draw.random() < args.agreement else 1 if draw.random() < args.second else 2 for _ in r]
                  for r in ranks]
     base = Costs()
-    cases = {
-        "as measured (run 3: 1.35 ms a token, 35% of steps without a draft)": base,
-        "hedged on the second choice": replace(base, hedge=True),
-        "draft twice as fast": replace(base, draft_ms=base.draft_ms / 2),
-        "Verify round trip halved (step 2.65 ms)": replace(base, step_ms=base.step_ms - 0.5),
-        "hedged + draft twice as fast": replace(base, hedge=True, draft_ms=base.draft_ms / 2),
-        "hedged + draft twice as fast + round trip halved": replace(base, hedge=True, draft_ms=base.draft_ms / 2,
-                                                                    step_ms=base.step_ms - 0.5),
-    }
+    if args.cases == "restart":
+        base = Costs(step_ms=3.26, block=4)
+        pipelined = replace(base, step_ms=base.step_ms - 0.9, lag_ms=1.7)
+        cases = {
+            "stream4 as measured (39b9511: 3.26 ms a step)": base,
+            "a contradiction also waits for the queued call": replace(base, queued=True),
+            "a starved step waits up to 1.5 ms for a draft": replace(base, wait_ms=1.5),
+            "Verify pipelined (round trip hidden, drafts 1.7 ms staler)": pipelined,
+            "Verify pipelined + hedged": replace(pipelined, hedge=True),
+        }
+    else:
+        cases = {
+            "as measured (run 3: 1.35 ms a token, 35% of steps without a draft)": base,
+            "hedged on the second choice": replace(base, hedge=True),
+            "draft twice as fast": replace(base, draft_ms=base.draft_ms / 2),
+            "Verify round trip halved (step 2.65 ms)": replace(base, step_ms=base.step_ms - 0.5),
+            "hedged + draft twice as fast": replace(base, hedge=True, draft_ms=base.draft_ms / 2),
+            "hedged + draft twice as fast + round trip halved": replace(base, hedge=True, draft_ms=base.draft_ms / 2,
+                                                                        step_ms=base.step_ms - 0.5),
+        }
     out = {name: {**run(ranks, c), "costs": c.__dict__} for name, c in cases.items()}
     for name, r in out.items():
         print(f"{r['ms_per_token']:6.3f} ms/token  {r['tokens_per_step']:4.2f} tokens/step  "
