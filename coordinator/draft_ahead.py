@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from bass.coordinator.lookup_drafts import NgramIndex
 from bass.core.worker_api import StreamDrafts
 
-# A sequence's lookups search at most its last this many tokens when it first needs one (and all it
-# commits after): indexing costs ~4 us a token on the coordinator's thread (~8 ms for a 2,000-token
+# A sequence's lookups search the last this many tokens it held at its first lookup, and all it
+# commits after: indexing costs ~4 us a token on the coordinator's thread (~8 ms for a 2,000-token
 # prompt on a 2-core CPU), and what recurs is mostly recent. On HumanEval's canonical solutions
 # a 4-token lookup keeps 0.446 tokens on average with 256 tokens of prompt as with all of it (0.425 with 64).
 LOOKUP_WINDOW = 256
@@ -31,7 +31,7 @@ class _Sequence:
     drafts: list[int] = field(default_factory=list)  # continue `committed`
     epoch: int = 0  # of `drafts`' chain
     dead_below: int = 0  # tokens of epochs below this are from a dead chain
-    index: NgramIndex | None = None  # over `committed`, built at the first lookup, caught up at each
+    index: NgramIndex | None = None  # over `committed`: built at the first lookup, caught up at each
     indexed: int = 0  # tokens of `committed` the index has seen (or skipped: LOOKUP_WINDOW)
 
     def deliver(self, d: StreamDrafts) -> int:
