@@ -225,3 +225,21 @@ def test_a_draft_that_answers_late_is_paired_once_it_does(llama_target, llama_dr
     finally:
         server.stop(0)
 
+
+
+def test_a_draft_stream_in_the_targets_process_gives_the_targets_own_text(llama_target, llama_draft, monkeypatch):
+    """Streamed speculation on one device: the draft's stream is served by the target's process
+    (its loop on a lock of its own beside the target's Verify calls); no Speculate call is made,
+    drafts are streamed and verified, and the text is regular decoding's, greedy and seeded."""
+    want = texts(build_scheduler(llama_target, None, "0").generate(REQUESTS))
+    calls = Recorder(monkeypatch)
+    scheduler, server = colocated_scheduler(llama_target, llama_draft, "0", stream={"block": 3, "wait_ms": 200})
+    try:
+        got = scheduler.generate(REQUESTS)
+        st = scheduler.step_stats
+    finally:
+        scheduler.close()
+        server.stop(0)
+    assert texts(got) == want
+    assert calls.calls == 0 and calls.proposes == 0, vars(calls)
+    assert st.stream_arrived > 0 and st.draft_tokens > 0 and st.accepted_tokens > 0, st
