@@ -114,13 +114,15 @@ def test_speed_bench_keeps_the_reported_rounds_step_trace_when_asked(llama_targe
 def test_speed_bench_runs_the_target_here_and_the_draft_in_a_process_of_its_own(llama_target, llama_draft, tmp_path):
     """--separate-draft without --services: the target in the bench's process, the draft a real
     service process (the streamed draft's own GPU, without the Verify round trip). Every policy,
-    streamed included, writes the texts the all-in-process run writes (fp32: lossless)."""
+    streamed included, writes the texts the all-in-process run writes (fp32: lossless). The
+    streamed steps wait up to 200 ms for a first draft (w200): on the CPU a short run could
+    otherwise end before any draft arrived."""
     texts = {}
     for placement in (["--separate-draft"], []):
         out = tmp_path / f"speed{len(placement)}.json"
         result = CliRunner().invoke(main, [
             "bench", "speed", "--target", str(llama_target), "--draft", str(llama_draft), "--problems", "0:2",
-            "--batches", "2", "--policies", "0,3,stream3", "--max-new-tokens", "10", "--device", "cpu",
+            "--batches", "2", "--policies", "0,3,stream3w200", "--max-new-tokens", "10", "--device", "cpu",
             "--repeats", "1", "--out", str(out), *placement])
         assert result.exit_code == 0, result.output
         rows = json.loads(out.read_text())["results"]
