@@ -243,3 +243,52 @@ def test_a_draft_stream_in_the_targets_process_gives_the_targets_own_text(llama_
     assert texts(got) == want
     assert calls.calls == 0 and calls.proposes == 0, vars(calls)
     assert st.stream_arrived > 0 and st.draft_tokens > 0 and st.accepted_tokens > 0, st
+
+
+def test_the_targets_verify_does_not_wait_for_the_draft_streams_step(llama_target, llama_draft, monkeypatch):
+    """In one process the draft's stream loop holds its own lock, not the one the target's calls
+    hold: a Verify answers while a step of the loop waits on a (here, slowed) proposal. Under one
+    shared lock it would wait out the proposal."""
+    import threading
+    import time
+
+    from bass.core.config import SamplingParams
+    from bass.core.worker_api import (AddSequence, FollowSequence, SequenceSampling, StreamControl, VerifyItem,
+                                      VerifyRequest)
+
+    workers = build_scheduler(llama_target, llama_draft, "0")
+    waiting, release = threading.Event(), threading.Event()
+    start_propose = workers.draft.start_propose
+
+    def slow_start(request, extendable=False):
+        pending = start_propose(request, extendable)
+
+        class Slowed:
+            def __getattr__(self, name):
+                return getattr(pending, name)
+
+            def result(self):
+                waiting.set()
+                release.wait(10)
+                return pending.result()
+
+        return Slowed()
+
+    monkeypatch.setattr(workers.draft, "start_propose", slow_start)
+    server = serve_workers(workers.target, workers.draft)
+    greedy = SequenceSampling(SamplingParams(), seed_key=1)
+    draft = RemoteDraftWorker(server.address)
+    target = RemoteTargetWorker(server.address, draft=draft)
+    stream = draft.open_stream(StreamControl(add=[AddSequence(1, (5, 6, 7))], follow=[FollowSequence(1, greedy)],
+                                             lookahead=4, chunk=1))
+    try:
+        assert waiting.wait(10), "the loop never proposed"
+        started = time.perf_counter()
+        verdicts = target.verify(VerifyRequest(items=[VerifyItem(2, (9,), greedy)], add=[AddSequence(2, (5, 6, 7))]))
+        took = time.perf_counter() - started
+        assert not release.is_set() and len(verdicts.verdicts) == 1
+        assert took < 5, f"the Verify waited {took:.1f} s for the draft's step"
+    finally:
+        release.set()
+        stream.close()
+        server.stop(0)
