@@ -116,16 +116,7 @@ class StreamedStep:
         except Exception as exc:  # noqa: BLE001 - speculation is optional; never fail a request for it
             error = exc
         draft_wait_s = self.clock() - started
-        blocks, real, looked_up, starved = [], [], [], 0
-        for seq, room in zip(batch, plan.rooms):
-            block = self.ahead.block(seq.seq_id, min(self.block, room)) if error is None else ()
-            real.append(block)
-            starved += not block and self.ahead.follows(seq.seq_id)
-            filler = self.ahead.lookup(seq.seq_id, block, min(self.block, room) - len(block))
-            looked_up.append(len(filler))
-            block += filler
-            last = block[-1] if block else _last_token(seq)
-            blocks.append((block + (last,) * (self.block - len(block)))[:max(0, room)])
+        blocks, real, looked_up, starved = self._blocks(batch, plan.rooms, drafts=error is None)
         started = self.clock()
         verified = self.target.verify(VerifyRequest(
             items=[VerifyItem(s.seq_id, b, s.sampling) for s, b in zip(batch, blocks)],
@@ -150,6 +141,24 @@ class StreamedStep:
                                 lookup_kept=lookup_kept)
         self._busy_s = busy_s
         return outcome
+
+    def _blocks(self, batch: list[SequenceRun], rooms: list[int], drafts: bool):
+        """Per sequence, the tokens to verify: its drafts (none where `drafts` is false: the stream
+        failed), then lookups, then its last token repeated, `block` in all (fewer where its
+        cache has no room). Returns (blocks, the drafts in them, the lookups in them, how many
+        followed sequences had no draft)."""
+        blocks, real, looked_up, starved = [], [], [], 0
+        for seq, room in zip(batch, rooms):
+            most = min(self.block, room)
+            block = self.ahead.block(seq.seq_id, most) if drafts else ()
+            real.append(block)
+            starved += not block and self.ahead.follows(seq.seq_id)
+            filler = self.ahead.lookup(seq.seq_id, block, most - len(block))
+            looked_up.append(len(filler))
+            block += filler
+            last = block[-1] if block else _last_token(seq)
+            blocks.append((block + (last,) * (self.block - len(block)))[:max(0, room)])
+        return blocks, real, looked_up, starved
 
     def _send(self, control: StreamControl) -> None:
         if control.add or control.release or control.follow or control.commits:
