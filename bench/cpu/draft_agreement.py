@@ -7,7 +7,9 @@ the target's token is that second choice. This measures how often that is, with 
 the CPU (fp32: the numbers are the models', not a GPU's): the target decodes each prompt greedily,
 (up to --new tokens, or its end of text), then one draft forward over prompt and output gives the
 draft's ranking at every generated position. Also: the runs of agreement between contradictions
-(what a draft running ahead keeps).
+(what a draft running ahead keeps), and how many of 4 lookup stand-ins
+(coordinator/lookup_drafts.py) the target would take at every position and right after each
+contradiction (where a streamed step finds no draft and verifies them).
 
     .venv/bin/python bench/cpu/draft_agreement.py [--problems 0:16] [--new 128] [--out FILE]
     (after `make models`; ~5 min on 2 cores)
@@ -25,6 +27,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from bass.app.humaneval_problems import load_problems, select
+from bass.coordinator.draft_ahead import LOOKUP_WINDOW
+from bass.coordinator.lookup_drafts import NgramIndex
 from bass.coordinator.tokenizer import load_codec
 
 MODELS = os.path.expanduser("~/.cache/bass/models")
@@ -49,6 +53,8 @@ def main() -> None:
     ranks: list[int] = []  # per generated token: the target's token's rank among the draft's (0 = first), capped at 3
     runs: list[int] = []  # lengths of agreement between the draft's first choice and the target
     per_prompt: list[list[int]] = []
+    lookup_all: list[int] = []  # per generated position: lookup stand-ins (of 4) the target's text takes
+    lookup_after_miss: list[int] = []  # the same, at the position right after the draft's first choice missed
     started = time.perf_counter()
     for problem in select(load_problems(), args.problems):
         prompt = codec.encode(problem["prompt"])
@@ -59,6 +65,18 @@ def main() -> None:
             generated = out[0, len(prompt):].tolist()
             logits = draft(out).logits[0, len(prompt) - 1:len(prompt) - 1 + len(generated)]
         top = logits.topk(3, dim=-1).indices.tolist()
+        index = NgramIndex(3)
+        index.extend(prompt[-LOOKUP_WINDOW:])
+        for i, token in enumerate(generated):
+            taken = 0
+            for j, proposed in enumerate(index.continuation(index.tokens, 4)):
+                if i + j >= len(generated) or generated[i + j] != proposed:
+                    break
+                taken += 1
+            lookup_all.append(taken)
+            if i and generated[i - 1] not in top[i - 1][:1]:
+                lookup_after_miss.append(taken)
+            index.extend([token])
         per_prompt.append([])
         run = 0
         for token, choices in zip(generated, top):
@@ -80,6 +98,9 @@ def main() -> None:
         "third_choice_where_first_two_missed": round(missed.count(2) / max(1, len(missed) - missed.count(1)), 4),
         "top2": round(sum(r <= 1 for r in ranks) / n, 4), "top3": round(sum(r <= 2 for r in ranks) / n, 4),
         "agreement_run_median": statistics.median(runs), "agreement_run_mean": round(statistics.mean(runs), 2),
+        "lookup_taken_of_4": round(statistics.fmean(lookup_all), 3),
+        "lookup_taken_of_4_after_a_miss": round(statistics.fmean(lookup_after_miss), 3) if lookup_after_miss else None,
+        "positions_after_a_miss": len(lookup_after_miss),
         "seconds": round(time.perf_counter() - started, 1),
     }
     print(json.dumps(result, indent=2))
