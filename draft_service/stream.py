@@ -136,7 +136,7 @@ class StreamingDraft:
         self._busy_since: float | None = None
         self.calls = 0  # proposals and extensions made (statistics, tests)
         self.busy_s = 0.0  # time with one in flight
-        device = torch.device(getattr(getattr(worker, "runner", None), "device", "cpu"))
+        device = torch.device(worker.runner.device)
         self.device_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     # -- any thread ------------------------------------------------------------------------------
@@ -312,10 +312,10 @@ class StreamingDraft:
 class LocalDraftStream:
     """A DraftStream over an in-process DraftWorker: the loop on a thread of its own."""
 
-    def __init__(self, worker, first: StreamControl, lock: threading.Lock | None = None):
+    def __init__(self, worker, first: StreamControl):
         self.mailbox = Mailbox()
         self.loop = StreamingDraft(worker, lookahead=first.lookahead or DEFAULT_LOOKAHEAD,
-                                   chunk=first.chunk or DEFAULT_CHUNK, lock=lock)
+                                   chunk=first.chunk or DEFAULT_CHUNK)
         self.loop.control(first)
         self._thread = threading.Thread(target=self._run, name="draft-stream", daemon=True)
         self._thread.start()
