@@ -19,9 +19,10 @@ from bass.coordinator.lookup_drafts import NgramIndex
 from bass.core.worker_api import StreamDrafts
 
 # A sequence's lookups search the last this many tokens it held at its first lookup, and all it
-# commits after: indexing costs ~4 us a token on the coordinator's thread (~8 ms for a 2,000-token
-# prompt on a 2-core CPU), and what recurs is mostly recent. On HumanEval's canonical solutions
-# a 4-token lookup keeps 0.446 tokens on average with 256 tokens of prompt as with all of it (0.425 with 64).
+# commits after: indexing costs the coordinator's thread ~0.6 us a token (2-core CPU; ~2.7 ms for
+# 16 sequences' first lookups), and what recurs is mostly recent. On HumanEval's canonical
+# solutions a 4-token lookup keeps 0.446 tokens on average with 256 tokens of prompt as with all
+# of it (0.425 with 64): bench/cpu/lookup_stand_ins.py.
 LOOKUP_WINDOW = 256
 
 

@@ -11,7 +11,7 @@ cost no GPU time (the positions are verified anyway) and nothing in correctness:
 decides every position by its own race, whatever token stands there.
 
 On HumanEval's canonical solutions (the bundled tokenizer, every position, n = 3..1), such a
-lookup has 0.45-0.49 of its 4-6 tokens accepted on average (bench/results journal,
+lookup has 0.45-0.49 of its 4-6 tokens accepted on average (bench/cpu/lookup_stand_ins.py; journal
 2026-11-27-h200x2-in-process-target.md).
 """
 
