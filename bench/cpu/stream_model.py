@@ -138,10 +138,12 @@ def main() -> None:
                              "choice is right with this probability (the GPU's bf16 pair agrees less than fp32)")
     parser.add_argument("--second", type=float, default=0.6,
                         help="with --agreement: where the first choice is wrong, how often the second is right")
-    parser.add_argument("--cases", choices=["levers", "restart"], default="levers",
+    parser.add_argument("--cases", choices=["levers", "restart", "one-gpu"], default="levers",
                         help="levers: the streamed session's (hedging, a faster draft, the round trip); restart: "
                              "the seventh session's (a queued call, waiting, a pipelined Verify), at stream4's "
-                             "3.26 ms step")
+                             "3.26 ms step; one-gpu: both models streaming on one GPU in one process (the "
+                             "in-process profile's 1.80 ms verification and 0.71 ms draft token, both slowed "
+                             "by a factor s while they share the GPU)")
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.ranks is None and args.agreement is None:
@@ -152,7 +154,11 @@ def main() -> None:
         ranks = [[0 if draw.random() < args.agreement else 1 if draw.random() < args.second else 2 for _ in r]
                  for r in ranks]
     base = Costs()
-    if args.cases == "restart":
+    if args.cases == "one-gpu":
+        cases = {f"one GPU, the models slowed {s}x by sharing it": Costs(step_ms=1.8 * s + 0.15, draft_ms=0.71 * s,
+                                                                          link_ms=0.05, block=4)
+                 for s in (1.0, 1.2, 1.4, 1.6)}
+    elif args.cases == "restart":
         base = Costs(step_ms=3.26, block=4)
         pipelined = replace(base, step_ms=base.step_ms - 0.9, lag_ms=1.7)
         cases = {
