@@ -44,8 +44,9 @@ def main() -> None:
     parser.add_argument("--problems", default="0:16")
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--out")
-    parser.add_argument("--ranks-out", help="also write each prompt's per-token ranks (JSON lists), for "
-                                            "bench/cpu/stream_model.py")
+    parser.add_argument("--ranks-out", help="also write each prompt's per-token ranks, its prompt and the "
+                                            "target's tokens (JSON lists), for bench/cpu/stream_model.py "
+                                            "and bench/cpu/drafter_model.py")
     args = parser.parse_args()
     torch.manual_seed(0)
     codec = load_codec(f"{MODELS}/qwen2.5-coder-1.5b-instruct")
@@ -53,6 +54,7 @@ def main() -> None:
     ranks: list[int] = []  # per generated token: the target's token's rank among the draft's (0 = first), capped at 3
     runs: list[int] = []  # lengths of agreement between the draft's first choice and the target
     per_prompt: list[list[int]] = []
+    texts: list[dict] = []  # per prompt: its tokens and the target's greedy tokens
     lookup_all: list[int] = []  # per generated position: lookup stand-ins (of 4) the target's text takes
     lookup_after_miss: list[int] = []  # the same, at the position right after the draft's first choice missed
     started = time.perf_counter()
@@ -63,6 +65,7 @@ def main() -> None:
             out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new,
                                   do_sample=False, pad_token_id=0)
             generated = out[0, len(prompt):].tolist()
+            texts.append({"prompt": prompt, "generated": generated})
             logits = draft(out).logits[0, len(prompt) - 1:len(prompt) - 1 + len(generated)]
         top = logits.topk(3, dim=-1).indices.tolist()
         index = NgramIndex(3)
@@ -109,7 +112,7 @@ def main() -> None:
             json.dump(result, f, indent=2)
     if args.ranks_out:
         with open(args.ranks_out, "w") as f:
-            json.dump({"problems": args.problems, "ranks": per_prompt}, f)
+            json.dump({"problems": args.problems, "ranks": per_prompt, "texts": texts}, f)
 
 
 if __name__ == "__main__":
