@@ -16,8 +16,7 @@ class DraftServicer(WorkerServicerBase, worker_pb2_grpc.DraftWorkerServicer):
 
     def __init__(self, worker, **kwargs):
         super().__init__(worker, **kwargs)
-        self.streams = StreamHost(worker)
-        self.lock = BothLocks(self.lock, self.streams.lock)  # see StreamHost
+        self.streams = StreamHost(worker, self.lock)
 
     def Propose(self, request, context):
         step = wire.propose_request_from_proto(request)
@@ -34,23 +33,3 @@ class DraftServicer(WorkerServicerBase, worker_pb2_grpc.DraftWorkerServicer):
 
     def register(self, server) -> None:
         worker_pb2_grpc.add_DraftWorkerServicer_to_server(self, server)
-
-
-class BothLocks:
-    """Two locks held together, taken in one order (the service's, then the stream's)."""
-
-    def __init__(self, first, second):
-        self.first, self.second = first, second
-
-    def __enter__(self):
-        self.first.acquire()
-        try:
-            self.second.acquire()
-        except BaseException:
-            self.first.release()
-            raise
-        return self
-
-    def __exit__(self, *exc):
-        self.second.release()
-        self.first.release()

@@ -23,22 +23,15 @@ log = logging.getLogger(__name__)
 
 
 class StreamHost:
-    """A draft service's one running stream (server side).
+    """A draft service's one running stream (server side)."""
 
-    The loop holds `lock` alone around its uses of the worker, not the service's lock: where the
-    target shares this process (and that lock: target_service/colocated.py), its verifications
-    run while the draft drafts. Every other use of the draft worker holds both (the service's
-    first), so none can interleave with a step of the loop."""
-
-    def __init__(self, worker):
-        self.worker = worker
-        self.lock = threading.Lock()
+    def __init__(self, worker, lock: threading.Lock):
+        self.worker, self.lock = worker, lock
         self._current: StreamingDraft | None = None
         self._guard = threading.Lock()
 
     def stop(self) -> None:
-        """End the running stream, if any (a Reset, or a new stream), once the work its loop
-        queued on the device has run."""
+        """End the running stream, if any (a Reset, or a new stream)."""
         with self._guard:
             loop, self._current = self._current, None
         if loop is not None:

@@ -13,11 +13,6 @@ answer travels and the coordinator commits. Both services still answer every oth
 before (a draft call of its own drops any chained proposal, since it changes the state the
 chain was queued on), and both report one `instance_id`, by which the coordinator finds that
 they share a process.
-
-With streamed speculation turned on (`draft_stream.block`), the draft's stream runs here too: its
-loop drafts on a CUDA stream of its own and holds a lock of its own, so the target's Verify calls
-run while it drafts (one GPU shared by both models at once, instead of a step's draft and
-verification in turn).
 """
 
 from __future__ import annotations
@@ -133,11 +128,8 @@ def serve_workers(target: TargetWorker, draft: DraftWorker, *, host: str = "127.
     """Both services over these (warmed-up) workers, on one address."""
     speculation = Speculation(draft, target)
     lock, instance_id = threading.Lock(), uuid.uuid4().hex  # one device, one process: one lock for both
-    # ... but for the draft's stream: its loop holds a lock of its own (the draft service's lock
-    # is both), so that the target verifies while the draft drafts ahead (streamed speculation).
+    target_servicer = TargetServicer(target, lock=lock, instance_id=instance_id, speculation=speculation)
     draft_servicer = DraftServicer(ColocatedDraft(draft, speculation), lock=lock, instance_id=instance_id)
-    target_servicer = TargetServicer(target, lock=lock, instance_id=instance_id, speculation=speculation,
-                                     speculation_lock=draft_servicer.lock)
     return start_server([target_servicer.register, draft_servicer.register], [TARGET_SERVICE, DRAFT_SERVICE],
                         host=host, port=port, engine=target,
                         thread_setup=functools.partial(use_device, target.runner.config.device))

@@ -14,12 +14,10 @@ class TargetServicer(WorkerServicerBase, worker_pb2_grpc.TargetWorkerServicer):
     service_name = SERVICE_NAME
     step_call = "verify"
 
-    def __init__(self, worker, *, speculation=None, speculation_lock=None, **kwargs):
-        """speculation: the Speculate calls of a draft in this process (target_service/colocated.py);
-        speculation_lock: what they hold, as they use both models (the draft service's lock)."""
+    def __init__(self, worker, *, speculation=None, **kwargs):
+        """speculation: the Speculate calls of a draft in this process (target_service/colocated.py)."""
         super().__init__(worker, **kwargs)
         self.speculation = speculation
-        self.speculation_lock = speculation_lock or self.lock
 
     def session_handlers(self) -> dict:
         return {**super().session_handlers(), "speculate": self.Speculate}
@@ -28,7 +26,7 @@ class TargetServicer(WorkerServicerBase, worker_pb2_grpc.TargetWorkerServicer):
         if self.speculation is None:
             raise PreconditionError("this target has no draft in its process: call the draft's Propose, then Verify")
         step = wire.speculate_request_from_proto(request)
-        with self.speculation_lock:
+        with self.lock:
             response = self.speculation.run(step)
         return wire.speculate_response_to_proto(response)
 

@@ -161,11 +161,10 @@ def test_a_bad_stream_block_is_named(llama_target, llama_draft):
     assert "draft_stream.block" in proc.stderr and "got 99" in proc.stderr, proc.stderr
 
 
-def test_streamed_speculation_with_a_colocated_draft_keeps_it_in_the_targets_process(llama_target, llama_draft):
-    """--draft-stream on one device: the draft stays in the target's process (its stream served
-    there, beside the target's Verify calls)."""
-    from bass.app.cli.serve import serve, serve_config
-
-    cfg = serve_config(serve.make_context("serve", [*map(str, ["--target", llama_target, "--draft", llama_draft,
-                                                                 "--device", "cpu"]), "--draft-stream", "4"]))
-    assert cfg.colocate and cfg.coordinator.scheduler.draft_stream.block == 4
+def test_streamed_speculation_with_a_colocated_draft_is_named(llama_target, llama_draft):
+    """--draft-stream without a draft process of its own would stream between two models in one
+    process on one device: a config error that says what to set."""
+    proc = subprocess.run(bass_cmd("serve", "--target", llama_target, "--draft", llama_draft, "--device", "cpu",
+                                   "--draft-stream", "4"), capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "draft_stream.block" in proc.stderr and "--draft-device" in proc.stderr, proc.stderr

@@ -568,6 +568,11 @@ class ServeConfig:
             _require("auto" in (t, d) or same_device(t, d), "colocate", f"puts the draft on the target's device; they are set to "
                                                     f"{self.target.device} and {self.draft.device} "
                                                     f"(set colocate = false for separate devices)")
+        _require(not (self.colocate and self.with_draft and self.coordinator.scheduler.draft_stream.on),
+                 "coordinator.scheduler.draft_stream.block",
+                 "streamed speculation runs the draft in a process of its own, on a GPU of its own: give it one "
+                 "(--draft-device cuda:1, or [draft] device with colocate = false); a co-located draft already "
+                 "shares each step with the target (one call)")
 
     @property
     def with_draft(self) -> bool:

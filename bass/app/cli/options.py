@@ -58,9 +58,8 @@ def scheduler_options(f):
                           "alone [512]."),
         click.option("--draft-stream", "draft_stream_block", type=int,
                      help="Streamed speculation: the draft drafts ahead on its own and each step verifies up to K "
-                          "of its tokens a sequence (made for a draft on a GPU of its own, --draft-device; on the "
-                          "target's GPU it drafts beside the target's verifications; more settings in "
-                          "[coordinator.scheduler.draft_stream]); 0 = off [0]."),
+                          "of its tokens a sequence (for a draft on a GPU of its own: --draft-device; more "
+                          "settings in [coordinator.scheduler.draft_stream]); 0 = off [0]."),
     ]):
         f = opt(f)
     return f
