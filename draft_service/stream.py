@@ -22,9 +22,7 @@ loop has read into those still in flight (`_Followed.overrun`): they are checked
 
 `LocalDraftStream` runs the loop on a thread of the coordinator's process (tests, and a draft
 in the coordinator's process); the draft service runs it for a stream RPC
-(draft_service/stream_host.py). On a GPU the loop queues its work on a CUDA stream of its own,
-so that where the target shares the device and the process, the target's verifications run
-beside the draft's forwards instead of queueing behind them.
+(draft_service/stream_host.py).
 """
 
 from __future__ import annotations
@@ -33,11 +31,8 @@ import logging
 import threading
 import time
 from collections import deque
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
-
-import torch
 
 from bass.core.config import DraftStreamConfig
 from bass.core.errors import InvalidRequestError, WorkerUnavailableError
@@ -136,8 +131,6 @@ class StreamingDraft:
         self._busy_since: float | None = None
         self.calls = 0  # proposals and extensions made (statistics, tests)
         self.busy_s = 0.0  # time with one in flight
-        device = torch.device(worker.runner.device)
-        self.device_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     # -- any thread ------------------------------------------------------------------------------
     def control(self, message: StreamControl) -> None:
@@ -196,8 +189,7 @@ class StreamingDraft:
         with self._wake:
             messages = list(self._inbox)
             self._inbox.clear()
-        on_stream = torch.cuda.stream(self.device_stream) if self.device_stream is not None else nullcontext()
-        with self.lock, on_stream:
+        with self.lock:
             if self._closed:  # a Reset may have emptied the worker since the inbox was taken
                 return None
             out, inflight, self._inflight = None, self._inflight, None

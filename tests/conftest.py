@@ -150,20 +150,17 @@ def build_scheduler(target: Path, draft: Path | None = None, draft_length: str =
         draft_top_n=draft_top_n)
 
 
-def build_gpu_scheduler(target: Path, draft: Path | None, draft_length: str, cuda_graphs: bool = True,
-                        stream: dict | None = None):
+def build_gpu_scheduler(target: Path, draft: Path, draft_length: str, cuda_graphs: bool = True):
     """An in-process coordinator on the GPU in fp32 (the services' other defaults: Triton
     attention, CUDA graphs unless cuda_graphs=False), for the GPU tests that compare two paths'
-    text: fp32, so that the paths agree token for token. stream: the scheduler's draft_stream."""
+    text: fp32, so that the paths agree token for token."""
     from bass.app.local import build_local_scheduler
-    from bass.core.config import DraftLengthConfig, DraftStreamConfig, RunnerConfig, SchedulerConfig
+    from bass.core.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
 
     cfg = dict(device="cuda", dtype="float32", num_slots=16, max_seq_len=256, attention="triton",
                cuda_graphs=cuda_graphs)
-    return build_local_scheduler(RunnerConfig(model_dir=target, **cfg),
-                                 RunnerConfig(model_dir=draft, **cfg) if draft else None,
-                                 scheduler=SchedulerConfig(draft_length=DraftLengthConfig.parse(draft_length),
-                                                           draft_stream=DraftStreamConfig(**(stream or {}))))
+    return build_local_scheduler(RunnerConfig(model_dir=target, **cfg), RunnerConfig(model_dir=draft, **cfg),
+                                 scheduler=SchedulerConfig(draft_length=DraftLengthConfig.parse(draft_length)))
 
 
 @pytest.fixture

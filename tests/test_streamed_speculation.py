@@ -818,29 +818,6 @@ def test_a_release_while_an_extension_is_in_flight_on_the_gpu(llama_draft):
     assert {x.seq_id for x in loop.step()} == {2} and 1 not in worker.runner.sequences
 
 
-@pytest.mark.gpu
-def test_streamed_on_one_gpu_the_draft_queues_on_a_stream_of_its_own(llama_target, llama_draft):
-    """A draft sharing the target's GPU and process (its loop on a thread): its work goes on a
-    CUDA stream of its own, beside the target's verifications, and the text is still the
-    target's own regular decoding (fp32), greedy and seeded."""
-    import torch
-
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    from conftest import build_gpu_scheduler
-
-    want = texts(build_gpu_scheduler(llama_target, None, "0").generate(REQUESTS))
-    s = build_gpu_scheduler(llama_target, llama_draft, "0", stream={"block": 3, **WAIT})
-    try:
-        results = s.generate(REQUESTS)
-        loop = s.streamed.stream.loop
-        assert loop.device_stream is not None and loop.device_stream != torch.cuda.default_stream()
-    finally:
-        s.close()
-    assert texts(results) == want
-    assert s.step_stats.draft_tokens > 0 and s.step_stats.accepted_tokens > 0
-
-
 def test_a_batch_above_max_batch_decodes_regularly(llama_target, llama_draft, regular, schedulers):
     """Above draft_stream.max_batch the coordinator decodes regularly: the draft stops following
     those sequences (released from it) and they rejoin when the batch shrinks; the text is the

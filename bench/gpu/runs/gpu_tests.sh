@@ -12,8 +12,7 @@ timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider $R/tests/t
   $R/tests/test_verify_tail.py $R/tests/test_device_drafts.py $R/tests/test_chained_drafts.py \
   $R/tests/test_colocated.py $R/tests/test_triton_int8.py $R/tests/test_cuda_skinny.py \
   "$R/tests/test_streamed_speculation.py::test_a_run_of_extensions_drafts_what_one_proposal_drafts" \
-  "$R/tests/test_streamed_speculation.py::test_a_release_while_an_extension_is_in_flight_on_the_gpu" \
-  "$R/tests/test_streamed_speculation.py::test_streamed_on_one_gpu_the_draft_queues_on_a_stream_of_its_own" 2>&1 \
+  "$R/tests/test_streamed_speculation.py::test_a_release_while_an_extension_is_in_flight_on_the_gpu" 2>&1 \
   | tail -25 > $OUT/gpu-tests.txt
 cat $OUT/gpu-tests.txt
 [ "${GEMM_TIMEOUT:-200}" = 0 ] && exit 0  # GEMM_TIMEOUT=0: the tests alone

@@ -6,9 +6,7 @@
 #   two_gpus.sh MODE BATCHES ONE_GPU_POLICIES TWO_GPU_POLICIES   (e.g. greedy 1,8 3,auto 3,stream6,stream4c2)
 # LIMIT_S bounds each process; extra arguments go to all. PLACEMENTS (default "one two") may add
 # "here": the draft on GPU 1 in a process of its own, the target in the coordinator's process
-# (no Verify round trip), with the two-GPU policies; "inproc": everything in one process on GPU 0,
-# the one-GPU policies; "shared": the same with the two-GPU policies (streamed speculation on one
-# GPU, the draft's loop on a CUDA stream of its own beside the target's).
+# (no Verify round trip), with the two-GPU policies.
 set -uo pipefail
 mode=$1 batches=$2 one=$3 two=$4; shift 4
 cd /tmp  # run the installed package, not the checkout's
@@ -23,8 +21,6 @@ for placement in ${PLACEMENTS:-one two}; do
     one) policies=$one flags=(--services --draft-device cuda:0) ;;
     two) policies=$two flags=(--services --separate-draft --draft-device cuda:1) ;;
     here) policies=$two flags=(--separate-draft --draft-device cuda:1) ;;
-    inproc) policies=$one flags=(--draft-device cuda:0) ;;
-    shared) policies=$two flags=(--draft-device cuda:0) ;;
   esac
   timeout ${LIMIT_S:-300} python3 -m bass.cli bench speed --target $T --draft $D --device cuda:0 \
     "${flags[@]}" --dtype bfloat16 --max-seq-len 1024 --max-new-tokens 128 --problems 0:16 \
