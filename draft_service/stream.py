@@ -143,14 +143,6 @@ class StreamingDraft:
             self._closed = True
             self._wake.notify()
 
-    def settle(self) -> None:
-        """Wait until the device has run all the loop queued (a proposal may be left in flight,
-        unread, when it closes). On its own CUDA stream that work is not ordered before what
-        others queue on the worker next (a Reset, the next stream's loop): they call this first."""
-        with self.lock:
-            if self.device_stream is not None:
-                self.device_stream.synchronize()
-
     @property
     def closed(self) -> bool:
         return self._closed
@@ -336,4 +328,3 @@ class LocalDraftStream:
     def close(self) -> None:
         self.loop.close()
         self._thread.join(timeout=10)
-        self.loop.settle()

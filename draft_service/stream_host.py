@@ -31,12 +31,12 @@ class StreamHost:
         self._guard = threading.Lock()
 
     def stop(self) -> None:
-        """End the running stream, if any (a Reset, or a new stream)."""
+        """End the running stream, if any (a Reset, or a new stream). A step it is in finishes
+        (under `lock`): take `lock` before using the worker."""
         with self._guard:
             loop, self._current = self._current, None
         if loop is not None:
             loop.close()
-            loop.settle()
 
     def serve(self, requests: Iterator[pb.StreamControl], context) -> Iterator[pb.StreamDrafts]:
         first = next(requests, None)
