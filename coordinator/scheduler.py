@@ -278,7 +278,7 @@ class Scheduler:
             self._draft_add, self._draft_release = [], []  # they go with the proposal
         return plan
 
-    def _plan_chain(self, batch: list[SequenceRun], k: int) -> ProposeRequest | None:
+    def _plan_chain(self, batch: list[SequenceRun], k: int, tail: int = 0) -> ProposeRequest | None:
         """The next step's proposal, chained behind this step's verification of k drafts a
         sequence (SpeculativeStep._chain_next): the policy chooses the next step's draft length
         now, one step's evidence earlier than it otherwise would (where it chooses regular
@@ -286,14 +286,15 @@ class Scheduler:
         that fit break the chain (they join at the next step's start, which a chained step
         skips)."""
         sampled = not all(s.sampling.params.greedy for s in batch)
-        if not self.draft_up or self._fits_waiting() or not self.draft.chains(len(batch), 1, k, sampled):
+        if not self.draft_up or self._fits_waiting() or not self.draft.chains(len(batch), 1, k, sampled, tail):
             return None
         seq_ids = [s.seq_id for s in batch]
         wanted = self.policy.lengths(seq_ids)
         nxt = wanted[0] if wanted else 0
         # The cache must hold the step after next whatever this one accepts.
         room = all(len(s.request.prompt_ids) + len(s.output) + k + 1 + nxt <= self.max_seq_len for s in batch)
-        if not nxt or any(w != nxt for w in wanted) or not room or not self.draft.chains(len(batch), nxt, k, sampled):
+        if (not nxt or any(w != nxt for w in wanted) or not room
+                or not self.draft.chains(len(batch), nxt, k, sampled, tail)):
             self._decided = dict(zip(seq_ids, wanted))
             return None
         release, self._draft_release = self._draft_release, []
@@ -427,7 +428,11 @@ class Scheduler:
         drafts = [draft for _, draft, _ in live]
         verdicts = [verdict for _, _, verdict in live]
         if policy_observes:  # a streamed step's blocks (stand-ins, drafts the policy never chose) are no evidence
-            self.policy.observe([s.seq_id for s in batch], [len(d) for d in drafts], [v.accepted for v in verdicts])
+            # Of the drafts: lookup tokens verified after them (a target's lookup_tail) are the
+            # target's, not the draft's acceptance.
+            self.policy.observe([s.seq_id for s in batch], [len(d) for d in drafts],
+                                [min(v.accepted, len(d)) for v, d in zip(verdicts, drafts)])
+            self.step_stats.lookup_tail_kept += sum(max(0, v.accepted - len(d)) for v, d in zip(verdicts, drafts))
         touched: dict[int, RequestRun] = {}
         for seq, draft, verdict in zip(batch, drafts, verdicts):
             req = seq.request

@@ -73,9 +73,10 @@ class StepOutcome:
 
 
 class ChainPlanner(Protocol):
-    def __call__(self, batch: list[SequenceRun], k: int) -> ProposeRequest | None:
-        """The next step's proposal, to chain behind a verification of k drafts a sequence;
-        None where the next step runs otherwise (new arrivals, lengths that differ, no room)."""
+    def __call__(self, batch: list[SequenceRun], k: int, tail: int = 0) -> ProposeRequest | None:
+        """The next step's proposal, to chain behind a verification of k drafts a sequence (the
+        last `tail` of them lookup tokens the target appended); None where the next step runs
+        otherwise (new arrivals, lengths that differ, no room)."""
 
 
 class SpeculativeStep:
@@ -163,11 +164,12 @@ class SpeculativeStep:
         verdicts = getattr(pending, "verdicts_on_device", None)
         if start is None or verdicts is None:
             return None
-        request = plan_chain(batch, k)
+        tail = getattr(pending, "tail", 0)  # lookup tokens the target verified after the k drafts
+        request = plan_chain(batch, k + tail, tail)
         if request is None:
             return None
         try:
-            return start(request, verdicts, k)
+            return start(request, verdicts, k + tail, tail)
         except Exception as exc:  # noqa: BLE001 - speculation is optional; never fail a request for it
             self.draft_failed(exc)
             return None

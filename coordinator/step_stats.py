@@ -32,6 +32,9 @@ class StepStats:
     stream_draft_busy_s: float = 0.0
     stream_looked_up: int = 0
     stream_lookup_kept: int = 0
+    # Lookup tokens a target verified after a step's drafts (engine/lookup_tail.py) that it
+    # accepted: the tokens a sequence committed past its drafts, less the target's own last one.
+    lookup_tail_kept: int = 0
     # Per step, when a benchmark asks for it (a list, else None): (draft length, sequences,
     # tokens committed, draft seconds, the Verify call's seconds where the step is timed for the
     # policy, else None (the policy is given the step's whole period less the draft call),

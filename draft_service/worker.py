@@ -198,12 +198,13 @@ class DraftWorker:
         return winners
 
     # -- chained proposals -----------------------------------------------------------------------
-    def chains(self, num_seqs: int, k: int, verified_k: int, sampled: bool) -> bool:
+    def chains(self, num_seqs: int, k: int, verified_k: int, sampled: bool, tail: int = 0) -> bool:
         """Whether a proposal of k tokens for num_seqs sequences can be chained behind a
-        verification of verified_k drafts each (the self-feeding graphs run it; the noise keys
-        of every position it may start from fit their buffer)."""
+        verification of verified_k drafts each, the last `tail` of them lookup tokens the
+        target appended (the self-feeding graphs run it; the noise keys of every position it
+        may start from fit their buffer)."""
         return (self.loop is not None and k >= 1 and verified_k + k <= MAX_STEPS
-                and self.loop.eligible(num_seqs, CHAINED_FIRST_TOKENS, k, "sampled" if sampled else "greedy"))
+                and self.loop.eligible(num_seqs, CHAINED_FIRST_TOKENS + tail, k, "sampled" if sampled else "greedy"))
 
     def extend(self, seq_ids: Sequence[int], m: int) -> "PendingProposal | None":
         """Continue the last proposal by m tokens for each of its sequences (`seq_ids`, in its
@@ -229,14 +230,18 @@ class DraftWorker:
         pending.worker_s += time.perf_counter() - started
         return pending
 
-    def start_chained(self, request: ProposeRequest, verdicts: torch.Tensor, verified_k: int) -> "ChainedProposal":
+    def start_chained(self, request: ProposeRequest, verdicts: torch.Tensor, verified_k: int,
+                      tail: int = 0) -> "ChainedProposal":
         """Queue the next step's proposal behind a verification, before its verdicts reach the
         host. request.items: the verified sequences in the verification's order, each with the
         same num_tokens and nothing committed (this worker holds exactly what the target held
         before verifying: the verified drafts were this worker's); request.release: applied
         first. verdicts: the verification's [j, tokens...] rows on the device (valid until the
-        target's next call). The caller must `reconcile` the proposal with the verdicts the
-        host reads, before this worker's next call, and must check `chains` first."""
+        target's next call); verified_k: the drafts verified a sequence, the last `tail` of them
+        lookup tokens the target appended, which this worker never ran: the first forward
+        re-runs that many more of the sequence's committed tokens. The caller must `reconcile`
+        the proposal with the verdicts the host reads, before this worker's next call, and must
+        check `chains` first."""
         started = time.perf_counter()
         runner = self.runner
         self._open_run = None
@@ -248,14 +253,18 @@ class DraftWorker:
             sampled = not all(p.greedy for p in params)
             if (not items or any(it.num_tokens != k or it.committed or it.assumed or it.seq_id in self._assumed
                                  for it in items)
-                    or not self.chains(len(items), k, verified_k, sampled)):
+                    or not self.chains(len(items), k, verified_k, sampled, tail)):
                 raise ValueError("a chained proposal drafts the same k >= 1 for every sequence, with nothing "
                                  "committed or assumed, in a shape the self-feeding graphs run")
             states = [runner.get(it.seq_id) for it in items]
             bases = [len(s.committed) for s in states]
             if any(base + verified_k + k > runner.cache.max_seq_len for base in bases):
                 raise ValueError("a chained proposal must fit the cache whatever the verification accepts")
-            chunks = [SequenceChunk(slot=s.slot, start=base - 1, tokens=[s.committed[-1], 0], logit_rows=1)
+            window = CHAINED_FIRST_TOKENS + tail  # tokens the first forward runs a sequence
+            if any(base < window - 1 for base in bases):
+                raise ValueError(f"a chained proposal after {tail} lookup tokens re-runs {window - 1} committed tokens")
+            chunks = [SequenceChunk(slot=s.slot, start=base - window + 1, tokens=s.committed[-(window - 1):] + [0],
+                                    logit_rows=1)
                       for s, base in zip(states, bases)]
             keys = None
             if sampled:  # position base + 1 + i, for any accepted count j and step m: i = j + m
@@ -265,7 +274,7 @@ class DraftWorker:
             timer = _GpuTimer(runner.device)
             tokens = self.loop.run_chained(chunks, k, verdicts, params if sampled else None, keys)
             timer.stop()
-            chained = ChainedProposal(runner, items, states, bases, k, tokens, timer)
+            chained = ChainedProposal(runner, items, states, bases, k, tokens, timer, window)
         chained.worker_s += time.perf_counter() - started
         return chained
 
@@ -415,8 +424,10 @@ class ChainedProposal:
     queued = True  # in-process, every chain asked for is queued
 
     def __init__(self, runner: ModelRunner, items: list[ProposeItem], states: list[SequenceState],
-                 bases: list[int], k: int, tokens: torch.Tensor, timer: _GpuTimer):
+                 bases: list[int], k: int, tokens: torch.Tensor, timer: _GpuTimer,
+                 width: int = CHAINED_FIRST_TOKENS):
         self._runner, self._states, self._bases, self.k = runner, states, bases, k
+        self._width = width  # committed tokens the first forward ran a sequence
         self.seq_ids = [it.seq_id for it in items]
         self._tokens = tokens
         self._copy = HostCopy(tokens)
@@ -432,8 +443,8 @@ class ChainedProposal:
 
     def reconcile(self, emitted: Sequence[Sequence[int]], revised: Sequence[int] = ()) -> None:
         """Commit what the verification emitted for each sequence (in the request's order) and
-        record what the chained forward cached: the sequence's last two committed tokens, then
-        k - 1 fed drafts (settled by `result`). `revised`: sequences whose verdicts the target
+        record what the chained forward cached: the sequence's last `width` committed tokens,
+        then k - 1 fed drafts (settled by `result`). `revised`: sequences whose verdicts the target
         changed after the device had them (a sampled row decided again on the host): the chained
         forward ran from the first ones, so their cache is kept only up to what the verification
         could not have touched, and is recomputed by the next proposal."""
@@ -443,14 +454,15 @@ class ChainedProposal:
                 continue
             runner.commit(state, tokens)
             cached = runner.cached(state)
-            first = base + len(tokens) - 2  # the position of the chained forward's first token
+            width = self._width
+            first = base + len(tokens) - width  # the position of the chained forward's first token
             if i in revised or cached < first:
                 # Positions from `base` on may hold keys and values of other tokens.
                 runner.cache.truncate(state.slot, min(cached, base))
                 continue
             runner.cache.truncate(state.slot, first)
-            runner.cache.append(state.slot, state.committed[-2:] + [PLACEHOLDER] * (self.k - 1))
-            self._fed_at[i] = first + 2
+            runner.cache.append(state.slot, state.committed[-width:] + [PLACEHOLDER] * (self.k - 1))
+            self._fed_at[i] = first + width
         self.reconciled = True
 
     def select(self, seq_ids: Sequence[int]) -> "SelectedProposal":

@@ -32,7 +32,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from bass.core.config import SamplingParams
+from bass.core.config import MAX_LOOKUP_TAIL, SamplingParams
 from bass.engine.graphs import BATCH_BUCKETS, MAX_GRAPH_Q, DecodeGraphs, StaticInputs, capture
 from bass.engine.kv_cache import KVCache
 from bass.engine.sampling import RowParams
@@ -43,7 +43,11 @@ log = logging.getLogger(__name__)
 
 MAX_STEPS = MAX_GRAPH_Q - 1  # the most draft tokens one proposal takes through the graphs
 FIRST_STEP_TOKENS = (2, 3)  # q0: pending tokens per sequence that the first graph runs
-CHAINED_FIRST_TOKENS = 2  # q0 of a proposal chained behind a verification (run_chained)
+CHAINED_FIRST_TOKENS = 2  # q0 of a proposal chained behind a verification (run_chained)...
+# ...plus one a lookup token the target verified after the drafts (engine/lookup_tail.py): the
+# draft never ran those, and the target may accept them all.
+CHAINED_WINDOWS = tuple(CHAINED_FIRST_TOKENS + m for m in range(MAX_LOOKUP_TAIL + 1))
+CAPTURED_FIRST_TOKENS = tuple(sorted(set(FIRST_STEP_TOKENS) | set(CHAINED_WINDOWS)))
 MODES = ("greedy", "sampled")
 
 # tokens = sample(logits [R, V] fp32, rows, noise keys [R] or None for greedy rows only)
@@ -122,15 +126,18 @@ class DraftLoopGraphs:
         read: how many drafts each sequence kept (j) is known only on the device, in `verdicts`
         (engine/verification.verdict_columns: [j, the target's tokens at every row, ...]).
 
-        chunks: two tokens per sequence, [its last committed token before that verification,
-        anything], at that token's position: what the first forward would run had nothing been
-        accepted. On the device every chunk moves j positions on and takes its tokens from the
-        verdicts, [the last accepted draft (or the chunk's own first token where j = 0), the
-        target's token], which are the sequence's last two committed tokens after the
-        verification. key_window (sampled mode, host int64 [len(chunks), w]): the noise keys of
-        the w positions after the chunk's second one; draft step m takes column j + m."""
-        if len(chunks[0].tokens) != CHAINED_FIRST_TOKENS:
-            raise ValueError(f"a chained proposal's first forward runs {CHAINED_FIRST_TOKENS} tokens per sequence")
+        chunks: w = 2 + t tokens per sequence (t: the lookup tokens the target verified after
+        the drafts, its `tail`), [its last w - 1 committed tokens before that verification,
+        anything], at their positions: what the first forward would run had nothing been
+        accepted. On the device every chunk moves j positions on and takes its tokens from its
+        own and the verdicts, [..., the last accepted draft (or the chunk's own token where j =
+        0), the target's token]: the sequence's last w committed tokens after the verification.
+        The first forward re-runs the tokens the draft already holds (the same keys and values),
+        so that it also runs the lookup tokens the target accepted, which the draft never ran.
+        key_window (sampled mode, host int64 [len(chunks), w']): the noise keys of the w'
+        positions after the chunk's last committed one; draft step m takes column j + m."""
+        if len(chunks[0].tokens) not in CHAINED_WINDOWS:
+            raise ValueError(f"a chained proposal's first forward runs {CHAINED_WINDOWS} tokens per sequence")
         return self._launch(chunks, k, params, key_window, verdicts)
 
     def _launch(self, chunks: list[SequenceChunk], k: int, params: Sequence[SamplingParams] | None,
@@ -175,12 +182,13 @@ class DraftLoopGraphs:
     def _move_on(inputs: StaticInputs, buffers: _Buffers, verdicts: torch.Tensor, keyed_steps: int) -> None:
         """run_chained's device half: the first forward's tokens, positions and context lengths
         (and the steps' noise keys) from the verdicts, written into the staged buffers."""
-        num = verdicts.shape[0]
+        num, width = verdicts.shape[0], inputs.q
         accepted = verdicts[:, :1]  # [num, 1]
-        ids = inputs.batch.input_ids.view(inputs.bucket, inputs.q)[:num]
-        target_token = verdicts.gather(1, accepted + 1)
-        last_accepted = torch.where(accepted > 0, verdicts.gather(1, accepted), ids[:, :1])
-        ids.copy_(torch.cat([last_accepted, target_token], dim=1))
+        ids = inputs.batch.input_ids.view(inputs.bucket, width)[:num]
+        # The chunk's committed tokens, then the verification's token at each row: position by
+        # position the sequence's text after the verification, read from `accepted` on.
+        text = torch.cat([ids[:, :width - 1], verdicts[:, 1:]], dim=1)
+        ids.copy_(text.gather(1, accepted + torch.arange(width, device=text.device)[None, :]))
         inputs.batch.positions.view(inputs.bucket, inputs.q)[:num].add_(accepted)
         inputs.batch.ctx_lens[:num].add_(accepted.view(-1))
         if keyed_steps:
@@ -199,7 +207,7 @@ class DraftLoopGraphs:
             buffers = self.buffers[bucket]
             for mode in MODES:
                 nxt = functools.partial(self._next_step, buffers, mode)
-                for q0 in FIRST_STEP_TOKENS:
+                for q0 in CAPTURED_FIRST_TOKENS:
                     inputs = StaticInputs(bucket, q0, 1, self.scratch_slot, self.cache.max_seq_len, device)
                     first = functools.partial(self._first_step, inputs, buffers, mode)
                     self.first[(bucket, q0, mode)] = _First(inputs, self._compile(first, lambda f=first: (f(), nxt())))

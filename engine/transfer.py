@@ -34,8 +34,8 @@ class HostCopy:
             self.host.copy_(values, non_blocking=True)
             self.done: torch.cuda.Event | None = torch.cuda.Event()
             self.done.record()
-        else:
-            self.host, self.done = values, None
+        else:  # a copy now, as the GPU's is queued now: the tensor may be a view the next call overwrites
+            self.host, self.done = values.clone(), None
 
     def ready(self) -> bool:
         """Whether `tolist` can answer without waiting for the GPU."""

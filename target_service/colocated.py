@@ -63,7 +63,7 @@ class Speculation:
         pending = self.target.start_verify(request.verify, drafts=proposal.on_device)
         next_chain = None
         if request.chain is not None and pending.verdicts_on_device is not None:
-            next_chain = self._start_chain(request, pending, proposal.on_device.shape[1])
+            next_chain = self._start_chain(request, pending, proposal.on_device.shape[1] + pending.tail)
         proposed = proposal.result()
         verified = pending.result()
         if next_chain is not None:
@@ -78,10 +78,10 @@ class Speculation:
         items = request.chain.items
         k = items[0].num_tokens if items else 0
         sampled = not all(item.sampling.params.greedy for item in items)
-        if not self.draft.chains(len(items), k, verified_k, sampled):
+        if not self.draft.chains(len(items), k, verified_k, sampled, pending.tail):
             return None
         try:
-            return self.draft.start_chained(request.chain, pending.verdicts_on_device, verified_k)
+            return self.draft.start_chained(request.chain, pending.verdicts_on_device, verified_k, pending.tail)
         except ValueError:  # e.g. no room in the cache for whatever the verification accepts
             return None
 

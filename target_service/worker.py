@@ -35,10 +35,15 @@ import torch
 
 from bass.core.worker_api import Verdict, VerifyRequest, VerifyResponse, WorkerInfo
 from bass.engine import verify_tail
+from bass.engine.lookup_tail import lookup_tail, stage_text
 from bass.engine.runner import PLACEHOLDER, ModelRunner, SequenceState
 from bass.engine.sampling import RowParams, noise_keys, race, race_unsynced
 from bass.engine.transfer import HostCopy, to_device
 from bass.engine.verification import verdict_columns
+
+# Above this many sequences a verification row costs more (H200, bass bench steps: 0.004 ms a
+# row at 8 sequences, 0.06 at 64), and lookup tokens are not appended.
+TAIL_MAX_BATCH = 16
 
 
 @dataclass
@@ -67,6 +72,9 @@ class LaunchedVerify:
     # Verified from the draft's tokens on the device: the cache position of each sequence's
     # first draft, placeholders of which this call's finish settles the accepted ones.
     drafts_at: list[int] | None = None
+    # Lookup tokens appended to the device drafts (engine/lookup_tail.py): the last `tail` of
+    # max_k. A proposal chained behind this call re-runs as many more tokens (start_chained).
+    tail: int = 0
     # Repairs (see the module docstring): sequence index -> its token, decided again.
     overrides: dict[int, int] = field(default_factory=dict)
     response: VerifyResponse | None = None
@@ -94,6 +102,12 @@ class PendingVerify:
         proposal for the next step is chained on, DraftWorker.start_chained). Valid until the
         worker's next call; None where the call ran nothing."""
         return self._launched.verdicts
+
+    @property
+    def tail(self) -> int:
+        """Lookup tokens the worker appended to each sequence's device drafts (verified after
+        them): a proposal chained behind this call passes it to DraftWorker.start_chained."""
+        return self._launched.tail
 
     @property
     def revised(self) -> list[int]:
@@ -184,10 +198,13 @@ class TargetWorker:
             self._deferred_release.extend(request.release)
         runner.add(request.add)
         states = [runner.get(it.seq_id) for it in items]
+        tail = 0
+        if fed_drafts is not None:
+            fed_drafts, tail = self._append_lookup(states, fed_drafts)
         counts = [len(it.draft_tokens) if fed_drafts is None else fed_drafts.shape[1] for it in items]
         rows_per_seq = [c + 1 for c in counts]
         launched = LaunchedVerify(seq_ids=[it.seq_id for it in items], states=states, rows_per_seq=rows_per_seq,
-                                  max_k=max(counts, default=0))
+                                  max_k=max(counts, default=0), tail=tail)
         if not items:
             launched.response = VerifyResponse(verdicts=[])
             return launched
@@ -238,6 +255,22 @@ class TargetWorker:
         launched.packed = HostCopy(packed)
         self._unfinished.append(launched)
         return launched
+
+    def _append_lookup(self, states: list[SequenceState], drafts: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """The draft's tokens [B, k] followed by up to `lookup_tail` lookup tokens a sequence
+        (engine/lookup_tail.py), and how many were appended: none above TAIL_MAX_BATCH
+        sequences, where a row costs more, past the verification graphs, where a cache has no
+        room for them, or where a sequence is shorter than the tokens a chained proposal re-runs."""
+        config = self.runner.config
+        k = drafts.shape[1]
+        m = min(config.lookup_tail, config.graph_max_draft - k)
+        # A proposal chained behind this call re-runs the last m + 1 committed tokens: a
+        # sequence must have them (a prompt of one or two tokens, before any output).
+        if (m <= 0 or len(states) > TAIL_MAX_BATCH
+                or any(len(s.committed) + k + m > config.max_seq_len or len(s.committed) < m + 1 for s in states)):
+            return drafts, 0
+        text = to_device(stage_text([s.committed for s in states]), torch.int64, drafts.device)
+        return torch.cat([drafts, lookup_tail(text, drafts, m)], dim=1), m
 
     def _exact_inputs(self, launched: LaunchedVerify) -> None:
         """The call's sampling inputs on the device (row parameters, noise keys, drafts); a

@@ -131,9 +131,9 @@ def qwen_draft(models_dir, qwen_target) -> Path:
 def build_scheduler(target: Path, draft: Path | None = None, draft_length: str = "bass", *, num_slots: int = 32,
                     max_seq_len: int = 256, attention: str = "pad", max_batch_size: int = 64, max_n: int = 16,
                     draft_top_n: int = 64, target_slots: int | None = None, prefill_budget: int = 512,
-                    batch_invariant: bool = False, stream: dict | None = None):
+                    batch_invariant: bool = False, stream: dict | None = None, lookup_tail: int = 0):
     """An in-process coordinator over real target/draft workers on the CPU (fp32); stream: the
-    scheduler's draft_stream (DraftStreamConfig's fields)."""
+    scheduler's draft_stream (DraftStreamConfig's fields); lookup_tail: the target's."""
     from bass.app.local import build_local_scheduler
     from bass.core.config import DraftLengthConfig, DraftStreamConfig, RunnerConfig, SchedulerConfig
 
@@ -141,7 +141,7 @@ def build_scheduler(target: Path, draft: Path | None = None, draft_length: str =
         return RunnerConfig(model_dir=d, num_slots=slots, max_seq_len=max_seq_len, attention=attention, **extra)
 
     return build_local_scheduler(
-        runner(target, target_slots or num_slots, batch_invariant=batch_invariant),
+        runner(target, target_slots or num_slots, batch_invariant=batch_invariant, lookup_tail=lookup_tail),
         runner(draft, num_slots) if draft else None,
         scheduler=SchedulerConfig(max_batch_size=max_batch_size, max_n=max_n,
                                   max_prefill_tokens_per_step=prefill_budget,

@@ -11,6 +11,7 @@ verdict after the device had it; arrivals still join."""
 import pytest
 import torch
 
+from bass.coordinator.requests import GenerationRequest
 from bass.core.config import SamplingParams
 from bass.core.worker_api import AddSequence, ProposeItem, ProposeRequest, SequenceSampling
 from bass.draft_service.worker import DraftWorker
@@ -39,12 +40,14 @@ class CheckedDraft:
 
     def __init__(self, inner):
         self.inner, self.chained, self.kept = inner, 0, 0
+        self.tails = []  # the lookup tokens each chained proposal ran after
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def start_chained(self, request, verdicts, verified_k):
-        chained = self.inner.start_chained(request, verdicts, verified_k)
+    def start_chained(self, request, verdicts, verified_k, tail=0):
+        chained = self.inner.start_chained(request, verdicts, verified_k, tail)
+        self.tails.append(tail)
         self.chained += 1
         outer, runner = self, self.inner.runner
 
@@ -69,6 +72,15 @@ class CheckedDraft:
                 return chained.select(seq_ids)
 
         return Checked()
+
+
+# Prompts that repeat themselves (the tiny random models also fall into loops), so that lookups
+# find their tokens: greedy, and sampled at a low temperature.
+REPETITIVE = [
+    GenerationRequest(prompt_ids=(5, 17, 33, 5, 17, 33, 5, 17), max_new_tokens=40, ignore_eos=True),
+    GenerationRequest(prompt_ids=(9, 8, 7, 9, 8, 7, 9), n=2, max_new_tokens=30, ignore_eos=True, seed=4,
+                      sampling=SamplingParams(temperature=0.3)),
+]
 
 
 def texts(results):
@@ -190,6 +202,56 @@ def test_a_chained_proposal_is_the_proposal_after_committing_the_verdicts(llama_
     # A subset in another order reads the same rows.
     assert proposal.select([2, 0]).result().tokens == [want[2], want[0]]
     assert proposal.select([2, 0]).on_device.tolist() == [want[2], want[0]]
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+@pytest.mark.parametrize("mode", ["greedy", "sampled"])
+def test_a_chained_proposal_after_lookup_tokens_is_the_proposal_after_committing_them(llama_draft, mode, device):
+    """The target verified K = 3 drafts and then 2 lookup tokens of its own (lookup_tail), which
+    the draft never ran. Verdicts accepting none, all 3 drafts, and the drafts with 1 and 2 of
+    the lookup tokens: chained on them, the first forward re-runs the last 4 committed tokens,
+    and the next proposal and the cache record are those of a worker told the committed tokens."""
+    params = SamplingParams() if mode == "greedy" else SamplingParams(temperature=0.9, top_p=0.9)
+    samplings = [SequenceSampling(params, seed_key=80 + i) for i in range(4)]
+    prompts = [(5, 6, 7), (9, 3, 4, 4), (11, 12, 13), (21, 22, 23, 24, 25)]
+    K, tail, k2 = 3, 2, 3
+    chained, reference = (make_worker(llama_draft, prepared=True, device=device) for _ in range(2))
+    first = ProposeRequest(items=[ProposeItem(i, K, (), samplings[i]) for i in range(4)],
+                           add=[AddSequence(i, prompts[i]) for i in range(4)])
+    drafts = chained.propose(first).tokens
+    assert drafts == reference.propose(first).tokens
+    emitted = [[(drafts[0][0] + 1) % 200], drafts[1] + [17], drafts[2] + [30, 31], drafts[3] + [40, 41, 42]]
+    width = 1 + K + tail + 1
+    verdicts = torch.tensor([[len(e) - 1] + e + [0] * (width - 1 - len(e)) for e in emitted], device=device)
+    request = ProposeRequest(items=[ProposeItem(i, k2, (), samplings[i]) for i in range(4)])
+    assert chained.chains(4, k2, K + tail, mode == "sampled", tail)
+    proposal = chained.start_chained(request, verdicts, K + tail, tail)
+    proposal.reconcile(emitted)
+    got = proposal.select([0, 1, 2, 3]).result().tokens
+    want = reference.propose(ProposeRequest(
+        items=[ProposeItem(i, k2, tuple(emitted[i]), samplings[i]) for i in range(4)])).tokens
+    assert got == want
+    for i in range(4):
+        a, b = chained.runner.get(i), reference.runner.get(i)
+        assert a.committed == b.committed
+        assert chained.runner.cache.tokens(a.slot) == reference.runner.cache.tokens(b.slot)
+
+
+def test_lookup_tokens_the_target_verifies_keep_the_text_and_the_chain(llama_target, llama_draft):
+    """In-process with the target's lookup_tail: after each proposal the target verifies 2
+    lookup tokens too; the text is regular decoding's (greedy and sampled), the target takes
+    some of them, and proposals are still chained behind those verifications."""
+    want = texts(build_scheduler(llama_target, None, "0").generate(REPETITIVE))
+    s = with_eager_loop(build_scheduler(llama_target, llama_draft, "3", lookup_tail=2))
+    s.draft = CheckedDraft(s.draft)
+    got = s.generate(REPETITIVE)
+    assert texts(got) == want
+    assert s.step_stats.lookup_tail_kept > 0, "the target took some lookup tokens"
+    assert 2 in s.draft.tails, "proposals were chained behind verifications with lookups"
+    # ...and the draft's cache record stayed exact through them (3 sequences a chain, most steps).
+    assert s.draft.kept >= 2 * s.draft.chained, (s.draft.kept, s.draft.chained)
+    # The draft's acceptance counts its own tokens only.
+    assert all(r.stats.accepted_tokens <= r.stats.draft_tokens for r in got)
 
 
 def test_a_chained_proposal_refuses_what_the_graphs_do_not_run(llama_draft):

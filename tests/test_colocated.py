@@ -225,3 +225,21 @@ def test_a_draft_that_answers_late_is_paired_once_it_does(llama_target, llama_dr
     finally:
         server.stop(0)
 
+
+
+def test_lookup_tokens_after_a_colocated_drafts_proposal_keep_the_text(llama_target, llama_draft, monkeypatch):
+    """`bass serve --lookup-tail 2`'s path: the target process appends lookup tokens to the
+    draft's proposal it verifies and chains the next proposal behind them; the coordinator
+    sees longer verdicts only. The text is regular decoding's; the target takes some lookups."""
+    from test_chained_drafts import REPETITIVE
+
+    want = texts(build_scheduler(llama_target, None, "0").generate(REPETITIVE))
+    calls = Recorder(monkeypatch)
+    scheduler, server = colocated_scheduler(llama_target, llama_draft, "3", lookup_tail=2)
+    try:
+        got = scheduler.generate(REPETITIVE)
+    finally:
+        server.stop(0)
+    assert texts(got) == want
+    assert scheduler.step_stats.lookup_tail_kept > 0
+    assert calls.chained >= 3 and calls.used_chain >= 3, vars(calls)

@@ -87,6 +87,10 @@ def resolve_dtype(dtype: str, device: str) -> str:
 # Draft lengths whose verification is captured as CUDA graphs by default; "auto" draft length
 # considers no longer drafts (longer ones run eagerly, slower than they pay).
 GRAPH_MAX_DRAFT = 8
+# The most lookup tokens a target appends to a draft's proposal (engine/lookup_tail.py): the
+# draft's chained forward re-runs this many more tokens (engine/draft_loop.py), whose graphs it
+# captures at start.
+MAX_LOOKUP_TAIL = 2
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,10 @@ class RunnerConfig:
     # at 8 sequences on the README's bench, 2026-11-27). On for a target: faster regular decoding
     # (H200: 1.78 -> 1.65 ms/token at one sequence, 2.16 -> 1.76 at eight), with that caveat.
     few_row_cuda: bool | None = None
+    # A target's option: after the draft's tokens of a proposal verified on the device, verify
+    # this many more, continued from the sequence's own text (engine/lookup_tail.py; 0 = off).
+    # Costs a verification row each; never changes the output.
+    lookup_tail: int = 0
 
     def as_draft(self) -> "RunnerConfig":
         """This runner as a draft's: int8_weights and few_row_cuda "auto" (None) turned on (int8
@@ -162,6 +170,8 @@ class RunnerConfig:
                  f"must be in [0, 32], got {self.graph_max_draft}")
         _require(not (self.int8_weights and self.batch_invariant), "int8_weights",
                  "is a draft's option and batch_invariant a target's: not both")
+        _require(isinstance(self.lookup_tail, int) and 0 <= self.lookup_tail <= MAX_LOOKUP_TAIL, "lookup_tail",
+                 f"must be an integer in [0, {MAX_LOOKUP_TAIL}], got {self.lookup_tail!r}")
 
 
 @dataclass(frozen=True)
@@ -305,6 +315,7 @@ class WorkerServiceConfig:
     batch_invariant: bool = False  # target service: rows computed the same way whatever the batch (slower)
     int8_weights: bool | None = None  # draft only (None: on for a draft): int8 projections for few-row steps
     few_row_cuda: bool | None = None  # 1-16-row products through the CUDA kernel where faster (None: draft only)
+    lookup_tail: int = 0  # target service: lookup tokens verified after a co-located draft's (0 = off)
 
     def __post_init__(self) -> None:
         if self.model_dir is not None:
@@ -325,7 +336,8 @@ class WorkerServiceConfig:
         return RunnerConfig(model_dir=self.model_dir, device=device, dtype=dtype, num_slots=self.num_slots,
                             max_seq_len=self.max_seq_len, attention=self.attention,
                             graph_max_draft=self.graph_max_draft, batch_invariant=self.batch_invariant,
-                            int8_weights=self.int8_weights, few_row_cuda=self.few_row_cuda)
+                            int8_weights=self.int8_weights, few_row_cuda=self.few_row_cuda,
+                            lookup_tail=self.lookup_tail)
 
 
 @dataclass(frozen=True)
@@ -573,6 +585,9 @@ class ServeConfig:
                  "streamed speculation runs the draft in a process of its own, on a GPU of its own: give it one "
                  "(--draft-device cuda:1, or [draft] device with colocate = false); a co-located draft already "
                  "shares each step with the target (one call)")
+        _require(not (self.target.lookup_tail and not self.colocate), "target.lookup_tail",
+                 "appends lookup tokens to a co-located draft's proposal, verified on the device: it needs the "
+                 "draft in the target's process (colocate = true, no --separate-draft or --draft-device)")
 
     @property
     def with_draft(self) -> bool:

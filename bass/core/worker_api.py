@@ -121,7 +121,7 @@ class VerifyRequest:
 
 @dataclass(frozen=True)
 class Verdict:
-    accepted: int  # draft tokens (proposed by the draft model) accepted
+    accepted: int  # drafts accepted: the draft model's, then any lookup tokens the target appended (lookup_tail)
     tokens: list[int]  # committed this step: accepted drafts then one target token
 
 

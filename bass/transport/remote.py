@@ -160,11 +160,12 @@ class RemoteDraftWorker(_RemoteWorker):
     def start_propose(self, request: ProposeRequest) -> PairProposal:
         return PairProposal(self, request)
 
-    def chains(self, num_seqs: int, k: int, verified_k: int, sampled: bool) -> bool:
-        """The worker decides (SpeculateResponse.chained): its graphs' shapes are its own."""
+    def chains(self, num_seqs: int, k: int, verified_k: int, sampled: bool, tail: int = 0) -> bool:
+        """The worker decides (SpeculateResponse.chained): its graphs' shapes are its own, and
+        so are the lookup tokens its target appends (it chains behind them itself)."""
         return k >= 1
 
-    def start_chained(self, request: ProposeRequest, verdicts: PairStep, verified_k: int):
+    def start_chained(self, request: ProposeRequest, verdicts: PairStep, verified_k: int, tail: int = 0):
         return verdicts.chain(request, verified_k)
 
 

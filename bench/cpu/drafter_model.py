@@ -29,14 +29,16 @@ import statistics
 
 from bass.coordinator.draft_ahead import LOOKUP_WINDOW
 
-# ms, from bench/results/2026-11-27-h200-profile-steps/ (H200, in-process, d928575): a draft
-# forward at 1 sequence 0.71; a regular step 1.78 (1 sequence); the verification of 4 rows 1.80
-# at 1 sequence and ~1.87 of 32 rows at 8. Rows past one a sequence are priced linearly from
-# those two points; the draft's forward grows ~5% from 1 to 8 sequences (bass bench steps).
+# ms. A draft forward: the H200 profile of 2026-11-27 (bench/results/2026-11-27-h200-profile-steps/,
+# in-process, d928575), 0.71 at 1 sequence; ~4% more at 8 (bass bench steps). A regular step and
+# what each row past one a sequence adds to a verification: `bass bench steps` on an H200
+# (bench/results/2026-11-27-h200x2-one-gpu-stream-and-lookup/bench-steps-verify-rows-445470b.json,
+# random weights, CUDA graphs): regular 1.80 / 1.87 at 1 / 8 sequences; verifying 1 and 8 drafts
+# 1.83 and 1.85 at 1 sequence, 1.95 and 2.15 at 8.
 COSTS = {
-    "draft_forward": {1: 0.71, 8: 0.75},
-    "regular": {1: 1.78, 8: 1.80},
-    "per_extra_row": {1: (1.80 - 1.78) / 3, 8: (1.87 - 1.80) / 24},
+    "draft_forward": {1: 0.71, 8: 0.74},
+    "regular": {1: 1.80, 8: 1.87},
+    "per_extra_row": {1: (1.8457 - 1.8286) / 7, 8: (2.1455 - 1.9466) / (7 * 8)},
 }
 
 

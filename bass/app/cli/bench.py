@@ -188,9 +188,11 @@ def bench_invariance(target_dir, draft_dir, problems, max_new_tokens, modes, pol
                                              "tokens, times) and the coordinator's garbage collections "
                                              "in each row.")
 @click.option("--draft-device", help="The draft's device, e.g. cuda:1 (a GPU of its own) [the target's].")
+@click.option("--lookup-tail", default=0, show_default=True,
+              help="Lookup tokens the target verifies after each proposal of a draft in its process (0-2).")
 def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_new_tokens, services, separate_draft,
                 device, dtype, attention, max_seq_len, peak_tflops, repeats, batch_invariant, draft_int8, few_row_cuda,
-                trace, draft_device, out) -> None:
+                trace, draft_device, lookup_tail, out) -> None:
     """End-to-end decoding speed: regular vs speculative, in-process or through the services.
     A policy `streamK[cC][wW][lL][nN]` is streamed speculation verifying up to K drafts a step
     (the draft's loop drafting C tokens a call, up to L ahead; a step waiting up to W ms for a
@@ -211,14 +213,15 @@ def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_ne
     if not same_device(draft_runner["device"], device) and not separate_draft:
         raise click.UsageError("a draft on another device than the target's runs in a service of its own: "
                                "add --separate-draft")
-    rows = measure(RunnerConfig(model_dir=target_dir, batch_invariant=batch_invariant, **runner),
+    rows = measure(RunnerConfig(model_dir=target_dir, batch_invariant=batch_invariant, lookup_tail=lookup_tail,
+                                **runner),
                    RunnerConfig(model_dir=draft_dir, int8_weights=draft_int8, **draft_runner), prompts,
                    batches=batch_list, policies=[p for p in policies.split(",") if p], mode=mode,
                    max_new_tokens=max_new_tokens, services=services, peak_tflops=peak_tflops, repeats=repeats,
                    progress=lambda m: click.echo(m, err=True), colocate=not separate_draft, trace=trace)
     result = {"benchmark": "speed", "environment": describe(device), "target": str(target_dir), "draft": str(draft_dir),
               "dtype": dtype, "attention": attention, "batch_invariant": batch_invariant, "draft_int8": draft_int8,
-              "few_row_cuda": few_row_cuda, "draft_device": draft_device or device,
+              "few_row_cuda": few_row_cuda, "draft_device": draft_device or device, "lookup_tail": lookup_tail,
               "problems": problems, "results": rows}
     _emit_result(result, out)
 

@@ -48,6 +48,9 @@ def serve_options(f):
         click.option("--batch-invariant", is_flag=True, default=None,
                      help="Target computes each row the same way whatever the batch: seeded and greedy "
                           "tokens do not move with load (slower)."),
+        click.option("--lookup-tail", type=int,
+                     help="Lookup tokens the target verifies after each co-located draft's proposal, "
+                          "continued from the sequence's own text (0-2; 0 = off) [0]."),
         click.option("--replicas", type=int, help="Copies of the model pair and coordinator (a GPU each) behind "
                                                   "one router on --port [1: no router]."),
         click.option("--separate-draft", is_flag=True, default=None,
@@ -73,6 +76,8 @@ def serve_config(ctx: click.Context, default_port: int | None = None) -> ServeCo
                                               "target"))
     if p["batch_invariant"]:
         target = replace(target, batch_invariant=True)
+    if p["lookup_tail"] is not None:
+        target = replace(target, lookup_tail=p["lookup_tail"])
     draft = None
     if p["draft_dir"] != "none":
         base = cfg.draft or WorkerServiceConfig()
