@@ -47,8 +47,13 @@ def lookup_tail(text: torch.Tensor, drafts: torch.Tensor, m: int, longest: int =
     earlier in s, at an occurrence with a token after it; the tokens after the most recent such
     occurrence, s[e:e+m] (e: that occurrence's end). Positions past s's end, and rows without
     any occurrence, take the row's last token (which the target will rarely accept; they are
-    verified either way). Returns int64 [B, m]. No host sync: every step is a tensor op.
+    verified either way). Returns int64 [B, m]. No host sync. On a GPU one Triton launch
+    (kernels/triton_lookup.py); these tensor ops are its reference, and the CPU's path.
     """
+    if text.is_cuda and longest == LOOKUP_NGRAM:
+        from bass.kernels.triton_lookup import lookup_tail as one_launch
+
+        return one_launch(text, drafts, m)
     s = torch.cat([text, drafts], dim=1)
     num, length = s.shape
     device = s.device

@@ -41,9 +41,11 @@ from bass.engine.sampling import RowParams, noise_keys, race, race_unsynced
 from bass.engine.transfer import HostCopy, to_device
 from bass.engine.verification import verdict_columns
 
-# Above this many sequences a verification row costs more (H200, bass bench steps: 0.004 ms a
-# row at 8 sequences, 0.06 at 64), and lookup tokens are not appended.
-TAIL_MAX_BATCH = 16
+# Lookup tokens are appended only while a proposal chained behind them, which re-runs 2 + tail
+# tokens a sequence, stays within this many rows: past 16 its first forward leaves the draft's
+# fused few-row path (H200, 8 sequences x 4 rows through the services: +0.87 ms a step, which
+# 14% fewer steps did not pay back; bench/results/2026-11-27-h200-lookup-tail/).
+TAIL_MAX_ROWS = 16
 
 
 @dataclass
@@ -258,15 +260,15 @@ class TargetWorker:
 
     def _append_lookup(self, states: list[SequenceState], drafts: torch.Tensor) -> tuple[torch.Tensor, int]:
         """The draft's tokens [B, k] followed by up to `lookup_tail` lookup tokens a sequence
-        (engine/lookup_tail.py), and how many were appended: none above TAIL_MAX_BATCH
-        sequences, where a row costs more, past the verification graphs, where a cache has no
-        room for them, or where a sequence is shorter than the tokens a chained proposal re-runs."""
+        (engine/lookup_tail.py), and how many were appended: none where the chained proposal's
+        re-run would pass TAIL_MAX_ROWS, past the verification graphs, where a cache has no room
+        for them, or where a sequence is shorter than the tokens a chained proposal re-runs."""
         config = self.runner.config
         k = drafts.shape[1]
         m = min(config.lookup_tail, config.graph_max_draft - k)
         # A proposal chained behind this call re-runs the last m + 1 committed tokens: a
         # sequence must have them (a prompt of one or two tokens, before any output).
-        if (m <= 0 or len(states) > TAIL_MAX_BATCH
+        if (m <= 0 or len(states) * (2 + m) > TAIL_MAX_ROWS
                 or any(len(s.committed) + k + m > config.max_seq_len or len(s.committed) < m + 1 for s in states)):
             return drafts, 0
         text = to_device(stage_text([s.committed for s in states]), torch.int64, drafts.device)

@@ -62,3 +62,19 @@ def test_random_rows_agree_with_the_scan(seed):
     drafts = [[rng.randrange(5) for _ in range(k)] for _ in texts]
     got = run(texts, drafts, m, window)
     assert got == [scan(t[-window:], d, m) for t, d in zip(texts, drafts)]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_triton_kernel_agrees_with_the_reference(seed):
+    """kernels/triton_lookup.py (Triton's interpreter on the CPU, compiled on a GPU) against
+    the tensor-op reference, with drafts and without, texts shorter than the window included."""
+    from bass.kernels.triton_lookup import lookup_tail as kernel
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    rng = random.Random(100 + seed)
+    window, k, m = 32, [0, 1, 3, 5][seed], [1, 2, 2, 3][seed]
+    texts = [[rng.randrange(6) for _ in range(rng.randrange(1, 50))] for _ in range(9)]
+    staged = stage_text(texts, window).to(device)
+    drafts = torch.tensor([[rng.randrange(6) for _ in range(k)] for _ in texts], dtype=torch.int64,
+                          device=device).view(len(texts), k)
+    assert kernel(staged, drafts, m).tolist() == lookup_tail(staged, drafts, m).tolist()
