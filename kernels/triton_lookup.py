@@ -18,7 +18,7 @@ from bass.kernels import triton_attention  # noqa: F401
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-PAD = -1  # the staged text's left padding (engine/lookup_tail.PAD)
+PAD = tl.constexpr(-1)  # the staged text's left padding (engine/lookup_tail.PAD); a constexpr for the kernels
 
 
 @triton.jit
@@ -38,7 +38,7 @@ def _lookup_tail_kernel(Text, Drafts, Out, stride_t, stride_d, stride_o,
     row = tl.program_id(0)
     text_row = Text + row * stride_t
     drafts_row = Drafts + row * stride_d
-    L: tl.constexpr = W + K
+    L = W + K
     # The suffix: s[L-1], s[L-2], s[L-3].
     last = tl.arange(0, 1)
     s1 = tl.sum(_token(text_row, drafts_row, L - 1 + last, W, K), 0)
