@@ -170,20 +170,17 @@ def test_streamed_speculation_with_a_colocated_draft_is_named(llama_target, llam
     assert "draft_stream.block" in proc.stderr and "--draft-device" in proc.stderr, proc.stderr
 
 
-def test_the_lookup_tail_reaches_the_target_and_wants_a_colocated_draft(llama_target, llama_draft, tmp_path):
-    """--lookup-tail M (and [target] lookup_tail) set the target's option; out of range, or with
-    the draft in a process of its own (where the target never holds its proposal on the
-    device), it is a config error that names the key."""
+def test_the_lookup_tail_reaches_the_target(llama_target, llama_draft, tmp_path):
+    """--lookup-tail M (and [target] lookup_tail) set the target's option, on by default (2);
+    out of range it is a config error that names the key."""
     from bass.app.cli.serve import serve, serve_config
     from bass.core.errors import InvalidRequestError
 
     base = [*map(str, ["--target", llama_target, "--draft", llama_draft, "--device", "cpu"])]
-    assert serve_config(serve.make_context("serve", [*base, "--lookup-tail", "2"])).target.lookup_tail == 2
+    assert serve_config(serve.make_context("serve", [*base, "--lookup-tail", "0"])).target.lookup_tail == 0
     config = tmp_path / "tail.toml"
     config.write_text("[target]\nlookup_tail = 1\n")
     assert serve_config(serve.make_context("serve", [*base, "--config", str(config)])).target.lookup_tail == 1
-    assert serve_config(serve.make_context("serve", base)).target.lookup_tail == 0
+    assert serve_config(serve.make_context("serve", base)).target.lookup_tail == 2
     with pytest.raises(InvalidRequestError, match="lookup_tail.*got 3"):
         serve_config(serve.make_context("serve", [*base, "--lookup-tail", "3"]))
-    with pytest.raises(InvalidRequestError, match="target.lookup_tail.*colocate"):
-        serve_config(serve.make_context("serve", [*base, "--lookup-tail", "2", "--separate-draft"]))

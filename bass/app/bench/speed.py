@@ -129,8 +129,11 @@ def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, ba
                        "wall_s_all_runs": [round(r[0], 3) for r in runs], "outputs_digest_per_round": digests,
                        "ms_per_token_per_sequence": round(1000 * wall / max_new_tokens, 4),
                        "tokens_per_s": round(generated / wall, 1),
-                       "acceptance_rate": round(st.draft_tokens and (st.committed_tokens - st.sequence_steps)
-                                                / st.draft_tokens, 4) if st.draft_tokens else None,
+                       # Of the draft's tokens: lookup tokens the target took (a tail after the
+                       # drafts, a streamed step's stand-ins) are not the draft's.
+                       "acceptance_rate": round((st.committed_tokens - st.sequence_steps - st.lookup_tail_kept
+                                                 - st.stream_lookup_kept) / st.draft_tokens, 4)
+                       if st.draft_tokens else None,
                        "tokens_per_sequence_step": round(st.committed_tokens / max(st.sequence_steps, 1), 3),
                        "steps": st.steps, "step_stats": st.to_dict(),
                        "achieved_tflops": round(flops / wall / 1e12, 3)}

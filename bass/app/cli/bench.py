@@ -188,7 +188,7 @@ def bench_invariance(target_dir, draft_dir, problems, max_new_tokens, modes, pol
                                              "tokens, times) and the coordinator's garbage collections "
                                              "in each row.")
 @click.option("--draft-device", help="The draft's device, e.g. cuda:1 (a GPU of its own) [the target's].")
-@click.option("--lookup-tail", default=0, show_default=True,
+@click.option("--lookup-tail", default=2, show_default=True,
               help="Lookup tokens the target verifies after each proposal of a draft in its process (0-2).")
 def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_new_tokens, services, separate_draft,
                 device, dtype, attention, max_seq_len, peak_tflops, repeats, batch_invariant, draft_int8, few_row_cuda,
