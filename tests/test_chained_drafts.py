@@ -169,36 +169,46 @@ CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch
                                                                        reason="needs CUDA")])
 
 
-@pytest.mark.parametrize("device", ["cpu", CUDA])
-@pytest.mark.parametrize("mode", ["greedy", "sampled"])
-def test_a_chained_proposal_is_the_proposal_after_committing_the_verdicts(llama_draft, mode, device):
-    """The draft worker alone: after one proposal of K = 3, verdicts accepting 0, 1 and all 3
-    drafts (then a token of the target's). Chained on those verdicts (device), reconciled and
-    read, the next proposal and the cache record equal those of a worker told the committed
-    tokens in its next Propose (the positions, inputs and noise keys all moved by the device)."""
+def chain_after_verdicts(llama_draft, device, mode, prompts, K, k2, emit, tail=0, seed=70):
+    """A draft worker proposes K tokens for each prompt; `emit(drafts)` gives what the target's
+    verification of them (and of `tail` lookup tokens after them) emitted per sequence. Chained
+    on those verdicts (device), reconciled and read, the next proposal of k2 and the cache
+    record must equal those of a worker told the committed tokens in its next Propose (the
+    positions, inputs and noise keys all moved by the device). Returns (proposal, its tokens)."""
     params = SamplingParams() if mode == "greedy" else SamplingParams(temperature=0.9, top_p=0.9)
-    samplings = [SequenceSampling(params, seed_key=70 + i) for i in range(3)]
-    prompts = [(5, 6, 7), (9, 3, 4, 4), (11, 12)]
-    K, k2 = 3, 4
+    samplings = [SequenceSampling(params, seed_key=seed + i) for i in range(len(prompts))]
+    ids = range(len(prompts))
     chained, reference = (make_worker(llama_draft, prepared=True, device=device) for _ in range(2))
-    first = ProposeRequest(items=[ProposeItem(i, K, (), samplings[i]) for i in range(3)],
-                           add=[AddSequence(i, prompts[i]) for i in range(3)])
+    first = ProposeRequest(items=[ProposeItem(i, K, (), samplings[i]) for i in ids],
+                           add=[AddSequence(i, prompts[i]) for i in ids])
     drafts = chained.propose(first).tokens
     assert drafts == reference.propose(first).tokens
-    emitted = [[(drafts[0][0] + 1) % 200], drafts[1][:1] + [(drafts[1][1] + 7) % 200], drafts[2] + [17]]
-    verdicts = torch.tensor([[len(e) - 1] + e + [0] * (K + 1 - len(e)) for e in emitted], device=device)
-    request = ProposeRequest(items=[ProposeItem(i, k2, (), samplings[i]) for i in range(3)])
-    assert chained.chains(3, k2, K, mode == "sampled")
-    proposal = chained.start_chained(request, verdicts, K)
+    emitted = emit(drafts)
+    width = 1 + K + tail + 1
+    verdicts = torch.tensor([[len(e) - 1] + e + [0] * (width - 1 - len(e)) for e in emitted], device=device)
+    request = ProposeRequest(items=[ProposeItem(i, k2, (), samplings[i]) for i in ids])
+    assert chained.chains(len(prompts), k2, K + tail, mode == "sampled", tail)
+    proposal = chained.start_chained(request, verdicts, K + tail, tail)
     proposal.reconcile(emitted)
-    got = proposal.select([0, 1, 2]).result().tokens
+    got = proposal.select(list(ids)).result().tokens
     want = reference.propose(ProposeRequest(
-        items=[ProposeItem(i, k2, tuple(emitted[i]), samplings[i]) for i in range(3)])).tokens
+        items=[ProposeItem(i, k2, tuple(emitted[i]), samplings[i]) for i in ids])).tokens
     assert got == want
-    for i in range(3):
+    for i in ids:
         a, b = chained.runner.get(i), reference.runner.get(i)
         assert a.committed == b.committed
         assert chained.runner.cache.tokens(a.slot) == reference.runner.cache.tokens(b.slot)
+    return proposal, want
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+@pytest.mark.parametrize("mode", ["greedy", "sampled"])
+def test_a_chained_proposal_is_the_proposal_after_committing_the_verdicts(llama_draft, mode, device):
+    """After one proposal of K = 3, verdicts accepting 0, 1 and all 3 drafts (then a token of
+    the target's)."""
+    proposal, want = chain_after_verdicts(
+        llama_draft, device, mode, [(5, 6, 7), (9, 3, 4, 4), (11, 12)], K=3, k2=4,
+        emit=lambda d: [[(d[0][0] + 1) % 200], d[1][:1] + [(d[1][1] + 7) % 200], d[2] + [17]])
     # A subset in another order reads the same rows.
     assert proposal.select([2, 0]).result().tokens == [want[2], want[0]]
     assert proposal.select([2, 0]).on_device.tolist() == [want[2], want[0]]
@@ -209,32 +219,10 @@ def test_a_chained_proposal_is_the_proposal_after_committing_the_verdicts(llama_
 def test_a_chained_proposal_after_lookup_tokens_is_the_proposal_after_committing_them(llama_draft, mode, device):
     """The target verified K = 3 drafts and then 2 lookup tokens of its own (lookup_tail), which
     the draft never ran. Verdicts accepting none, all 3 drafts, and the drafts with 1 and 2 of
-    the lookup tokens: chained on them, the first forward re-runs the last 4 committed tokens,
-    and the next proposal and the cache record are those of a worker told the committed tokens."""
-    params = SamplingParams() if mode == "greedy" else SamplingParams(temperature=0.9, top_p=0.9)
-    samplings = [SequenceSampling(params, seed_key=80 + i) for i in range(4)]
-    prompts = [(5, 6, 7), (9, 3, 4, 4), (11, 12, 13), (21, 22, 23, 24, 25)]
-    K, tail, k2 = 3, 2, 3
-    chained, reference = (make_worker(llama_draft, prepared=True, device=device) for _ in range(2))
-    first = ProposeRequest(items=[ProposeItem(i, K, (), samplings[i]) for i in range(4)],
-                           add=[AddSequence(i, prompts[i]) for i in range(4)])
-    drafts = chained.propose(first).tokens
-    assert drafts == reference.propose(first).tokens
-    emitted = [[(drafts[0][0] + 1) % 200], drafts[1] + [17], drafts[2] + [30, 31], drafts[3] + [40, 41, 42]]
-    width = 1 + K + tail + 1
-    verdicts = torch.tensor([[len(e) - 1] + e + [0] * (width - 1 - len(e)) for e in emitted], device=device)
-    request = ProposeRequest(items=[ProposeItem(i, k2, (), samplings[i]) for i in range(4)])
-    assert chained.chains(4, k2, K + tail, mode == "sampled", tail)
-    proposal = chained.start_chained(request, verdicts, K + tail, tail)
-    proposal.reconcile(emitted)
-    got = proposal.select([0, 1, 2, 3]).result().tokens
-    want = reference.propose(ProposeRequest(
-        items=[ProposeItem(i, k2, tuple(emitted[i]), samplings[i]) for i in range(4)])).tokens
-    assert got == want
-    for i in range(4):
-        a, b = chained.runner.get(i), reference.runner.get(i)
-        assert a.committed == b.committed
-        assert chained.runner.cache.tokens(a.slot) == reference.runner.cache.tokens(b.slot)
+    the lookup tokens: chained on them, the first forward re-runs the last 4 committed tokens."""
+    chain_after_verdicts(
+        llama_draft, device, mode, [(5, 6, 7), (9, 3, 4, 4), (11, 12, 13), (21, 22, 23, 24, 25)], K=3, k2=3,
+        emit=lambda d: [[(d[0][0] + 1) % 200], d[1] + [17], d[2] + [30, 31], d[3] + [40, 41, 42]], tail=2, seed=80)
 
 
 def test_lookup_tokens_the_target_verifies_keep_the_text_and_the_chain(llama_target, llama_draft):
