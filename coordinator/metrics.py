@@ -72,6 +72,8 @@ class CoordinatorMetrics:
         self.stream_lookup_tokens = Counter("bass_stream_lookup_tokens", "Positions of streamed steps the draft "
                                             "left empty, filled from the sequence's own earlier text, by fate: "
                                             "accepted or rejected by the target", ["fate"], registry=r)
+        self.lookup_tail_tokens = Counter("bass_lookup_tail_tokens", "Lookup tokens the target verified after "
+                                          "a step's drafts and accepted ([target] lookup_tail)", registry=r)
         self.running = Gauge("bass_running_sequences", "Sequences in the batch", registry=r)
         self.waiting = Gauge("bass_waiting_requests", "Requests queued for a place in the batch", registry=r)
         self.draft_available = Gauge("bass_draft_available", "1 while the draft worker serves, else 0 "
@@ -98,6 +100,7 @@ class CoordinatorMetrics:
             self.stream_drafts.labels("contradicted").inc(d["stream_arrived"] - d["stream_kept"])
         self.stream_starved.inc(d["stream_starved"])
         self.stream_draft_busy_seconds.inc(d["stream_draft_busy_s"])
+        self.lookup_tail_tokens.inc(d["lookup_tail_kept"])
         if d["stream_looked_up"]:
             self.stream_lookup_tokens.labels("accepted").inc(d["stream_lookup_kept"])
             self.stream_lookup_tokens.labels("rejected").inc(d["stream_looked_up"] - d["stream_lookup_kept"])
