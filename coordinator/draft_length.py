@@ -31,7 +31,10 @@ JoinEstimate = Callable[[], Join]  # asked only where a draft length beats regul
 
 class DraftLengthPolicy(Protocol):
     def lengths(self, seq_ids: Sequence[int], join: JoinEstimate | None = None) -> list[int]: ...
-    def observe(self, seq_ids: Sequence[int], proposed: Sequence[int], accepted: Sequence[int]) -> None: ...
+    def observe(self, seq_ids: Sequence[int], proposed: Sequence[int], accepted: Sequence[int]) -> None:
+        """accepted: per sequence, the tokens the target took before its own; more than
+        proposed where it also took lookup tokens verified after the drafts ([target]
+        lookup_tail): tokens a step of that length yielded, not the draft's acceptance."""
     def observe_costs(self, batch: int, draft_forwards: int, draft_s: float, verify_k: int,
                       verify_s: float | None, joined: int = 0) -> None:
         """Step times: draft_forwards = 0 or verify_s = None where that part is not a
@@ -75,7 +78,7 @@ class BassRule(_NoCosts):
         return [self.length] * len(seq_ids)
 
     def observe(self, seq_ids, proposed, accepted):
-        offered = [(k, a) for k, a in zip(proposed, accepted) if k > 0]
+        offered = [(k, min(a, k)) for k, a in zip(proposed, accepted) if k > 0]
         if not offered:
             return
         if any(a == k for k, a in offered):
@@ -142,7 +145,7 @@ class PerSequenceAdaptive(_NoCosts):
 
     def observe(self, seq_ids, proposed, accepted):
         for seq_id, k, m in zip(seq_ids, proposed, accepted):
-            self._trials.add(seq_id, k, m)  # k = 0 too: the estimate drifts back to the prior
+            self._trials.add(seq_id, k, min(m, k))  # k = 0 too: the estimate drifts back to the prior
 
     def forget(self, seq_id):
         self._trials.forget(seq_id)
@@ -377,7 +380,9 @@ class _Yields:
         self.chain = [0.0, 0.0, 0.0, 0.0]
 
     def add(self, k: int, accepted: Sequence[int]) -> None:
-        """One step's sequences that drafted k tokens and accepted `accepted` of them."""
+        """One step's sequences that drafted k tokens and accepted `accepted` of them (more than
+        k where lookup tokens after the drafts were taken: they count in the tokens a step of k
+        yields, not in the chain's draft-by-draft acceptance)."""
         t, n, seen = self.sums.get(k, (0.0, 0.0, 0))
         decay = max(self.decay, (1 - 1 / YIELD_MEMORY_SEQUENCE_STEPS) ** len(accepted))
         t, n, seen = t * decay + sum(accepted) + len(accepted), n * decay + len(accepted), seen + len(accepted)
@@ -385,6 +390,7 @@ class _Yields:
         # Draft j + 1 (j >= 1) is tested where the first j were accepted: min(m, k - 1) of them,
         # m - 1 of those accepted where m >= 1.
         first_ok, first, later_ok, later = (x * decay for x in self.chain)
+        accepted = [min(m, k) for m in accepted]
         self.chain = [first_ok + sum(m >= 1 for m in accepted), first + len(accepted),
                       later_ok + sum(max(0, m - 1) for m in accepted),
                       later + sum(min(m, k - 1) for m in accepted if m >= 1)]
@@ -639,8 +645,8 @@ class MeasuredCost:
         by_length: dict[int, list[int]] = {}
         for seq_id, k, m in zip(seq_ids, proposed, accepted):
             if k:
-                s += m
-                n += m + (m < k)
+                s += min(m, k)  # the draft's acceptance; a step's yield and pace count every token
+                n += min(m, k) + (m < k)
                 by_length.setdefault(k, []).append(m)
                 self.pace.add(seq_id, m + 1)
         self.alpha = [s, n]

@@ -428,10 +428,9 @@ class Scheduler:
         drafts = [draft for _, draft, _ in live]
         verdicts = [verdict for _, _, verdict in live]
         if policy_observes:  # a streamed step's blocks (stand-ins, drafts the policy never chose) are no evidence
-            # Of the drafts: lookup tokens verified after them (a target's lookup_tail) are the
-            # target's, not the draft's acceptance.
-            self.policy.observe([s.seq_id for s in batch], [len(d) for d in drafts],
-                                [min(v.accepted, len(d)) for v, d in zip(verdicts, drafts)])
+            # Accepted counts may run past the drafts: lookup tokens the target verified after
+            # them (its lookup_tail), which the policies count in a step's yield only.
+            self.policy.observe([s.seq_id for s in batch], [len(d) for d in drafts], [v.accepted for v in verdicts])
             self.step_stats.lookup_tail_kept += sum(max(0, v.accepted - len(d)) for v, d in zip(verdicts, drafts))
         touched: dict[int, RequestRun] = {}
         for seq, draft, verdict in zip(batch, drafts, verdicts):

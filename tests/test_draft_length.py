@@ -2,7 +2,7 @@ from collections import deque
 
 import pytest
 
-from bass.coordinator.draft_length import BassRule, FixedLength, PerSequenceAdaptive, make_policy
+from bass.coordinator.draft_length import BassRule, FixedLength, MeasuredCost, PerSequenceAdaptive, make_policy
 from bass.core.config import DraftLengthConfig
 
 
@@ -700,3 +700,23 @@ def test_measured_cost_scores_an_untimed_shorter_length_by_the_chain_and_leaves_
         pol.chosen[batch] = False
         assert pol.scores(batch)[best] == pytest.approx(pol.scores(2)[best])
     assert pol.best_length(8) == best and pol.best_length(128) == 0
+
+
+def test_lookup_tokens_past_the_drafts_count_in_a_steps_yield_not_in_the_drafts_acceptance():
+    """A target with lookup_tail may accept more tokens than were drafted: `auto` counts them in
+    the tokens a step of that length yields and in the sequence's pace, not in the draft's
+    acceptance or its draft-by-draft chain; the other policies see at most all drafts accepted."""
+    with_tail, without = MeasuredCost(), MeasuredCost()
+    for _ in range(20):
+        with_tail.observe([1, 2], [3, 3], [5, 1])  # the first took its 3 drafts and 2 lookups
+        without.observe([1, 2], [3, 3], [3, 1])
+    assert with_tail.alpha == without.alpha and with_tail.yields.chain == without.yields.chain
+    assert with_tail.yields.measured(3) == pytest.approx(without.yields.measured(3) + 1)  # (6 + 2) / 2 vs (4 + 2) / 2
+    assert with_tail.pace.get(1)[0] > without.pace.get(1)[0]
+    rule, capped = BassRule(initial=4), BassRule(initial=4)
+    rule.observe([1], [4], [6])
+    capped.observe([1], [4], [4])
+    assert rule.length == capped.length == 6
+    adaptive = PerSequenceAdaptive(cost_ratio=0.1, max_length=8)
+    adaptive.observe([1], [2], [4])
+    assert adaptive.acceptance(1) <= 1
