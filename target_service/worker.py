@@ -35,6 +35,7 @@ import torch
 
 from bass.core.worker_api import Verdict, VerifyRequest, VerifyResponse, WorkerInfo
 from bass.engine import verify_tail
+from bass.engine.draft_loop import CHAINED_FIRST_TOKENS
 from bass.engine.lookup_tail import lookup_tail, stage_text
 from bass.engine.runner import PLACEHOLDER, ModelRunner, SequenceState
 from bass.engine.sampling import RowParams, noise_keys, race, race_unsynced
@@ -268,7 +269,7 @@ class TargetWorker:
         m = min(config.lookup_tail, config.graph_max_draft - k)
         # A proposal chained behind this call re-runs the last m + 1 committed tokens: a
         # sequence must have them (a prompt of one or two tokens, before any output).
-        if (m <= 0 or len(states) * (2 + m) > TAIL_MAX_ROWS
+        if (m <= 0 or len(states) * (CHAINED_FIRST_TOKENS + m) > TAIL_MAX_ROWS
                 or any(len(s.committed) + k + m > config.max_seq_len or len(s.committed) < m + 1 for s in states)):
             return drafts, 0
         text = to_device(stage_text([s.committed for s in states]), torch.int64, drafts.device)
