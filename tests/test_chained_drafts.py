@@ -238,6 +238,10 @@ def test_lookup_tokens_the_target_verifies_keep_the_text_and_the_chain(llama_tar
     assert 2 in s.draft.tails, "proposals were chained behind verifications with lookups"
     # ...and the draft's cache record stayed exact through them (3 sequences a chain, most steps).
     assert s.draft.kept >= 2 * s.draft.chained, (s.draft.kept, s.draft.chained)
+    # Without the draft's graphs (the CPU's services, `make demo`) nothing is chained: the next
+    # proposal catches the draft up on the lookup tokens it never ran.
+    plain = build_scheduler(llama_target, llama_draft, "3", lookup_tail=2)
+    assert texts(plain.generate(REPETITIVE)) == want and plain.step_stats.lookup_tail_kept > 0
     # The draft's acceptance counts its own tokens only.
     assert all(r.stats.accepted_tokens <= r.stats.draft_tokens for r in got)
 
