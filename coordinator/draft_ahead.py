@@ -16,14 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from bass.coordinator.lookup_drafts import NgramIndex
+from bass.core.config import LOOKUP_WINDOW
 from bass.core.worker_api import StreamDrafts
-
-# A sequence's lookups search the last this many tokens it held at its first lookup, and all it
-# commits after: indexing costs the coordinator's thread ~0.6 us a token (2-core CPU; ~2.7 ms for
-# 16 sequences' first lookups), and what recurs is mostly recent. On HumanEval's canonical
-# solutions a 4-token lookup keeps 0.446 tokens on average with 256 tokens of prompt as with all
-# of it (0.425 with 64): bench/cpu/lookup_stand_ins.py.
-LOOKUP_WINDOW = 256
 
 
 @dataclass
@@ -32,8 +26,10 @@ class _Sequence:
     drafts: list[int] = field(default_factory=list)  # continue `committed`
     epoch: int = 0  # of `drafts`' chain
     dead_below: int = 0  # tokens of epochs below this are from a dead chain
-    index: NgramIndex | None = None  # over `committed`: built at the first lookup, caught up at each
-    indexed: int = 0  # tokens of `committed` the index has seen (or skipped: LOOKUP_WINDOW)
+    # Over `committed`: built at the first lookup from its last LOOKUP_WINDOW tokens (at ~0.6 us a
+    # token, ~2.5 ms for 16 sequences' first lookups), caught up with what was committed since.
+    index: NgramIndex | None = None
+    indexed: int = 0  # tokens of `committed` the index has seen (or skipped)
 
     def deliver(self, d: StreamDrafts) -> int:
         """Take what arrived; returns how many of its tokens were kept as drafts."""

@@ -44,10 +44,12 @@ class NgramIndex:
         """Up to `count` tokens that followed the most recent occurrence of the longest of
         `suffix`'s last n tokens to occur (suffix: the indexed tokens, maybe with more after
         them); () where none occurs."""
-        if count <= 0:
-            return ()
+        return self.match(suffix, count)[1] if count > 0 else ()
+
+    def match(self, suffix, count: int) -> tuple[int, tuple[int, ...]]:
+        """`continuation`, with the n it matched (0 where none occurs)."""
         for n in range(min(self.longest, len(suffix)), 0, -1):
             after = self._next.get(tuple(suffix[-n:]))
             if after is not None:
-                return tuple(self.tokens[after:after + count])
-        return ()
+                return n, tuple(self.tokens[after:after + count])
+        return 0, ()

@@ -149,7 +149,7 @@ def test_text_is_the_targets_own_where_only_lookups_are_verified(llama_target, l
 
 
 def test_a_long_prompt_is_searched_over_its_last_window_of_tokens():
-    from bass.coordinator.draft_ahead import LOOKUP_WINDOW
+    from bass.core.config import LOOKUP_WINDOW
 
     ahead = DraftsAhead(lookup=2)
     old, recent = [7, 8, 9], [1] * LOOKUP_WINDOW

@@ -27,7 +27,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from bass.app.humaneval_problems import load_problems, select
-from bass.coordinator.draft_ahead import LOOKUP_WINDOW
+from bass.core.config import LOOKUP_WINDOW
 from bass.coordinator.lookup_drafts import NgramIndex
 from bass.coordinator.tokenizer import load_codec
 

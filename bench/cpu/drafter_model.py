@@ -27,7 +27,8 @@ import argparse
 import json
 import statistics
 
-from bass.coordinator.draft_ahead import LOOKUP_WINDOW
+from bass.coordinator.lookup_drafts import NgramIndex
+from bass.core.config import LOOKUP_WINDOW
 
 # ms. A draft forward: the H200 profile of 2026-11-27 (bench/results/2026-11-27-h200-profile-steps/,
 # in-process, d928575), 0.71 at 1 sequence; ~4% more at 8 (bass bench steps). A regular step and
@@ -53,33 +54,11 @@ def cost_at(table: dict[int, float], batch: int) -> float:
     return table[points[-1]]
 
 
-class Lookup:
-    """Prompt lookup over a growing token list: the continuation of the longest (<= 3) recurring
-    suffix, and that suffix's length."""
-
-    def __init__(self, tokens: list[int], longest: int = 3):
-        self.longest, self.tokens, self.next = longest, [], {}
-        self.extend(tokens)
-
-    def extend(self, tokens) -> None:
-        start = len(self.tokens)
-        self.tokens.extend(tokens)
-        for after in range(max(1, start), len(self.tokens)):
-            for n in range(1, min(self.longest, after) + 1):
-                self.next[tuple(self.tokens[after - n:after])] = after
-
-    def find(self, suffix: list[int], count: int) -> tuple[int, list[int]]:
-        for n in range(min(self.longest, len(suffix)), 0, -1):
-            after = self.next.get(tuple(suffix[-n:]))
-            if after is not None:
-                return n, self.tokens[after:after + count]
-        return 0, []
-
-
 class Sequence:
     def __init__(self, prompt: list[int], generated: list[int], ranks: list[int]):
         self.generated, self.ranks, self.done = generated, ranks, 0
-        self.index = Lookup(prompt[-LOOKUP_WINDOW:])
+        self.index = NgramIndex(3)
+        self.index.extend(prompt[-LOOKUP_WINDOW:])
 
     @property
     def finished(self) -> bool:
@@ -97,7 +76,7 @@ class Sequence:
         after the next `after` tokens of the target's text (which the step's drafts carry)."""
         at = self.done + after
         suffix = self.index.tokens + self.generated[self.done:at]
-        n, proposed = self.index.find(suffix, count)
+        n, proposed = self.index.match(suffix, count)
         taken = 0
         for j, token in enumerate(proposed):
             if at + j >= len(self.generated) or self.generated[at + j] != token:

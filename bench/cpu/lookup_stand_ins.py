@@ -2,7 +2,7 @@
 
 1. Text alone: over HumanEval's canonical solutions (the bundled tokenizer), at every position,
    how many of a K-token lookup the solution's own next tokens take, with the index started
-   from the prompt's last W tokens (coordinator/draft_ahead.py's LOOKUP_WINDOW), for K = 4, 6
+   from the prompt's last W tokens (bass/core/config.py's LOOKUP_WINDOW), for K = 4, 6
    and a few W.
 2. The coordinator's thread: building an index per token, and a streamed step's lookups and
    commits through DraftsAhead with every sequence looking up every step (the worst case), at
