@@ -112,6 +112,7 @@ def test_warm_up_captures_every_serving_shape(llama_target, llama_draft):
     from bass.coordinator.scheduler import Scheduler
     from bass.core.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
     from bass.draft_service.worker import CATCH_UP_TOKENS
+    from bass.engine.draft_loop import CAPTURED_FIRST_TOKENS
     from bass.engine.graphs import BATCH_BUCKETS
 
     cfg = dict(device="cuda", dtype="float32", num_slots=8, max_seq_len=256, attention="triton", graph_max_draft=4)
@@ -122,7 +123,10 @@ def test_warm_up_captures_every_serving_shape(llama_target, llama_draft):
     # One token, a proposal's first forward (two or three), and the catch-up after regular steps.
     assert set(draft.graphs) == {(b, q, 1) for b in buckets for q in (1, 2, 3) + CATCH_UP_TOKENS}
     loop = s.draft.loop  # the self-feeding proposal graphs
-    assert set(loop.first) == {(b, q0, m) for b in buckets for q0 in (2, 3) for m in ("greedy", "sampled")}
+    # A proposal's first forward runs two or three pending tokens, a chained one two plus the
+    # lookup tokens the target took after the drafts (up to MAX_LOOKUP_TAIL).
+    assert CAPTURED_FIRST_TOKENS == (2, 3, 4)
+    assert set(loop.first) == {(b, q0, m) for b in buckets for q0 in CAPTURED_FIRST_TOKENS for m in ("greedy", "sampled")}
     assert set(loop.next) == {(b, m) for b in buckets for m in ("greedy", "sampled")}
     hidden = s.target.runner.model_config.hidden_size
     assert all(g.hidden.shape[-1] == hidden for g in target.graphs.values())
