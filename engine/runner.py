@@ -67,11 +67,15 @@ class ModelRunner:
         self.cache = KVCache(num_layers=mc.num_layers, num_slots=config.num_slots + use_graphs,
                              max_seq_len=config.max_seq_len, num_kv_heads=mc.num_kv_heads,
                              head_dim=mc.head_dim, dtype=TORCH_DTYPES[config.dtype], device=config.device)
-        self.graphs = None
+        self.graphs = self.prefill_graphs = None
         if use_graphs:
             from bass.engine.graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(self.model, self.cache, scratch_slot=self.cache.allocate())
+            if not config.batch_invariant:  # a bucket's padding would change how a prompt's rows round
+                from bass.engine.prefill_graphs import PrefillGraphs
+
+                self.prefill_graphs = PrefillGraphs(self.model, self.cache, self.graphs.scratch_slot, self.graphs.pool)
         self.eos_token_ids = eos_token_ids(config.model_dir)
         self.sequences: dict[int, SequenceState] = {}
 
@@ -107,7 +111,7 @@ class ModelRunner:
                 added.append(it.seq_id)
             prefill = [self.sequences[it.seq_id] for it in roots if len(it.prompt_ids) > 1]
             if prefill:
-                self.forward([(s, []) for s in prefill], logits_per_seq=[0] * len(prefill), run_all_but_last=True)
+                self.prefill(self.stage([(s, []) for s in prefill], [0] * len(prefill), run_all_but_last=True))
             for it in items:
                 if it.parent_id is None:
                     continue
@@ -181,6 +185,12 @@ class ModelRunner:
         if self.graphs is not None and self.graphs.eligible(chunks):
             return self.graphs.run(chunks, fed=fed)
         return self.model.forward(self._eager_batch(chunks, fed), self.cache)
+
+    def prefill(self, chunks: list[SequenceChunk]) -> None:
+        """Run staged chunks that need no logits (prompts but their last token) into the cache,
+        from a prefill graph where one takes them (engine/prefill_graphs.py)."""
+        if self.prefill_graphs is None or not self.prefill_graphs.run(chunks):
+            self.model.hidden(RaggedBatch.build(chunks, self.device), self.cache)
 
     def _eager_batch(self, chunks: list[SequenceChunk], fed: torch.Tensor | None) -> RaggedBatch:
         batch = RaggedBatch.build(chunks, self.device)
@@ -256,6 +266,8 @@ class ModelRunner:
                 self.cache.release(slot)
             if self.graphs is not None and graph_shapes:
                 self.graphs.precapture(list(graph_shapes), self.config.num_slots, tail=tail)
+                if self.prefill_graphs is not None:
+                    self.prefill_graphs.precapture()
 
     # -- checks ----------------------------------------------------------------------------------
     def _check_new(self, seq_id: int) -> None:
