@@ -177,6 +177,14 @@ EXTRAPOLATED_MARGIN = 0.15
 AUTO_INITIAL_LENGTH = 4
 # Steady steps of one draft length timed at a batch-size bucket before the first choice there.
 MIN_TIMED_STEPS = 3
+# While speculating, the periodic k = 0 probe keeps regular decoding's measured cost current,
+# which decides nothing unless the best length's lead over it (in scores) is thin: it is run
+# only below this lead. It is not cheap: on an H100 (2026-11-27, services, greedy, 128-token
+# rounds) each cost 7-9 ms of a 180-230 ms round (4 regular steps of ~1.9 ms, then a return to
+# speculation without a chain at 7.4-8.6 ms against a steady k = 4's 4.7-5.1), with 1-3 a round
+# most of why auto ran 4-7% behind fixed k = 3 at 1 and 8 sequences (1.466 / 1.414 and 1.829 /
+# 1.708 ms/token), where k = 4 led regular decoding 1.6-1.8x per committed token.
+ZERO_PROBE_LEAD = 0.25
 # E(k) is the mean sequence's tokens per step, but a batch (and a request of n sequences) waits
 # for its slowest: on an H100 (176f1c8, k = 4, 128 tokens each) 8 sequences at T = 0.8 took 45
 # steps where their mean tokens per step (4.04) predicts 32, and 64 greedy ones 37 where 4.24
@@ -437,7 +445,9 @@ class MeasuredCost:
     batch-size bucket, since the tail of a batch (a few sequences left) can favour speculation
     where the full batch does not. k grows by at most 2 a step from the last length drafted
     (an estimate from one k says little about much longer drafts). While speculating, every `probe_every` steps it tries
-    k = 0 or a neighbour of the best k, k = 0 first, to keep costs and acceptance current.
+    a neighbour of the best k, to keep costs and acceptance current, or, every fourth probe,
+    k = 0 (regular decoding, for `regular_probe_steps` steps), but only where the best k's lead
+    over regular decoding is under ZERO_PROBE_LEAD: elsewhere its cost decides nothing.
     While decoding regularly, a probe (k = 1) makes the draft catch up on every token it
     skipped, for every sequence (at batch 64 on an H100, auto choosing regular decoding but
     probing from step 16 on ran 10-20% slower than regular decoding; bench/results,
@@ -482,6 +492,9 @@ class MeasuredCost:
         self.chosen: dict[int, bool] = {}
         self.zero_probe_every, self.next_zero_probe = regular_probe_every, regular_probe_every
         self.regular_probe_left = 0  # further regular steps of a k = 0 probe
+        # The scores best_length computed last (None before its bucket was ready): lengths()
+        # weighs a k = 0 probe on them rather than pass over the batch again.
+        self.last_scores: list[float] | None = None
         self.joins = [0.0, 0.0]  # decayed (seconds, tokens) the draft spent on joins
 
     @staticmethod
@@ -545,7 +558,7 @@ class MeasuredCost:
         return seconds / tokens if tokens else None
 
     def best_length(self, batch: int, seq_ids: Sequence[int] = (), join: JoinEstimate | None = None) -> int:
-        scores = self.scores(batch, seq_ids)
+        scores = self.last_scores = self.scores(batch, seq_ids)
         if scores is None:  # a batch size not measured yet: drafts of `initial` measure it, unless
             return 0 if self.speculating is False else self.initial  # regular decoding was chosen
         # Speculation must win by the margin to be chosen (first, or over regular decoding), by
@@ -622,10 +635,15 @@ class MeasuredCost:
                 # Probes cycle: none, longer, shorter, longer. The k = 0 probe comes first: it
                 # measures regular decoding itself, which a line through k >= 1 misjudges (at
                 # batch 64 on an H100, verifying 5 tokens per sequence took 12.6 ms and 1 token
-                # 5.3 ms, not the flat 12.6 that one observed k extrapolates to), and it is
-                # cheap: the draft skips one step, so it catches up on a single token.
+                # 5.3 ms, not the flat 12.6 that one observed k extrapolates to). Where the lead
+                # is wide it is skipped (ZERO_PROBE_LEAD): should it shrink, the probes resume.
                 phase = (self.steps // self.probe_every - 1) % 4
-                k = 0 if phase == 0 else max(1, k - 1) if phase == 2 else min(self.max_length, k + 1)
+                if phase == 0:
+                    scores = self.last_scores
+                    if scores is None or scores[best] < (1 + ZERO_PROBE_LEAD) * scores[0]:
+                        k = 0
+                else:
+                    k = max(1, k - 1) if phase == 2 else min(self.max_length, k + 1)
                 self.regular_probe_left = self.regular_probe_steps - 1 if k == 0 else 0
             elif self.regular_probe_left:
                 self.regular_probe_left -= 1

@@ -461,6 +461,20 @@ def test_measured_cost_keeps_each_batch_size_to_its_own_choice():
     assert pol.lengths(list(range(64)))[0] == 0 and pol.chosen == {2: True, 64: False}
 
 
+def _speculation_ahead_by(pol, batch, lead):
+    """Steps of k = 4 at acceptance 0.9, every length timed (a draft call 1 ms a token,
+    verification 3 ms), and regular decoding timed so that the best length's score is `lead`
+    ahead of its own (under ZERO_PROBE_LEAD, the k = 0 probes run)."""
+    feed(pol, batch, 4, 1.0, lambda k: 3.0, alpha=0.9, steps=4)
+    for k in list(range(1, pol.max_length + 1)) * 3:
+        pol.observe_costs(batch, k, 0.001 * k, k, 0.003)
+    best = max(pol.scores(batch, list(range(batch)))[1:])
+    for _ in range(4):
+        pol.observe_costs(batch, 0, 0.0, 0, (1 + lead) / best)
+    scores = pol.scores(batch, list(range(batch)))
+    assert max(scores[1:]) == pytest.approx((1 + lead) * scores[0])
+
+
 @pytest.mark.parametrize("in_flight", [1, 2])
 def test_measured_cost_probes_regular_decoding_with_enough_steps_for_one_to_be_timed(in_flight):
     """Only a regular step sent behind another and committed behind the next is timed (a lone
@@ -472,8 +486,7 @@ def test_measured_cost_probes_regular_decoding_with_enough_steps_for_one_to_be_t
 
     run = in_flight + 2
     pol = MeasuredCost(probe_every=8, regular_steps_in_flight=in_flight)
-    feed(pol, 8, 4, 1.0, lambda k: 3.0 if k else 6.0, alpha=0.9, steps=4)
-    feed(pol, 8, 0, 0.0, lambda k: 6.0, alpha=0.9, steps=4)
+    _speculation_ahead_by(pol, 8, 0.10)
     chosen = [pol.lengths(list(range(8)))[0] for _ in range(64)]
     zeros = [step for step, k in enumerate(chosen) if k == 0]
     runs = [zeros[i:i + run] for i in range(0, len(zeros), run)]
@@ -487,11 +500,47 @@ def test_measured_cost_returns_from_a_regular_probe_to_the_length_it_left():
     from bass.coordinator.draft_length import MeasuredCost
 
     pol = MeasuredCost(probe_every=8)
-    feed(pol, 8, 4, 1.0, lambda k: 3.0 if k else 6.0, alpha=0.9, steps=4)
-    feed(pol, 8, 0, 0.0, lambda k: 6.0, alpha=0.9, steps=4)
+    _speculation_ahead_by(pol, 8, 0.10)
     chosen = [pol.lengths(list(range(8)))[0] for _ in range(64)]
     returns = [chosen[i] for i in range(1, len(chosen)) if chosen[i - 1] == 0 and chosen[i]]
     assert returns and set(returns) == {pol.best_length(8)} and pol.best_length(8) >= 3, chosen
+
+
+def test_measured_cost_skips_the_regular_probe_where_speculation_leads_widely():
+    """A k = 0 probe while speculating cost 7-9 ms of a 180-230 ms round on an H100 (regular
+    steps, then a return to speculation without a chain), to time regular decoding, which
+    decides nothing where speculation is far ahead (there k = 4 led it 1.6-1.8x per committed
+    token). At one sequence with k = 3 ~1.5x ahead of regular decoding, the policy times
+    regular decoding once, before its first choice, and never again, while the neighbour
+    probes go on."""
+    from bass.coordinator.draft_length import ZERO_PROBE_LEAD, MeasuredCost
+
+    pol = MeasuredCost(initial=3)
+    chosen = _run_alone(pol, lambda step, k: min(k, 3), 300)  # 4 tokens a step from k = 3 on
+    scores = pol.scores(1)
+    assert scores[3] > 1.4 * scores[0] > (1 + ZERO_PROBE_LEAD) * scores[0]
+    assert [step for step, k in enumerate(chosen) if k == 0] == [3, 4, 5], chosen  # the first timing
+    settled = chosen[100:]
+    assert max(set(settled), key=settled.count) == 3 and {2, 4} <= set(settled), chosen
+
+
+def test_measured_cost_probes_regular_decoding_where_speculation_leads_thinly():
+    """With k = 3 only ~10% ahead of regular decoding (under ZERO_PROBE_LEAD), regular decoding
+    is timed again every fourth probe, `regular_probe_steps` steps at a time, as before."""
+    from bass.coordinator.draft_length import ZERO_PROBE_LEAD, MeasuredCost
+
+    pol = MeasuredCost(initial=3)
+    chosen = _run_alone(pol, lambda step, k: min(k, 3), 300, regular_ms=1.584)
+    scores = pol.scores(1)
+    best = max(range(1, pol.max_length + 1), key=scores.__getitem__)
+    assert 1.05 * scores[0] < scores[best] < (1 + ZERO_PROBE_LEAD) * scores[0]
+    cycle = 4 * pol.probe_every  # a k = 0 probe at steps 16, 80, 144, ... (counted from 1)
+    probes = [start - 1 + i for start in range(pol.probe_every, len(chosen) + 1, cycle)
+              for i in range(pol.regular_probe_steps)]
+    assert len(probes) >= 12
+    assert [step for step, k in enumerate(chosen) if k == 0] == [3, 4, 5] + probes, chosen
+    settled = chosen[100:]
+    assert max(set(settled), key=settled.count) == 3 and {2, 4} <= set(settled), chosen
 
 
 def test_a_regular_step_is_timed_only_between_two_regular_steps(llama_target, llama_draft):
