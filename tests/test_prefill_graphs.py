@@ -16,6 +16,8 @@ from bass.engine.weights import load_config, load_weights
 from bass.kernels.batch import RaggedBatch, SequenceChunk
 
 MAX_LEN = 128
+# The static batch runs eagerly here: on the CPU through Triton's interpreter, on a GPU compiled.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _model_and_caches(model_dir, device: str, n: int = 2):
@@ -44,18 +46,18 @@ def _prompts(caches, lengths, starts=None, seed=0):
 
 @pytest.mark.parametrize("lengths", [[5, 17, 9], [64], [1, 30]])
 def test_a_buckets_static_batch_writes_the_cache_a_plain_batch_writes(qwen_target, lengths):
-    model, (plain, padded), scratch = _model_and_caches(qwen_target, "cpu")
+    model, (plain, padded), scratch = _model_and_caches(qwen_target, DEVICE)
     chunks = _prompts([plain, padded], lengths)
-    model.hidden(RaggedBatch.build(chunks, "cpu"), plain)
-    inputs = RaggedInputs(64, 4, scratch, MAX_LEN, torch.device("cpu"))
+    model.hidden(RaggedBatch.build(chunks, DEVICE), plain)
+    inputs = RaggedInputs(64, 4, scratch, MAX_LEN, torch.device(DEVICE))
     assert inputs.fits(chunks)
     inputs.fill(chunks)
     model.hidden(inputs.batch, padded)
     for c in chunks:
         end = c.start + len(c.tokens)
         for layer in range(len(plain.k)):
-            torch.testing.assert_close(padded.k[layer][c.slot, :end], plain.k[layer][c.slot, :end], rtol=1e-5, atol=1e-6)
-            torch.testing.assert_close(padded.v[layer][c.slot, :end], plain.v[layer][c.slot, :end], rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(padded.k[layer][c.slot, :end], plain.k[layer][c.slot, :end], rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(padded.v[layer][c.slot, :end], plain.v[layer][c.slot, :end], rtol=1e-4, atol=1e-5)
     untouched = [s for s in range(6) if s not in {c.slot for c in chunks} | {scratch}]
     assert untouched
     for layer in range(len(padded.k)):
@@ -72,28 +74,28 @@ def test_a_refill_replaces_the_last_prefill_and_prompts_past_position_zero_atten
     """Buffers filled twice (as one graph serves prefill after prefill): the second fill's
     fewer tokens leave none of the first behind; a chunk that starts past 0 (a prompt whose
     first tokens are cached, e.g. a budgeted prefill's second part) reads its prefix."""
-    model, (plain, padded), scratch = _model_and_caches(qwen_target, "cpu")
-    inputs = RaggedInputs(64, 4, scratch, MAX_LEN, torch.device("cpu"))
+    model, (plain, padded), scratch = _model_and_caches(qwen_target, DEVICE)
+    inputs = RaggedInputs(64, 4, scratch, MAX_LEN, torch.device(DEVICE))
     inputs.fill(_prompts([plain, padded], [20, 20, 20], seed=1))
     model.hidden(inputs.batch, padded)
     # The prefix of the second prefill's chunks, run the same way into both caches first.
     prefix = _prompts([plain, padded], [7, 3], seed=2)
-    model.hidden(RaggedBatch.build(prefix, "cpu"), plain)
-    model.hidden(RaggedBatch.build(prefix, "cpu"), padded)
+    model.hidden(RaggedBatch.build(prefix, DEVICE), plain)
+    model.hidden(RaggedBatch.build(prefix, DEVICE), padded)
     rest = [SequenceChunk(slot=c.slot, start=len(c.tokens), tokens=[11, 12, 13, 14][: 2 + i], logit_rows=0)
             for i, c in enumerate(prefix)]
     for cache in (plain, padded):
         for c in rest:
             cache.append(c.slot, c.tokens)
-    model.hidden(RaggedBatch.build(rest, "cpu"), plain)
+    model.hidden(RaggedBatch.build(rest, DEVICE), plain)
     inputs.fill(rest)
     assert inputs.batch.q_lens.tolist() == [2, 3, 59, 0, 0]
     assert inputs.batch.ctx_lens.tolist() == [9, 6, 59, 0, 0]
     model.hidden(inputs.batch, padded)
     for c in rest:
         end = c.start + len(c.tokens)
-        torch.testing.assert_close(padded.k[1][c.slot, :end], plain.k[1][c.slot, :end], rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(padded.v[1][c.slot, :end], plain.v[1][c.slot, :end], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(padded.k[1][c.slot, :end], plain.k[1][c.slot, :end], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(padded.v[1][c.slot, :end], plain.v[1][c.slot, :end], rtol=1e-4, atol=1e-5)
 
 
 def test_only_prefills_that_fit_a_captured_bucket_take_a_graph():
@@ -128,9 +130,10 @@ def test_prefill_from_graphs_leaves_the_cache_and_the_next_logits_of_an_eager_pr
     prompts = [list(range(3, 3 + n)) for n in (5, 40, 77)]
     logits = []
     for r in runners:
-        r.add([AddSequence(seq_id=i, prompt_ids=tuple(p)) for i, p in enumerate(prompts)])
-        states = [r.get(i) for i in range(len(prompts))]
-        logits.append(r.forward([(s, []) for s in states], logits_per_seq=[1] * len(states)))
+        with torch.inference_mode():  # as the workers call the runner
+            r.add([AddSequence(seq_id=i, prompt_ids=tuple(p)) for i, p in enumerate(prompts)])
+            states = [r.get(i) for i in range(len(prompts))]
+            logits.append(r.forward([(s, []) for s in states], logits_per_seq=[1] * len(states)))
     for a, b in zip(graphed.cache.k, eager.cache.k):
         for i in range(len(prompts)):
             slot = graphed.get(i).slot
