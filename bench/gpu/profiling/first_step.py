@@ -26,10 +26,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from bass.app.bench.speed import case_requests, case_scheduler
-from bass.app.humaneval_problems import load_problems, select
-from bass.app.local import build_local_workers
-from bass.core.config import RunnerConfig
-from bass.coordinator.tokenizer import load_codec
+from case_workers import case_workers, parse_cases
 
 NEW_TOKENS = 32
 DEVICE = os.environ.get("FIRST_STEP_DEVICE", "cuda")
@@ -91,16 +88,9 @@ def first_step_profiles(scheduler, requests) -> list[str]:
 def main() -> None:
     target, draft, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     out.mkdir(parents=True, exist_ok=True)
-    cases = [c.split(":") for c in sys.argv[4:]]
-    slots = max(int(b) for _, b, _ in cases)
-    runner = dict(device=DEVICE, dtype="bfloat16" if DEVICE == "cuda" else "float32", num_slots=slots,
-                  max_seq_len=1024, attention="triton" if DEVICE == "cuda" else "pad")
-    prompts = [p["prompt"] for p in select(load_problems(), "0:16")]
-    target_worker, draft_worker = build_local_workers(RunnerConfig(model_dir=target, **runner),
-                                                      RunnerConfig(model_dir=draft, **runner))
-    codec = load_codec(Path(target))
+    cases = parse_cases(sys.argv[4:])
+    target_worker, draft_worker, codec, prompts = case_workers(target, draft, cases, DEVICE)
     for mode, batch, policy in cases:
-        batch = int(batch)
         scheduler = case_scheduler(target_worker, draft_worker, codec, batch, policy, NEW_TOKENS)
         scheduler.generate(case_requests(prompts, batch, mode, 16, 0))  # warm-up, as bench speed
         scheduler.generate(case_requests(prompts, batch, mode, NEW_TOKENS, 1))

@@ -18,16 +18,12 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-from bass.app.humaneval_problems import load_problems, select
 from bass.app.bench.speed import case_requests, case_scheduler
-from bass.core.config import RunnerConfig
 from bass.coordinator.step_stats import StepStats
-from bass.coordinator.tokenizer import load_codec
-from bass.app.local import build_local_workers
+from case_workers import case_workers, parse_cases
 
 NEW_TOKENS = int(os.environ.get("EDGES_TOKENS", 128))
 DEVICE = os.environ.get("EDGES_DEVICE", "cuda")  # cpu: a smoke test of this script
@@ -85,17 +81,10 @@ def sync() -> None:
 
 def main() -> None:
     target, draft = sys.argv[1], sys.argv[2]
-    cases = [c.split(":") for c in sys.argv[3:]]
-    slots = max(int(b) for _, b, _ in cases)
-    runner = dict(device=DEVICE, dtype="bfloat16" if DEVICE == "cuda" else "float32", num_slots=slots,
-                  max_seq_len=1024, attention="triton" if DEVICE == "cuda" else "pad")
-    prompts = [p["prompt"] for p in select(load_problems(), "0:16")]
-    target_worker, draft_worker = build_local_workers(RunnerConfig(model_dir=target, **runner),
-                                                      RunnerConfig(model_dir=draft, **runner))
-    codec = load_codec(Path(target))
+    cases = parse_cases(sys.argv[3:])
+    target_worker, draft_worker, codec, prompts = case_workers(target, draft, cases, DEVICE)
     prefill = Timed(target_worker.runner, "add", gpu=DEVICE == "cuda")
     for mode, batch, policy in cases:
-        batch = int(batch)
         scheduler = case_scheduler(target_worker, draft_worker, codec, batch, policy, NEW_TOKENS)  # as bench speed
         finish, flush = Timed(scheduler, "_finish"), Timed(scheduler, "flush_releases")
         allocs_at_step: list[int] = []
