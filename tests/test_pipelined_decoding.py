@@ -25,6 +25,7 @@ class _Pending:
 
     def result(self):
         self.owner.events.append(("result", self.call_id))
+        time.sleep(self.owner.result_delay)
         if self.owner.fail_at == self.call_id:
             raise WorkerUnavailableError("the target went away")
         return self.owner.worker.verify(self.request)  # calls run in the order sent, as on the stream
@@ -40,8 +41,9 @@ class OverlappingTarget:
     overlaps_calls = True
     verifies_device_drafts = False  # as a remote target: drafts come in the request
 
-    def __init__(self, worker, fail_at=None, steps_in_flight=1):
+    def __init__(self, worker, fail_at=None, steps_in_flight=1, result_delay=0.0):
         self.worker, self.fail_at, self.steps_in_flight = worker, fail_at, steps_in_flight
+        self.result_delay = result_delay  # seconds each answer takes to read
         self.events, self.sent = [], 0
 
     def start_verify(self, request):
@@ -250,3 +252,30 @@ def test_regular_steps_chosen_with_the_draft_up_are_pipelined_too(llama_target, 
     assert len(sends) == 7, "the seven regular steps, and only they, went through start_verify"
     assert any(target.events.index(("send", i + 1)) < target.events.index(("result", i)) for i in sends[:-1])
     assert not base.target.runner.sequences and not base.draft.runner.sequences, "every slot is released"
+
+
+class RecordingPolicy(ScriptedPolicy):
+    """ScriptedPolicy that keeps what the scheduler times: (policy step, k, verify seconds)."""
+
+    def __init__(self):
+        super().__init__()
+        self.costs = []
+
+    def observe_costs(self, batch, draft_forwards, draft_s, verify_k, verify_s, joined=0):
+        self.costs.append((self.step, verify_k, verify_s))
+
+
+@DEPTHS
+def test_a_speculative_step_after_regular_ones_is_not_charged_for_their_answers(llama_target, llama_draft, depth):
+    """Speculation resuming first reads the regular steps still in flight; that wait is theirs,
+    not the speculative step's: the policy would take it for the cost of the length it resumed
+    at. Each regular answer here takes 0.3 s to read; a speculative step of the tiny models
+    takes milliseconds."""
+    base = build_scheduler(llama_target, llama_draft, draft_length="3")
+    target = OverlappingTarget(base.target, steps_in_flight=depth, result_delay=0.3)
+    scheduler = Scheduler(target, base.draft, base.codec, base.config)
+    scheduler.policy = policy = RecordingPolicy()
+    scheduler.generate([GenerationRequest(prompt_ids=(5, 17, 33), max_new_tokens=40, ignore_eos=True)])
+    resumed = [verify_s for step, k, verify_s in policy.costs if k > 0 and step > 9]
+    assert resumed, "speculation resumed after the regular steps and was timed"
+    assert resumed[0] is not None and resumed[0] < 0.2, policy.costs

@@ -393,3 +393,20 @@ def test_the_draft_prefill_shares_the_step_budget(llama_target):
                                                                      for w in regular]
     for r in results:
         assert r.stats.draft_tokens > 0 and r.stats.accepted_tokens == r.stats.draft_tokens
+
+
+def test_a_draft_length_decided_for_a_batch_that_left_does_not_carry_to_the_next(llama_target, llama_draft):
+    """The policy's choice for the step after next (made while chaining a proposal) is kept by
+    seq_id; a new batch with none of those sequences asks the policy afresh instead of taking
+    the old batch's length (regular decoding, say) as its own."""
+    from bass.coordinator.draft_length import FixedLength
+
+    s = build_scheduler(llama_target, llama_draft, draft_length="3")
+    s.policy = FixedLength(3)
+    s.submit(GenerationRequest(prompt_ids=(5, 17, 33), max_new_tokens=8, ignore_eos=True))
+    s.step()
+    batch = list(s.running)
+    s._decided = {10_000: 0}  # what a last step of another batch decided
+    assert list(s._wanted_lengths(batch).values()) == [3]
+    s._decided = {batch[0].seq_id: 2}
+    assert list(s._wanted_lengths(batch).values()) == [2], "a decision for this batch stands"
