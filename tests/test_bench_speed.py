@@ -19,6 +19,8 @@ def test_speed_bench_accounts_for_every_token_and_millisecond(llama_target, tmp_
     for row in (regular, spec):
         assert row["generated_tokens"] == 2 * 10 and row["services"] == services
         assert len(row["wall_s_all_runs"]) == 3 and row["wall_s"] == sorted(row["wall_s_all_runs"])[1]  # the median
+        mean_ms = 1000 * sum(row["wall_s_all_runs"]) / 3 / 10
+        assert abs(row["ms_per_token_per_sequence_mean"] - mean_ms) <= 0.06  # the mean round (walls kept to the ms)
         b = row["step_stats"]["breakdown_ms_per_step"]
         parts = b["draft_ms"] + b["verify_ms"] + b["rpc_ms"] + b["coordinator_ms"]
         assert abs(parts - b["step_ms"]) < 1e-6 * max(1, b["step_ms"]) + 1e-3

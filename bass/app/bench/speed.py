@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import re
+import statistics
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -128,6 +129,11 @@ def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, ba
                        "max_new_tokens": max_new_tokens, "generated_tokens": generated, "wall_s": round(wall, 3),
                        "wall_s_all_runs": [round(r[0], 3) for r in runs], "outputs_digest_per_round": digests,
                        "ms_per_token_per_sequence": round(1000 * wall / max_new_tokens, 4),
+                       # Each sampled round draws its own text, so the median round can be another
+                       # text's in each row (H100, T = 0.8: one round of fixed k = 3 took 0.24 s
+                       # and another 0.55): compare sampled rows by the mean over rounds.
+                       "ms_per_token_per_sequence_mean": round(
+                           1000 * statistics.fmean(r[0] for r in runs) / max_new_tokens, 4),
                        "tokens_per_s": round(generated / wall, 1),
                        # Of the draft's tokens: lookup tokens the target took (a tail after the
                        # drafts, a streamed step's stand-ins) are not the draft's.

@@ -18,6 +18,7 @@ python3 - $OUT/readme-$mode.json <<'PY'
 import json, sys
 for r in json.load(open(sys.argv[1]))["results"]:
     b = r["step_stats"]["breakdown_ms_per_step"]
-    print(f"{r['mode']} batch {r['batch']} policy {r['policy']}: {r['ms_per_token_per_sequence']:.3f} ms/token/seq, "
+    print(f"{r['mode']} batch {r['batch']} policy {r['policy']}: {r['ms_per_token_per_sequence']:.3f} ms/token/seq "
+          f"(mean of rounds {r.get('ms_per_token_per_sequence_mean', float('nan')):.3f}), "
           f"{r['tokens_per_sequence_step']:.2f} tokens a sequence-step, step {b['step_ms']:.2f} ms")
 PY
