@@ -249,10 +249,6 @@ class Scheduler:
             # Speculation resumes: the regular steps in flight are committed first, so that the
             # sequences joining the draft bring all their tokens and none that finished joins.
             finished += self._drain_in_flight()
-            # The policy times this step from here: waiting for the regular steps is theirs (it
-            # made a first step of k = 2-3 after a regular run read 9-12 ms, against ~3 steady,
-            # on an H100, steering `auto` away from those lengths).
-            self._last_step_end = self.clock()
             batch = self.running
             if not batch:
                 return finished
@@ -401,6 +397,10 @@ class Scheduler:
         finished = []
         while self.regular.in_flight:
             finished += self._commit_regular(self.clock(), self.regular.answer_oldest(overlapped=False))
+        # The step that follows is timed from here: waiting for these answers is theirs (charged
+        # to it, a first speculative step after a regular run read 9-12 ms against ~3 steady on
+        # an H100, steering `auto` away from the length it resumed at).
+        self._last_step_end = self.clock()
         return finished
 
     def _commit_regular(self, step_started: float, answered: Answered) -> list[RequestRun]:

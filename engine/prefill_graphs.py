@@ -73,28 +73,13 @@ class RaggedInputs:
     def fill(self, chunks: list[SequenceChunk]) -> None:
         """Copy a prefill's chunks into the buffers (one host-to-device copy); the padding
         sequence takes the tokens they leave."""
-        ids, pos, token_slots, token_seq, offset = [], [], [], [], []
-        slots, starts, lens, ctx = [], [0], [], []
-        padding = SequenceChunk(slot=self.scratch_slot, start=0, tokens=[0] * (self.tokens - sum(len(c.tokens) for c in chunks)),
-                                logit_rows=0)
-        for b, c in enumerate([*chunks, padding]):
-            n = len(c.tokens)
-            ids += c.tokens
-            pos += range(c.start, c.start + n)
-            token_slots += [c.slot] * n
-            token_seq += [b] * n
-            offset += range(n)
-            slots.append(c.slot)
-            starts.append(starts[-1] + n)
-            lens.append(n)
-            ctx.append(c.start + n)
-        empty = self.max_seqs - len(chunks)
-        slots += [self.scratch_slot] * empty
-        starts += [self.tokens] * empty
-        lens += [0] * empty
-        ctx += [0] * empty
-        dev = self.staging.load(torch.tensor(ids + pos + token_slots + token_seq + offset + slots + starts + lens + ctx,
-                                             dtype=torch.int64))
+        def scratch(tokens: int) -> SequenceChunk:
+            return SequenceChunk(slot=self.scratch_slot, start=0, tokens=[0] * tokens, logit_rows=0)
+
+        padding = scratch(self.tokens - sum(len(c.tokens) for c in chunks))
+        empty = [scratch(0)] * (self.max_seqs - len(chunks))
+        columns = RaggedBatch.columns([*chunks, padding, *empty])[:-1]  # no logit rows
+        dev = self.staging.load(torch.tensor([v for column in columns for v in column], dtype=torch.int64))
         b, t, e = self.batch, self.tokens, self.max_seqs + 1
         for i, buffer in enumerate((b.input_ids, b.positions, b.token_slots, b.token_seq, b.token_offset)):
             buffer.copy_(dev[i * t:(i + 1) * t])
@@ -123,7 +108,7 @@ class PrefillGraphs:
         if len(chunks) > MAX_SEQS or any(c.logit_rows for c in chunks):
             return None
         tokens = sum(len(c.tokens) for c in chunks)
-        return next((t for t in sorted(self.graphs) if t >= tokens), None)
+        return next((t for t in self.graphs if t >= tokens), None)  # captured smallest first
 
     def run(self, chunks: list[SequenceChunk]) -> bool:
         """Write the chunks' keys and values into the cache from a graph; False (nothing run)

@@ -49,16 +49,14 @@ class RaggedBatch:
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
 
-    @classmethod
-    def build(cls, chunks: list[SequenceChunk], device: torch.device | str) -> "RaggedBatch":
+    @staticmethod
+    def columns(chunks: list[SequenceChunk]) -> tuple[list[int], ...]:
+        """The batch's vectors as host lists, in the order of the fields (input_ids ..
+        logit_rows), unchecked: a CUDA graph's static batch fills its buffers from them too."""
         ids, positions, token_slots, token_seq, token_offset, rows = [], [], [], [], [], []
         q_lens, ctx_lens, slots, q_starts = [], [], [], [0]
         for b, c in enumerate(chunks):
             n = len(c.tokens)
-            if n == 0:
-                raise ValueError(f"sequence in slot {c.slot} has no tokens to run")
-            if not 0 <= c.logit_rows <= n:
-                raise ValueError(f"logit_rows={c.logit_rows} outside [0, {n}]")
             base = q_starts[-1]
             ids.extend(c.tokens)
             positions.extend(range(c.start, c.start + n))
@@ -70,14 +68,23 @@ class RaggedBatch:
             ctx_lens.append(c.start + n)
             slots.append(c.slot)
             q_starts.append(base + n)
+        return ids, positions, token_slots, token_seq, token_offset, slots, q_starts, q_lens, ctx_lens, rows
+
+    @classmethod
+    def build(cls, chunks: list[SequenceChunk], device: torch.device | str) -> "RaggedBatch":
+        for c in chunks:
+            if not c.tokens:
+                raise ValueError(f"sequence in slot {c.slot} has no tokens to run")
+            if not 0 <= c.logit_rows <= len(c.tokens):
+                raise ValueError(f"logit_rows={c.logit_rows} outside [0, {len(c.tokens)}]")
+        columns = cls.columns(chunks)
+        q_lens, ctx_lens, slots = columns[7], columns[8], columns[5]
 
         def t(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64, device=device)
 
-        return cls(
-            input_ids=t(ids), positions=t(positions), token_slots=t(token_slots),
-            token_seq=t(token_seq), token_offset=t(token_offset), slots=t(slots),
-            q_starts=t(q_starts), q_lens=t(q_lens), ctx_lens=t(ctx_lens), logit_rows=t(rows),
-            max_q=max(q_lens), max_ctx=max(ctx_lens), q_lens_list=q_lens, ctx_lens_list=ctx_lens,
-            slots_list=slots,
-        )
+        names = ("input_ids", "positions", "token_slots", "token_seq", "token_offset", "slots", "q_starts",
+                 "q_lens", "ctx_lens", "logit_rows")
+        return cls(**{name: t(values) for name, values in zip(names, columns)},
+                   max_q=max(q_lens), max_ctx=max(ctx_lens), q_lens_list=q_lens, ctx_lens_list=ctx_lens,
+                   slots_list=slots)

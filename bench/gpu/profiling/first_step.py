@@ -51,11 +51,16 @@ def timed_steps(scheduler, requests) -> list[str]:
         _sync()
         committed = scheduler.step_stats.steps
         lines.append(f"  step {i}: {1000 * (time.perf_counter() - t):.2f} ms (steps committed so far: {committed})")
+    _finish(scheduler)
+    return lines
+
+
+def _finish(scheduler) -> None:
+    """The round's remaining steps, untimed."""
     while scheduler.has_work:
         scheduler.step()
     scheduler.flush_releases()
     _sync()
-    return lines
 
 
 def first_step_profiles(scheduler, requests) -> list[str]:
@@ -70,10 +75,7 @@ def first_step_profiles(scheduler, requests) -> list[str]:
         scheduler.step()
         _sync()
         py.disable()
-    while scheduler.has_work:
-        scheduler.step()
-    scheduler.flush_releases()
-    _sync()
+    _finish(scheduler)
     out = ["torch profiler, by self CPU time:",
            prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70)]
     if DEVICE == "cuda":
