@@ -14,7 +14,7 @@ if [ "${TESTS:-1}" = 1 ]; then
     $R/tests/test_triton_sampling.py 2>&1 | tail -5 > $OUT/gpu-tests.txt
 fi
 calls=(python3 $R/bench/gpu/profiling/worker_calls.py --batches ${BATCHES:-1,8,64} --repeats 15)
-BASS_COMMIT=${BASE_COMMIT:-base} PYTHONPATH=/tmp/site-base timeout 120 "${calls[@]}" --label base \
+BASS_COMMIT=${BASE_COMMIT:-} PYTHONPATH=/tmp/site-base timeout 120 "${calls[@]}" --label base \
   --out $OUT/worker-calls-base.json 2>&1 | grep '^{'
 PYTHONPATH=/tmp/site timeout 120 "${calls[@]}" --label new --profile $OUT/worker-calls-profile.txt \
   --out $OUT/worker-calls-new.json 2>&1 | grep '^{'

@@ -22,7 +22,7 @@ export PYTHONUNBUFFERED=1
 for mode in ${MODES:-greedy t0.8-p0.95}; do
   for build in $builds; do
     site=/tmp/site commit=${BASS_COMMIT:-} pols=$policies
-    [ $build = base ] && site=/tmp/site-base commit=${BASE_COMMIT:-base} pols=auto
+    [ $build = base ] && site=/tmp/site-base commit=${BASE_COMMIT:-} pols=auto
     [ $build = alt ] && site=/tmp/site-alt commit=${ALT_COMMIT:-alt} pols=auto
     BASS_COMMIT=$commit PYTHONPATH=$site timeout ${LIMIT_S:-200} python3 -m bass.cli bench speed \
       --target /tmp/models/qwen2.5-coder-1.5b-instruct --draft /tmp/models/qwen2.5-coder-0.5b-instruct \

@@ -14,7 +14,7 @@ export PYTHONUNBUFFERED=1
 T=/tmp/models/qwen2.5-coder-1.5b-instruct
 D=/tmp/models/qwen2.5-coder-0.5b-instruct
 for build in ${ORDER:-base new}; do  # ORDER="new base": the other way round (drift)
-  site=/tmp/site commit=${BASS_COMMIT:-}; [ $build = base ] && site=/tmp/site-base commit=${BASE_COMMIT:-base}
+  site=/tmp/site commit=${BASS_COMMIT:-}; [ $build = base ] && site=/tmp/site-base commit=${BASE_COMMIT:-}
   BASS_COMMIT=$commit PYTHONPATH=$site timeout ${LIMIT_S:-170} python3 -m bass.cli bench speed --target $T --draft $D --device cuda \
     --dtype bfloat16 --max-seq-len 1024 --max-new-tokens 128 --problems 0:16 --peak-tflops 989 \
     --batches $batches --policies $policies --mode $mode "$@" --out $OUT/speed-$mode${TAG:-}-$build.json \
