@@ -119,7 +119,7 @@ def rope_inv_freq(config: TransformerConfig) -> torch.Tensor:
 class Transformer:
     def __init__(self, config: TransformerConfig, weights: TransformerWeights, *, max_seq_len: int,
                  attention: str = "pad", batch_invariant: bool = False, int8_weights: bool = False,
-                 few_row_cuda: bool = False, fuse_layers: bool = True):
+                 few_row_cuda: bool = False, fuse_layers: bool = True, programmatic_launch: bool = True):
         """batch_invariant: every row's values are computed the same way whatever the batch
         around it (one GEMM tiling without split-K, attention with one launch plan and no
         split-KV), so a sequence's logits, and so its tokens, do not depend on what it is
@@ -134,7 +134,11 @@ class Transformer:
         fuse_layers (with int8_weights and the few-row CUDA kernel, so a draft): decode steps of
         up to 16 tokens run each layer in five launches instead of nine, the norms, RoPE and cache
         writes, residual adds and SiLU * up in the products' epilogues (engine/fused_layers.py;
-        changes the weights' layout and the values' rounding)."""
+        changes the weights' layout and the values' rounding).
+        programmatic_launch (Hopper and newer; ignored elsewhere): the attention kernel and the
+        few-row products launch as programmatic dependent launches, each started while the
+        kernel before it runs (a product loads its first weights meanwhile) and waiting for it
+        only before reading its outputs (kernels/cuda/skinny_gemm.cu). Same values."""
         self.config = config
         self.weights = weights
         self.attend = attention_kernel(attention)
@@ -143,7 +147,7 @@ class Transformer:
             # layer and step, instead of a memset before each attention call. Grids that split
             # are small (under two programs per SM), so a few thousand counters cover them.
             counters = torch.zeros(_ARRIVAL_COUNTERS, dtype=torch.int32, device=weights.embed.device)
-            self.attend = functools.partial(self.attend, arrivals=counters)
+            self.attend = functools.partial(self.attend, arrivals=counters, programmatic=programmatic_launch)
         self.linear = F.linear
         if batch_invariant:
             from bass.kernels import triton_attention
@@ -174,7 +178,7 @@ class Transformer:
                 and weights.embed.dtype == torch.bfloat16):
             from bass.kernels.cuda_skinny import load_skinny_gemm
 
-            few_row_kernel = load_skinny_gemm(weights.embed.device)
+            few_row_kernel = load_skinny_gemm(weights.embed.device, programmatic=programmatic_launch)
         self.fused_layers = (few_row_kernel is not None and self.int8_weights and fuse_layers
                              and fused_layers.can_fuse(config))
         if self.fused_layers:

@@ -59,7 +59,8 @@ class ModelRunner:
             weights = load_weights(config.model_dir, self.model_config, dtype=config.dtype, device=config.device)
             model = Transformer(self.model_config, weights, max_seq_len=config.max_seq_len,
                                 attention=config.attention_backend, batch_invariant=config.batch_invariant,
-                                int8_weights=bool(config.int8_weights), few_row_cuda=bool(config.few_row_cuda))
+                                int8_weights=bool(config.int8_weights), few_row_cuda=bool(config.few_row_cuda),
+                                programmatic_launch=config.programmatic_launch)
         self.model_config = model.config
         self.model = model
         mc = self.model_config

@@ -137,12 +137,17 @@ class SkinnyGemm:
     residual added, gate/up column pairs combined as silu(gate) * up, or q|k|v rotated into the
     queries and the KV cache."""
 
-    def __init__(self, library: ctypes.CDLL):
+    def __init__(self, library: ctypes.CDLL, programmatic: bool = False):
+        """programmatic: launch every product with programmatic dependent launch (Hopper and
+        newer): it starts while the kernel before it runs, loading its first weights, and waits
+        for that kernel only before it reads what the kernel wrote (the .cu file's
+        wait_for_prior_grid). Same values; the boundary between launches is overlapped."""
+        self.programmatic = programmatic
         self._fn = library.bass_skinny_gemm
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = ([ctypes.c_void_p] * 5 + [ctypes.c_int] * 10 + [ctypes.c_void_p] * 3
                              + [ctypes.c_int, ctypes.c_float, ctypes.c_int, ctypes.POINTER(_RopeArgs),
-                                ctypes.c_void_p])
+                                ctypes.c_int, ctypes.c_void_p])
 
     def supports(self, rows: int, inner: int, weight_int8: bool) -> bool:
         return 1 <= rows <= MAX_ROWS and inner % inner_multiple(weight_int8) == 0
@@ -172,7 +177,7 @@ class SkinnyGemm:
                        launch.warps, launch.blocks_per_sm, launch.k_splits, partials, arrivals,
                        residual.data_ptr() if residual is not None else None, int(norm_eps is not None),
                        float(norm_eps or 0.0), int(silu_pairs),
-                       ctypes.byref(rope.args()) if rope is not None else None,
+                       ctypes.byref(rope.args()) if rope is not None else None, int(self.programmatic),
                        torch.cuda.current_stream(x.device).cuda_stream)
         if err:
             raise RuntimeError(f"skinny_gemm launch failed (cudaError {err}): rows={rows} cols={cols} "
@@ -194,18 +199,19 @@ def cache_dir() -> Path:
     return Path(os.environ.get("BASS_KERNEL_CACHE", Path.home() / ".cache" / "bass" / "kernels"))
 
 
-def load_skinny_gemm(device: torch.device) -> SkinnyGemm | None:
+def load_skinny_gemm(device: torch.device, programmatic: bool = False) -> SkinnyGemm | None:
     """The kernel library for `device`'s architecture, compiled on first use; None where it cannot
-    be (no CUDA device, no nvcc, or the build failed: logged, and the caller keeps its fallback)."""
+    be (no CUDA device, no nvcc, or the build failed: logged, and the caller keeps its fallback).
+    programmatic: launch with programmatic dependent launch where the GPU has it (sm_90+)."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
     major, minor = torch.cuda.get_device_capability(device)
     if major < 8:  # bf16 mma.sync needs Ampere or newer
         return None
-    return load_library(f"{major}{minor}")
+    return load_library(f"{major}{minor}", programmatic=programmatic and major >= 9)
 
 
-def load_library(arch: str) -> SkinnyGemm | None:
+def load_library(arch: str, programmatic: bool = False) -> SkinnyGemm | None:
     """The library built for sm_`arch` from the cache, compiled into it first where it is not
     there; None (with a warning: the products keep their fallback) where that cannot be done:
     no nvcc, a compiler error, a cache that cannot be written or a file that does not load."""
@@ -224,7 +230,7 @@ def load_library(arch: str) -> SkinnyGemm | None:
                 log.warning("building %s failed; %s:\n%s", _SOURCE.name, fallback, error)
                 return None
             log.info("compiled %s in %.1f s", _SOURCE.name, time.monotonic() - started)
-        return SkinnyGemm(ctypes.CDLL(str(target)))
+        return SkinnyGemm(ctypes.CDLL(str(target)), programmatic=programmatic)
     except OSError as exc:  # an unwritable cache (BASS_KERNEL_CACHE), a truncated library
         log.warning("few-row CUDA kernel unavailable (%s); %s", exc, fallback)
         return None

@@ -57,6 +57,12 @@ except ImportError as _exc:  # pragma: no cover - exercised only without triton
 else:
     _TRITON_IMPORT_ERROR = None
 
+try:  # grid dependency control (programmatic dependent launch), Triton >= 3.4
+    import triton.language.extra.cuda as _gdc
+    _GDC = hasattr(_gdc, "gdc_wait") and hasattr(_gdc, "gdc_launch_dependents")
+except ImportError:  # pragma: no cover - older Triton, or none
+    _gdc, _GDC = None, False
+
 __all__ = ["attend_triton", "triton_available", "plan_launch", "LaunchPlan"]
 
 _LOG2E = 1.4426950408889634
@@ -94,7 +100,13 @@ if triton is not None:
         DOT_PRECISION: tl.constexpr,
         UPCAST: tl.constexpr,  # fp32 operands for tl.dot (interpreter: its bf16 dot is wrong)
         MASK_EVERY_TILE: tl.constexpr,  # batch-invariant mode: one code path for every tile
+        PDL: tl.constexpr,  # launched as a programmatic dependent launch (see attend_triton)
     ):
+        if PDL:
+            # The next kernel (a product) may start and load its weights while this one runs;
+            # nothing here may be read before the kernel that wrote q and the cache has finished.
+            _gdc.gdc_launch_dependents()
+            _gdc.gdc_wait()
         pid_m = tl.program_id(0)
         seq = tl.program_id(1)
         pid_hs = tl.program_id(2)
@@ -381,6 +393,15 @@ def _check_device(device: torch.device) -> bool:
     return interpreted
 
 
+def _programmatic_launch_available(device: torch.device, interpreted: bool) -> bool:
+    return _GDC and not interpreted and device.type == "cuda" and _hopper_or_newer(device.index)
+
+
+@lru_cache(maxsize=None)
+def _hopper_or_newer(device_index: int | None) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
 def _check_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: RaggedBatch) -> None:
     if triton is None:
         raise RuntimeError(
@@ -409,7 +430,8 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   scale: float, *, block_m: int | None = None, block_n: int | None = None,
                   num_warps: int | None = None, num_stages: int | None = None,
                   num_splits: int | None = None, mask_every_tile: bool = False, split_keys: int | None = None,
-                  batch_invariant: bool = False, arrivals: torch.Tensor | None = None) -> torch.Tensor:
+                  batch_invariant: bool = False, arrivals: torch.Tensor | None = None,
+                  programmatic: bool = False) -> torch.Tensor:
     """Ragged causal GQA attention in one Triton launch.
 
     q: [T, H, D]; k_cache / v_cache: [slots, max_seq_len, Hkv, D] (any strides); returns a
@@ -429,6 +451,12 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     zeroed (each block's last split resets its counter), so one buffer serves every launch on
     a stream without a memset kernel per call (one per layer, inside every CUDA graph). Without
     it, or when it is too small for the grid, a fresh zeroed buffer is used.
+
+    programmatic: launch with programmatic dependent launch where the GPU has it (Hopper and
+    newer; ignored elsewhere and in the interpreter): the kernel may be scheduled while the one
+    before it still runs, waits for it before reading anything, and lets the kernel after it
+    start at once (a few-row product that loads its weights meanwhile: kernels/cuda/skinny_gemm.cu).
+    Values are the same either way.
     """
     _check_inputs(q, k_cache, v_cache, batch)
     num_tokens, num_heads, head_dim = q.shape
@@ -457,11 +485,14 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         split_size, splits = split_keys, -(-batch.max_ctx // split_keys)
     row_blocks = -(-batch.max_q * group // bm)
     grid = (row_blocks, num_seqs, num_kv_heads * splits)
+    pdl = programmatic and _programmatic_launch_available(device, interpreted)
     meta = dict(NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim),
                 BLOCK_M=bm, BLOCK_N=bn, SPLIT=splits > 1,
                 DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # only fp32 reads it
-                UPCAST=interpreted and q.dtype == torch.bfloat16, MASK_EVERY_TILE=mask_every_tile,
+                UPCAST=interpreted and q.dtype == torch.bfloat16, MASK_EVERY_TILE=mask_every_tile, PDL=pdl,
                 num_warps=warps, num_stages=stages)
+    if pdl:
+        meta["launch_pdl"] = True
     lens = (batch.slots, batch.q_starts, batch.q_lens, batch.ctx_lens)
     strides = (*q.stride(), *k_cache.stride(), *v_cache.stride())
     if splits == 1:

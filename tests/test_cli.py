@@ -133,6 +133,21 @@ def test_few_row_cuda_is_on_for_a_draft_and_asked_for_a_target(llama_target, tmp
     assert RunnerConfig(model_dir=llama_target).as_draft().int8_weights is True  # the other "auto" still resolves
 
 
+def test_programmatic_launch_is_on_by_default_and_a_config_key_turns_it_off(llama_target, tmp_path):
+    from bass.core.config import RunnerConfig, load_config_file
+
+    path = tmp_path / "bass.toml"
+    path.write_text(f'[target]\nmodel_dir = "{llama_target}"\nprogrammatic_launch = false\n'
+                    f'[draft]\nmodel_dir = "{llama_target}"\n')
+    cfg = load_config_file(path)
+    assert cfg.target.runner_config().programmatic_launch is False
+    assert cfg.draft.runner_config().as_draft().programmatic_launch is True
+    assert RunnerConfig(model_dir=llama_target).programmatic_launch is True
+    path.write_text(f'[target]\nmodel_dir = "{llama_target}"\nprogrammatic_launch = "sometimes"\n')
+    with pytest.raises(Exception, match="programmatic_launch"):
+        load_config_file(path)
+
+
 @pytest.mark.parametrize("command", ["acceptance", "acceptance-rules", "invariance"])
 def test_bench_commands_name_an_unknown_sampling_mode(command, llama_target):
     result = CliRunner().invoke(main, ["bench", command, "--target", str(llama_target), "--draft", str(llama_target),

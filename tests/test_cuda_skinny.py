@@ -122,6 +122,31 @@ def test_a_split_launch_refuses_to_run_without_room_for_its_partial_sums():
         kernel(x, w, None, None, torch.empty(4, 4096, dtype=torch.bfloat16), Launch(1, 1, 4, 0, 2), None)
 
 
+@pytest.mark.parametrize("programmatic", [False, True])
+def test_the_launch_says_whether_it_is_a_programmatic_dependent_launch(programmatic, monkeypatch):
+    """The library's entry point gets the flag as its second-to-last argument (before the stream)."""
+    from bass.kernels.cuda_skinny import SkinnyGemm
+
+    class _Library:
+        class bass_skinny_gemm:  # noqa: N801 - stands in for the C function
+            calls = []
+
+            def __call__(self, *args):
+                self.calls.append(args)
+                return 0
+
+        bass_skinny_gemm = bass_skinny_gemm()
+
+    library = _Library()
+    kernel = SkinnyGemm(library, programmatic=programmatic)
+    x, w = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(32, 64, dtype=torch.bfloat16)
+    # the stub library launches nothing: any stream handle will do (the CPU has none)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 0})())
+    kernel(x, w, None, None, torch.empty(4, 32, dtype=torch.bfloat16), Launch(1, 1, 4))
+    (args,) = library.bass_skinny_gemm.calls
+    assert args[-2] == int(programmatic)
+
+
 def test_router_takes_only_planned_shapes_and_row_counts():
     kernel = _RecordingKernel()
     fallback_calls = []
@@ -329,6 +354,44 @@ def test_a_fused_draft_decodes_as_its_unfused_layers(qwen_wide_heads):
         tokens[fused] = (out, torch.stack(logits))
     torch.testing.assert_close(tokens[True][1], tokens[False][1], rtol=5e-2, atol=5e-2)
     assert tokens[True][0] == tokens[False][0]
+
+
+@gpu
+@pytest.mark.skipif(not CUDA or torch.cuda.get_device_capability()[0] < 9,
+                    reason="programmatic dependent launch needs sm_90 or newer")
+@pytest.mark.parametrize("draft", [True, False], ids=["fused-int8-draft", "bf16-target"])
+def test_programmatic_launches_give_the_bits_of_serial_ones(qwen_wide_heads, draft):
+    """A kernel that starts before the one it follows has finished must still read that kernel's
+    outputs (the activations, the cache entries, the residual it updated in place): decode steps
+    through CUDA graphs and eagerly, prompts of three lengths at once, give the same logits bit for
+    bit with programmatic dependent launch on and off, and the same cache."""
+    from bass.core.config import RunnerConfig
+    from bass.core.worker_api import AddSequence
+    from bass.engine.runner import ModelRunner
+
+    results = {}
+    for programmatic in (True, False):
+        cfg = RunnerConfig(model_dir=qwen_wide_heads, device="cuda", dtype="bfloat16", num_slots=3, max_seq_len=96,
+                           attention="triton", cuda_graphs=True, int8_weights=draft, few_row_cuda=draft,
+                           programmatic_launch=programmatic)
+        runner = ModelRunner(cfg)
+        if draft:
+            assert runner.model.fused_layers and runner.model.linear.kernel.programmatic is programmatic
+        runner.warm_up(graph_shapes=[(1, 1), (3, 3)])
+        runner.add([AddSequence(i, tuple(range(3 + i, 20 + 9 * i))) for i in range(3)])
+        states, logits = [runner.get(i) for i in range(3)], []
+        for step in range(8):
+            q = 3 if step % 4 == 3 else 1  # a verification-shaped step now and then
+            for s in states:
+                runner.rewind(s, 1)  # a token to run even where a draft token happened to be committed
+            out = runner.forward([(s, [5] * (q - 1)) for s in states], [q] * 3)
+            logits.append(out.float().cpu())
+            for i, s in enumerate(states):
+                runner.commit(s, [int(out[(i + 1) * q - 1].argmax())])
+        slots = [s.slot for s in states]
+        results[programmatic] = (torch.stack(logits), runner.cache.k[0][slots].float().cpu())
+    assert torch.equal(results[True][0], results[False][0])
+    assert torch.equal(results[True][1], results[False][1])
 
 
 @gpu

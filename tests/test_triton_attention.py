@@ -141,6 +141,21 @@ def test_split_kv_counters_are_left_zeroed_for_the_next_launch():
     assert small.tolist() == [7, 7]
 
 
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_programmatic_launch_reads_what_the_kernel_before_it_wrote(num_splits):
+    """Launched as a programmatic dependent launch (on a GPU of sm_90 or newer; elsewhere the flag
+    is ignored) right behind the kernels that write its query and its cache, the kernel waits for
+    them: the same bits as a serial launch, split-KV merge included."""
+    q, k_cache, v_cache, batch = make_case([(1, 90), (5, 60), (1, 7)], 6, 2, 16, seed=4)
+    outs = {}
+    for programmatic in (False, True):
+        q2, k2, v2 = q * 1.0, k_cache * 1.0, v_cache * 1.0  # written by kernels just before the launch
+        outs[programmatic] = attend_triton(q2, k2, v2, batch, 0.25, block_n=16, num_splits=num_splits,
+                                           programmatic=programmatic)
+    assert torch.equal(outs[True], outs[False])
+    torch.testing.assert_close(outs[True], reference(q, k_cache, v_cache, batch, 0.25), atol=1e-5, rtol=1e-5)
+
+
 def test_split_heuristic():
     sms = 132
     # batch 1, decode, long context: too few programs for the GPU, so the context is split.

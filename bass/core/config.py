@@ -143,6 +143,11 @@ class RunnerConfig:
     # through the services, 4-5% faster at 1-4 sequences; not applied at more (see
     # target_service/worker.TAIL_MAX_ROWS).
     lookup_tail: int = MAX_LOOKUP_TAIL
+    # Launch the attention kernel and the few-row products as programmatic dependent launches on
+    # Hopper and newer GPUs (ignored elsewhere): each may start while the kernel before it still
+    # runs, loading its weights, and waits for it only before reading its outputs. Never changes a
+    # value; off only to measure what it gives (bench/results, 2026-11-27 programmatic launch).
+    programmatic_launch: bool = True
 
     def as_draft(self) -> "RunnerConfig":
         """This runner as a draft's: int8_weights and few_row_cuda "auto" (None) turned on (int8
@@ -324,6 +329,7 @@ class WorkerServiceConfig:
     int8_weights: bool | None = None  # draft only (None: on for a draft): int8 projections for few-row steps
     few_row_cuda: bool | None = None  # 1-16-row products through the CUDA kernel where faster (None: draft only)
     lookup_tail: int = MAX_LOOKUP_TAIL  # target service: lookup tokens verified after a co-located draft's (0 = off)
+    programmatic_launch: bool = True  # kernels start while the one before runs (Hopper+; same values)
 
     def __post_init__(self) -> None:
         if self.model_dir is not None:
@@ -345,7 +351,7 @@ class WorkerServiceConfig:
                             max_seq_len=self.max_seq_len, attention=self.attention,
                             graph_max_draft=self.graph_max_draft, batch_invariant=self.batch_invariant,
                             int8_weights=self.int8_weights, few_row_cuda=self.few_row_cuda,
-                            lookup_tail=self.lookup_tail)
+                            lookup_tail=self.lookup_tail, programmatic_launch=self.programmatic_launch)
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,24 @@ __device__ __forceinline__ void mma_16816(float* c, uint32_t a0, uint32_t a1, ui
   }
 }
 
+// Programmatic dependent launch (Hopper): a product launched with the attribute starts while the
+// kernel before it still runs (that kernel has let it: allow_next_grid) and issues its first weight
+// loads, which depend on nothing the earlier kernels write, before it waits for that kernel's
+// grid to finish and its writes to be visible (wait_for_prior_grid); activations, the residual and
+// the epilogue's positions, slots and caches are touched only after the wait. Without the launch
+// attribute both are no-ops: the stream has already ordered the kernels.
+__device__ __forceinline__ void wait_for_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void allow_next_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 // Weights are read once: stream them past L1.
 __device__ __forceinline__ uint4 load_streaming(const uint4* p) {
   uint4 v;
@@ -161,7 +179,7 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
   }
 
   // step s of a tile covers chunks my_first + s * U + u, u < U; [cg][0] is column g, [cg][1] g + 8
-  auto load_step = [&](uint4 (&dw)[U][CG][2], uint4 (&dx)[U][NT][XV], int tile, int step) {
+  auto load_weights = [&](uint4 (&dw)[U][CG][2], int tile, int step) {
 #pragma unroll
     for (int cg = 0; cg < CG; ++cg) {
 #pragma unroll
@@ -176,6 +194,8 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
         }
       }
     }
+  };
+  auto load_activations = [&](uint4 (&dx)[U][NT][XV], int tile, int step) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int ch = my_first + step * U + u;
@@ -210,14 +230,18 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
   uint4 cur_w[U][CG][2], nxt_w[U][CG][2];
   uint4 cur_x[U][NT][XV], nxt_x[U][NT][XV];
   int tile = blockIdx.x, step = 0;
-  load_step(cur_w, cur_x, tile, step);
+  allow_next_grid();
+  load_weights(cur_w, tile, step);
+  wait_for_prior_grid();
+  load_activations(cur_x, tile, step);
   while (tile < tiles) {
     int next_tile = tile, next_step = step + 1;
     if (next_step == steps_per_tile) {
       next_tile += gridDim.x;
       next_step = 0;
     }
-    load_step(nxt_w, nxt_x, next_tile, next_step);  // in flight while this step multiplies
+    load_weights(nxt_w, next_tile, next_step);  // in flight while this step multiplies
+    load_activations(nxt_x, next_tile, next_step);
 
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -433,7 +457,8 @@ struct Product {
 };
 
 template <bool INT8, int NT, int CG, int WARPS, bool OUT_F32, bool NORM>
-cudaError_t launch_kernel(const Product& p, int max_blocks_per_sm, Split split, cudaStream_t stream) {
+cudaError_t launch_kernel(const Product& p, int max_blocks_per_sm, Split split, bool programmatic,
+                          cudaStream_t stream) {
   // About eight 16-byte loads a lane a step (weights and activations), in registers twice over.
   constexpr int LOADS_PER_CHUNK = 2 * CG + NT * (INT8 ? 2 : 1);
   constexpr int U = pow2_floor(8 / LOADS_PER_CHUNK);
@@ -456,55 +481,64 @@ cudaError_t launch_kernel(const Product& p, int max_blocks_per_sm, Split split, 
   const int per_sm = max_blocks_per_sm < resident ? max_blocks_per_sm : resident;
   const int tiles = (p.cols + 16 * CG - 1) / (16 * CG);
   const int blocks = split.ways > 1 || max_blocks_per_sm <= 0 || tiles < sms * per_sm ? tiles : sms * per_sm;
-  kernel<<<dim3(blocks, split.ways), WARPS * 32, 0, stream>>>(
-      static_cast<const __nv_bfloat16*>(p.x), static_cast<const uint4*>(p.w), p.scale,
-      static_cast<const __nv_bfloat16*>(p.bias), p.out, p.rows, p.cols, p.inner, split.partials, split.arrivals,
-      static_cast<const __nv_bfloat16*>(p.residual), p.eps, p.silu_pairs, p.rope);
-  return cudaGetLastError();
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(blocks, split.ways);
+  config.blockDim = dim3(WARPS * 32);
+  config.stream = stream;
+  cudaLaunchAttribute overlap[1];
+  overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = overlap;
+  config.numAttrs = programmatic ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, static_cast<const __nv_bfloat16*>(p.x), static_cast<const uint4*>(p.w),
+                            p.scale, static_cast<const __nv_bfloat16*>(p.bias), p.out, p.rows, p.cols, p.inner,
+                            split.partials, split.arrivals, static_cast<const __nv_bfloat16*>(p.residual), p.eps,
+                            p.silu_pairs, p.rope);
 }
 
 template <bool INT8, int NT, int CG, int WARPS>
-cudaError_t launch_with(const Product& p, int per_sm, Split split, cudaStream_t stream) {
+cudaError_t launch_with(const Product& p, int per_sm, Split split, bool pdl, cudaStream_t stream) {
   // The partial sums' shared memory must fit the static 48 KB.
   if constexpr (WARPS * CG * NT * 4 * 32 * 4 > 48 * 1024) {
     return cudaErrorInvalidConfiguration;
   } else {
-    if (p.out_f32) return launch_kernel<INT8, NT, CG, WARPS, true, false>(p, per_sm, split, stream);
+    if (p.out_f32) return launch_kernel<INT8, NT, CG, WARPS, true, false>(p, per_sm, split, pdl, stream);
     if constexpr (NT <= 2) {  // the norm is built for decode steps (a fused draft layer), <= 16 rows
-      if (p.norm) return launch_kernel<INT8, NT, CG, WARPS, false, true>(p, per_sm, split, stream);
+      if (p.norm) return launch_kernel<INT8, NT, CG, WARPS, false, true>(p, per_sm, split, pdl, stream);
     }
-    return launch_kernel<INT8, NT, CG, WARPS, false, false>(p, per_sm, split, stream);
+    return launch_kernel<INT8, NT, CG, WARPS, false, false>(p, per_sm, split, pdl, stream);
   }
 }
 
 template <bool INT8, int NT, int CG>
-cudaError_t by_warps(int warps, const Product& p, int per_sm, Split split, cudaStream_t stream) {
+cudaError_t by_warps(int warps, const Product& p, int per_sm, Split split, bool pdl, cudaStream_t stream) {
   switch (warps) {
-    case 2: return launch_with<INT8, NT, CG, 2>(p, per_sm, split, stream);
-    case 4: return launch_with<INT8, NT, CG, 4>(p, per_sm, split, stream);
-    case 8: return launch_with<INT8, NT, CG, 8>(p, per_sm, split, stream);
-    case 16: return launch_with<INT8, NT, CG, 16>(p, per_sm, split, stream);
+    case 2: return launch_with<INT8, NT, CG, 2>(p, per_sm, split, pdl, stream);
+    case 4: return launch_with<INT8, NT, CG, 4>(p, per_sm, split, pdl, stream);
+    case 8: return launch_with<INT8, NT, CG, 8>(p, per_sm, split, pdl, stream);
+    case 16: return launch_with<INT8, NT, CG, 16>(p, per_sm, split, pdl, stream);
     default: return cudaErrorInvalidValue;
   }
 }
 
 template <bool INT8, int NT>
-cudaError_t by_columns(int column_groups, int warps, const Product& p, int per_sm, Split split, cudaStream_t stream) {
+cudaError_t by_columns(int column_groups, int warps, const Product& p, int per_sm, Split split, bool pdl,
+                       cudaStream_t stream) {
   switch (column_groups) {
-    case 1: return by_warps<INT8, NT, 1>(warps, p, per_sm, split, stream);
-    case 2: return by_warps<INT8, NT, 2>(warps, p, per_sm, split, stream);
+    case 1: return by_warps<INT8, NT, 1>(warps, p, per_sm, split, pdl, stream);
+    case 2: return by_warps<INT8, NT, 2>(warps, p, per_sm, split, pdl, stream);
     default: return cudaErrorInvalidValue;
   }
 }
 
 template <bool INT8>
 cudaError_t by_rows(int row_groups, int column_groups, int warps, const Product& p, int per_sm, Split split,
-                    cudaStream_t stream) {
+                    bool pdl, cudaStream_t stream) {
   switch (row_groups) {
-    case 1: return by_columns<INT8, 1>(column_groups, warps, p, per_sm, split, stream);
-    case 2: return by_columns<INT8, 2>(column_groups, warps, p, per_sm, split, stream);
-    case 4: return by_columns<INT8, 4>(column_groups, warps, p, per_sm, split, stream);
-    case 8: return by_columns<INT8, 8>(column_groups, warps, p, per_sm, split, stream);
+    case 1: return by_columns<INT8, 1>(column_groups, warps, p, per_sm, split, pdl, stream);
+    case 2: return by_columns<INT8, 2>(column_groups, warps, p, per_sm, split, pdl, stream);
+    case 4: return by_columns<INT8, 4>(column_groups, warps, p, per_sm, split, pdl, stream);
+    case 8: return by_columns<INT8, 8>(column_groups, warps, p, per_sm, split, pdl, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -519,13 +553,14 @@ cudaError_t by_rows(int row_groups, int column_groups, int warps, const Product&
 // left zeroed) where it is > 1. The fused epilogue (see the top): residual (null: none; bf16 out
 // only), norm with eps (bf16 out, row_groups <= 2), silu_pairs (bf16 out of cols / 2 columns, cols
 // a multiple of 16, no residual), rope (null: none; else q, k and v written where it says, out
-// unused; head_dim a multiple of 16, cols = (heads + 2 kv_heads) head_dim). Returns a cudaError_t
+// unused; head_dim a multiple of 16, cols = (heads + 2 kv_heads) head_dim). programmatic: launch
+// with programmatic dependent launch (sm_90+; see wait_for_prior_grid). Returns a cudaError_t
 // (0: launched).
 extern "C" int bass_skinny_gemm(const void* x, const void* w, const float* scale, const void* bias, void* out,
                                 int rows, int cols, int inner, int w_int8, int out_f32, int row_groups,
                                 int column_groups, int warps, int blocks_per_sm, int k_splits, float* split_partials,
                                 int* split_arrivals, const void* residual, int norm, float eps, int silu_pairs,
-                                const RopeArgs* rope, void* stream) {
+                                const RopeArgs* rope, int programmatic, void* stream) {
   const int chunk = w_int8 ? 64 : 32;
   const bool fused = residual != nullptr || norm || silu_pairs || rope != nullptr;
   if (rows < 1 || rows > 8 * row_groups || inner % chunk != 0 || k_splits < 1 ||
@@ -539,6 +574,7 @@ extern "C" int bass_skinny_gemm(const void* x, const void* w, const float* scale
   const RopeArgs no_rope{};
   const Product p{x, w, scale, bias, out, rows, cols, inner, out_f32 != 0, residual, norm != 0, eps, silu_pairs != 0,
                   rope != nullptr ? *rope : no_rope};
-  return static_cast<int>(w_int8 ? by_rows<true>(row_groups, column_groups, warps, p, blocks_per_sm, split, s)
-                                 : by_rows<false>(row_groups, column_groups, warps, p, blocks_per_sm, split, s));
+  const bool pdl = programmatic != 0;
+  return static_cast<int>(w_int8 ? by_rows<true>(row_groups, column_groups, warps, p, blocks_per_sm, split, pdl, s)
+                                 : by_rows<false>(row_groups, column_groups, warps, p, blocks_per_sm, split, pdl, s));
 }

@@ -43,7 +43,8 @@ def shape_config(name: str) -> TransformerConfig:
 
 def random_transformer(config: TransformerConfig, *, dtype: str, device: str, max_seq_len: int,
                        attention: str, int8_weights: bool = False, batch_invariant: bool = False,
-                       few_row_cuda: bool = False, fuse_layers: bool = True) -> Transformer:
+                       few_row_cuda: bool = False, fuse_layers: bool = True,
+                       programmatic_launch: bool = True) -> Transformer:
     dt = TORCH_DTYPES[dtype]
     gen = torch.Generator(device=device).manual_seed(0)
 
@@ -61,7 +62,8 @@ def random_transformer(config: TransformerConfig, *, dtype: str, device: str, ma
     weights = TransformerWeights(embed=embed, layers=layers, final_norm=torch.ones(c.hidden_size, dtype=dt, device=device),
                                  lm_head=w(c.vocab_size, c.hidden_size))
     return Transformer(config, weights, max_seq_len=max_seq_len, attention=attention, int8_weights=int8_weights,
-                       batch_invariant=batch_invariant, few_row_cuda=few_row_cuda, fuse_layers=fuse_layers)
+                       batch_invariant=batch_invariant, few_row_cuda=few_row_cuda, fuse_layers=fuse_layers,
+                       programmatic_launch=programmatic_launch)
 
 
 def weight_bytes(config: TransformerConfig, dtype: str) -> int:
@@ -117,8 +119,13 @@ class StepTimer:
         return Timing(statistics.median(times), times[len(times) // 10], times[(9 * len(times)) // 10])
 
 
+_CONFIG_SUFFIXES = ("-serial", "-unfused", "-invariant", "-cuda")  # in the order a name carries them, last first
+
+
 def _attention(config_name: str) -> str:
-    return config_name.removesuffix("-unfused").removesuffix("-invariant").removesuffix("-cuda")
+    for suffix in _CONFIG_SUFFIXES:
+        config_name = config_name.removesuffix(suffix)
+    return config_name
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -134,13 +141,15 @@ def measure(target: str, draft: str, *, batches: list[int], draft_lengths: list[
     models = {}
     # "NAME-invariant": attention NAME with the target in its batch-invariant mode (the draft as usual);
     # "NAME-cuda": both models' 1-16-row products through the CUDA few-row kernel where it times faster
-    # (and an int8 draft's decode layers fused around it); "NAME-cuda-unfused": the same, layers unfused.
+    # (and an int8 draft's decode layers fused around it); "NAME-cuda-unfused": the same, layers unfused;
+    # "...-serial": programmatic dependent launch off (RunnerConfig.programmatic_launch).
     for name in {target, draft}:
         models[name] = {att: random_transformer(shape_config(name), dtype=dtype, device=device,
                                                 max_seq_len=context + max_q + 8, attention=_attention(att),
-                                                batch_invariant=name == target and att.endswith("-invariant"),
+                                                batch_invariant=name == target and "-invariant" in att,
                                                 few_row_cuda="-cuda" in att,
-                                                fuse_layers=not att.endswith("-unfused"),
+                                                fuse_layers="-unfused" not in att,
+                                                programmatic_launch=not att.endswith("-serial"),
                                                 int8_weights=draft_int8 and name == draft)
                         for att in {a for a, _ in configs}}
     for config_name, graphs in configs:

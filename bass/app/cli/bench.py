@@ -190,9 +190,11 @@ def bench_invariance(target_dir, draft_dir, problems, max_new_tokens, modes, pol
 @click.option("--draft-device", help="The draft's device, e.g. cuda:1 (a GPU of its own) [the target's].")
 @click.option("--lookup-tail", default=2, show_default=True,
               help="Lookup tokens the target verifies after each proposal of a draft in its process (0-2).")
+@click.option("--programmatic-launch/--no-programmatic-launch", default=True, show_default=True,
+              help="Kernels start while the one before them runs (Hopper and newer; never changes a value).")
 def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_new_tokens, services, separate_draft,
                 device, dtype, attention, max_seq_len, peak_tflops, repeats, batch_invariant, draft_int8, few_row_cuda,
-                trace, draft_device, lookup_tail, out) -> None:
+                trace, draft_device, lookup_tail, programmatic_launch, out) -> None:
     """End-to-end decoding speed: regular vs speculative, in-process or through the services.
     A policy `streamK[cC][wW][lL][nN]` is streamed speculation verifying up to K drafts a step
     (the draft's loop drafting C tokens a call, up to L ahead; a step waiting up to W ms for a
@@ -207,7 +209,7 @@ def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_ne
     attention = attention or ("triton" if device.startswith("cuda") else "pad")
     batch_list = [int(b) for b in batches.split(",")]
     runner = dict(device=device, dtype=dtype, num_slots=max(batch_list), max_seq_len=max_seq_len, attention=attention,
-                  few_row_cuda=few_row_cuda)
+                  few_row_cuda=few_row_cuda, programmatic_launch=programmatic_launch)
     prompts = [p["prompt"] for p in select(load_problems(), problems)]
     draft_runner = {**runner, "device": resolve_device(draft_device or device)}
     if not same_device(draft_runner["device"], device) and not separate_draft:
@@ -222,6 +224,7 @@ def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_ne
     result = {"benchmark": "speed", "environment": describe(device), "target": str(target_dir), "draft": str(draft_dir),
               "dtype": dtype, "attention": attention, "batch_invariant": batch_invariant, "draft_int8": draft_int8,
               "few_row_cuda": few_row_cuda, "draft_device": draft_device or device, "lookup_tail": lookup_tail,
+              "programmatic_launch": programmatic_launch,
               "problems": problems, "results": rows}
     _emit_result(result, out)
 
@@ -258,7 +261,8 @@ def bench_hf(model_dir, problems, batches, max_new_tokens, static_compile, devic
 @click.option("--configs", default="pad:eager,triton:eager,triton:graphs", show_default=True,
               help="attention:eager|graphs pairs; attention is pad, triton, triton-invariant (the target "
                    "batch-invariant), triton-cuda (1-16-row products through the CUDA kernel where faster, an "
-                   "int8 draft's layers fused) or triton-cuda-unfused.")
+                   "int8 draft's layers fused) or triton-cuda-unfused; a '-serial' suffix turns programmatic "
+                   "dependent launch off (e.g. triton-cuda-serial).")
 @click.option("--repeats", default=30, show_default=True)
 @click.option("--draft-int8", is_flag=True, help="The draft with int8 projections, as served (default: bf16).")
 def bench_steps(target, draft, batches, draft_lengths, context, alpha, configs, dtype, repeats, draft_int8,
