@@ -356,40 +356,47 @@ def test_a_fused_draft_decodes_as_its_unfused_layers(qwen_wide_heads):
     assert tokens[True][0] == tokens[False][0]
 
 
+def _decode_three_prompts(cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eight steps of three sequences (every fourth shaped like a verification of 3 tokens): the
+    logits, and the first layer's cache entries of the three slots."""
+    from bass.core.worker_api import AddSequence
+    from bass.engine.runner import ModelRunner
+
+    runner = ModelRunner(cfg)
+    if cfg.few_row_cuda:
+        assert runner.model.fused_layers and runner.model.linear.kernel.programmatic is cfg.programmatic_launch
+    runner.warm_up(graph_shapes=[(1, 1), (3, 3)])
+    runner.add([AddSequence(i, tuple(range(3 + i, 20 + 9 * i))) for i in range(3)])
+    states, logits = [runner.get(i) for i in range(3)], []
+    for step in range(8):
+        q = 3 if step % 4 == 3 else 1
+        for s in states:
+            runner.rewind(s, 1)  # a token to run even where a draft token happened to be committed
+        out = runner.forward([(s, [5] * (q - 1)) for s in states], [q] * 3)
+        logits.append(out.float().cpu())
+        for i, s in enumerate(states):
+            runner.commit(s, [int(out[(i + 1) * q - 1].argmax())])
+    return torch.stack(logits), runner.cache.k[0][[s.slot for s in states]].float().cpu()
+
+
 @gpu
 @pytest.mark.skipif(not CUDA or torch.cuda.get_device_capability()[0] < 9,
                     reason="programmatic dependent launch needs sm_90 or newer")
 @pytest.mark.parametrize("draft", [True, False], ids=["fused-int8-draft", "bf16-target"])
 def test_programmatic_launches_give_the_bits_of_serial_ones(qwen_wide_heads, draft):
     """A kernel that starts before the one it follows has finished must still read that kernel's
-    outputs (the activations, the cache entries, the residual it updated in place): decode steps
-    through CUDA graphs and eagerly, prompts of three lengths at once, give the same logits bit for
-    bit with programmatic dependent launch on and off, and the same cache."""
+    outputs (the activations, the cache entries, the residual it updated in place): decode and
+    verification-shaped steps through CUDA graphs, after three prompts' prefill, give the same
+    logits and cache bit for bit with programmatic dependent launch on and off."""
     from bass.core.config import RunnerConfig
-    from bass.core.worker_api import AddSequence
-    from bass.engine.runner import ModelRunner
 
     results = {}
     for programmatic in (True, False):
         cfg = RunnerConfig(model_dir=qwen_wide_heads, device="cuda", dtype="bfloat16", num_slots=3, max_seq_len=96,
                            attention="triton", cuda_graphs=True, int8_weights=draft, few_row_cuda=draft,
                            programmatic_launch=programmatic)
-        runner = ModelRunner(cfg)
-        if draft:
-            assert runner.model.fused_layers and runner.model.linear.kernel.programmatic is programmatic
-        runner.warm_up(graph_shapes=[(1, 1), (3, 3)])
-        runner.add([AddSequence(i, tuple(range(3 + i, 20 + 9 * i))) for i in range(3)])
-        states, logits = [runner.get(i) for i in range(3)], []
-        for step in range(8):
-            q = 3 if step % 4 == 3 else 1  # a verification-shaped step now and then
-            for s in states:
-                runner.rewind(s, 1)  # a token to run even where a draft token happened to be committed
-            out = runner.forward([(s, [5] * (q - 1)) for s in states], [q] * 3)
-            logits.append(out.float().cpu())
-            for i, s in enumerate(states):
-                runner.commit(s, [int(out[(i + 1) * q - 1].argmax())])
-        slots = [s.slot for s in states]
-        results[programmatic] = (torch.stack(logits), runner.cache.k[0][slots].float().cpu())
+        with torch.inference_mode():
+            results[programmatic] = _decode_three_prompts(cfg)
     assert torch.equal(results[True][0], results[False][0])
     assert torch.equal(results[True][1], results[False][1])
 

@@ -1,0 +1,108 @@
+"""What programmatic dependent launch saves a forward, on the GPU alone: the int8 0.5B draft's
+fused decode layers (the served draft) and the bf16 1.5B target, random weights, one token a
+sequence at 512-token contexts. Each forward is captured in a CUDA graph and replayed back to
+back (the host queues replays far faster than the GPU runs them), so the time between two events
+over REPLAYS replays is GPU time only: kernels and the boundaries between them, no host work.
+
+For each model and batch, the launches are timed in four settings, alternated ROUNDS times on the
+same model (same weights, same memory): all serial; the products programmatic (a product starts
+while the kernel before it runs and loads its first weights); the attention programmatic; both
+(what RunnerConfig.programmatic_launch does).
+
+On a GPU, no models needed, PYTHONPATH with the bass build:
+    python bench/gpu/kernels/programmatic_launch.py OUT.json [ROLE,...]
+ROLE: draft-fused (default), target-cuda (the target's 1-16-row products through the few-row
+kernel where they time faster), target (cuBLAS products: only the attention can overlap).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import statistics
+import sys
+
+import torch
+
+from bass.app.bench.steps import StepTimer, random_transformer, shape_config
+from bass.kernels.batch import RaggedBatch
+
+MODELS = {"draft-fused": ("qwen2.5-coder-0.5b", True, True), "target-cuda": ("qwen2.5-coder-1.5b", False, True),
+          "target": ("qwen2.5-coder-1.5b", False, False)}  # (shapes, int8, few-row CUDA kernel)
+SETTINGS = {"serial": (False, False), "products": (True, False), "attention": (False, True), "both": (True, True)}
+REPLAYS, ROUNDS, SAMPLES = 20, 4, 15
+
+
+def set_programmatic(model, products: bool, attention: bool) -> None:
+    kernel = getattr(model.linear, "kernel", None)
+    if kernel is not None:
+        kernel.programmatic = products
+    model.attend = functools.partial(model.attend.func, **{**model.attend.keywords, "programmatic": attention})
+
+
+def graphed_forward(model, timer: StepTimer) -> torch.cuda.CUDAGraph:
+    runner = timer.runner
+    chunks = runner.stage([(s, []) for s in timer.states], [1] * len(timer.states))
+    batch = RaggedBatch.build(chunks, runner.device)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            model.hidden(batch, runner.cache)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        model.hidden(batch, runner.cache)
+    for s, chunk in zip(timer.states, chunks):
+        runner.cache.truncate(s.slot, chunk.start)
+    return graph
+
+
+def replay_ms(graph: torch.cuda.CUDAGraph) -> float:
+    """Median over SAMPLES of the mean GPU time of one replay among REPLAYS back to back."""
+    times = []
+    for _ in range(SAMPLES):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(REPLAYS):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / REPLAYS)
+    return statistics.median(times)
+
+
+def main() -> None:
+    report = {"device": torch.cuda.get_device_name(), "replays": REPLAYS, "rounds": ROUNDS, "samples": SAMPLES,
+              "forwards": {}}
+    roles = sys.argv[2].split(",") if len(sys.argv) > 2 else ["draft-fused"]
+    for role in roles:
+        shapes, int8, few_row_cuda = MODELS[role]
+        model = random_transformer(shape_config(shapes), dtype="bfloat16", device="cuda", max_seq_len=600,
+                                   attention="triton", int8_weights=int8, few_row_cuda=few_row_cuda)
+        for batch in (1, 8):
+            timer = StepTimer(model, batch=batch, context=512, max_q=1, attention="triton", cuda_graphs=False,
+                              device="cuda")
+            graphs = {}
+            for name, (products, attention) in SETTINGS.items():
+                set_programmatic(model, products, attention)
+                graphs[name] = graphed_forward(model, timer)
+            times = {name: [] for name in SETTINGS}
+            for _ in range(ROUNDS):
+                for name, graph in graphs.items():
+                    times[name].append(replay_ms(graph))
+            entry = {name: {"median_ms": round(statistics.median(t), 4), "rounds_ms": [round(x, 4) for x in t]}
+                     for name, t in times.items()}
+            report["forwards"][f"{role}-{batch}"] = entry
+            print(f"{role}, batch {batch}: " + ", ".join(f"{n} {e['median_ms']:.4f}" for n, e in entry.items())
+                  + " ms a forward (GPU time, graph replays back to back)", flush=True)
+            del timer, graphs
+            torch.cuda.empty_cache()
+        del model
+        torch.cuda.empty_cache()
+    json.dump(report, open(sys.argv[1], "w"), indent=1)
+
+
+if __name__ == "__main__":
+    with torch.inference_mode():
+        main()
