@@ -376,7 +376,7 @@ def _decode_three_prompts(cfg) -> tuple[torch.Tensor, torch.Tensor]:
         logits.append(out.float().cpu())
         for i, s in enumerate(states):
             runner.commit(s, [int(out[(i + 1) * q - 1].argmax())])
-    return torch.stack(logits), runner.cache.k[0][[s.slot for s in states]].float().cpu()
+    return torch.cat(logits), runner.cache.k[0][[s.slot for s in states]].float().cpu()
 
 
 @gpu
