@@ -1,4 +1,4 @@
-"""A draft's decoder layer in five launches: its four products carry the norms, RoPE and the KV
+"""A decoder layer in five launches: its four products carry the norms, RoPE and the KV
 cache writes, the residual adds and SiLU * up in their epilogues (kernels/cuda/skinny_gemm.cu).
 
 Why: at 1-16 rows every launch of the 0.5B draft costs ~1 µs of boundary on top of its work, and
@@ -22,9 +22,13 @@ into the columns of q|k|v and gate|up (the norms become weightless), gate|up's r
 in groups of 8 gates and their 8 ups, so one lane of the product holds a gate and its up, and
 each query and key head's rows in groups of 8 dims and their 8 rotation partners
 (kernels/elementwise.rope_pair_order), so one lane holds both halves of a rotation. The unfused
-path (more than 16 rows: prefill, catch-up) computes the same function from them. Rounding differs from transformers' (the norm's weight multiplies the weight, not the normed
-activation; intermediate sums stay in fp32): only for a draft, whose numbers decide what it
-proposes, never what the target emits.
+path (more than 16 rows: prefill, catch-up, a verification of many sequences) computes the same
+function from them. Rounding differs from transformers' (the norm's weight multiplies the weight,
+rounded once to the model's dtype, not the normed activation; intermediate sums stay in fp32).
+For a draft that decides only what it proposes. For a target (bf16; H100: a forward's GPU time
+-14% at 1-8 sequences, bench/results 2026-11-27) it is the target's own function in every path;
+but a step of more than 16 rows runs cuBLAS, which rounds differently from the kernel, so a
+near-tied greedy token can differ between a regular step and a verification (RunnerConfig.few_row_cuda).
 """
 
 from __future__ import annotations

@@ -131,10 +131,10 @@ class Transformer:
         few_row_cuda (bf16 with the Triton kernels on CUDA, not batch-invariant): products of
         1-16 rows through the CUDA few-row kernel where it times faster than the path above on
         this GPU, timed here over the model's own weights (kernels/skinny_linear.py).
-        fuse_layers (with int8_weights and the few-row CUDA kernel, so a draft): decode steps of
-        up to 16 tokens run each layer in five launches instead of nine, the norms, RoPE and cache
-        writes, residual adds and SiLU * up in the products' epilogues (engine/fused_layers.py;
-        changes the weights' layout and the values' rounding).
+        fuse_layers (with the few-row CUDA kernel): steps of up to 16 tokens run each layer in
+        five launches instead of nine (int8 or bf16 weights), the norms, RoPE and cache writes,
+        residual adds and SiLU * up in the products' epilogues (engine/fused_layers.py; changes
+        the weights' layout and the values' rounding).
         programmatic_launch (Hopper and newer; ignored elsewhere): the attention kernel and the
         few-row products launch as programmatic dependent launches, each started while the
         kernel before it runs (a product loads its first weights meanwhile) and waiting for it
@@ -179,8 +179,7 @@ class Transformer:
             from bass.kernels.cuda_skinny import load_skinny_gemm
 
             few_row_kernel = load_skinny_gemm(weights.embed.device, programmatic=programmatic_launch)
-        self.fused_layers = (few_row_kernel is not None and self.int8_weights and fuse_layers
-                             and fused_layers.can_fuse(config))
+        self.fused_layers = few_row_kernel is not None and fuse_layers and fused_layers.can_fuse(config)
         if self.fused_layers:
             log.info("decode steps of up to %d tokens run fused layers (engine/fused_layers.py)",
                      fused_layers.MAX_FUSED_ROWS)

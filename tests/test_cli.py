@@ -115,22 +115,18 @@ def test_int8_weights_are_a_drafts_option_read_from_a_config_file(llama_target, 
         RunnerConfig(model_dir=llama_target, int8_weights=True, batch_invariant=True)
 
 
-def test_few_row_cuda_is_on_for_a_draft_and_asked_for_a_target(llama_target, tmp_path):
-    """The CUDA few-row products round differently from cuBLAS: "auto" uses them where numbers
-    only decide proposals (the draft); a target takes them when its config says so."""
-    from bass.core.config import RunnerConfig, load_config_file
+def test_few_row_cuda_is_on_for_both_models_unless_a_section_turns_it_off(llama_target, tmp_path):
+    from bass.core.config import load_config_file
 
     path = tmp_path / "bass.toml"
     path.write_text(f'[target]\nmodel_dir = "{llama_target}"\n[draft]\nmodel_dir = "{llama_target}"\n')
     cfg = load_config_file(path)
-    target, draft = cfg.target.runner_config(), cfg.draft.runner_config().as_draft()
-    assert not target.few_row_cuda and draft.few_row_cuda is True
-    path.write_text(f'[target]\nmodel_dir = "{llama_target}"\nfew_row_cuda = true\n'
-                    f'[draft]\nmodel_dir = "{llama_target}"\nfew_row_cuda = false\n')
+    assert cfg.target.runner_config().few_row_cuda is True and cfg.draft.runner_config().as_draft().few_row_cuda is True
+    path.write_text(f'[target]\nmodel_dir = "{llama_target}"\nfew_row_cuda = false\n'
+                    f'[draft]\nmodel_dir = "{llama_target}"\n')
     cfg = load_config_file(path)
-    assert cfg.target.runner_config().few_row_cuda is True
-    assert cfg.draft.runner_config().as_draft().few_row_cuda is False
-    assert RunnerConfig(model_dir=llama_target).as_draft().int8_weights is True  # the other "auto" still resolves
+    assert cfg.target.runner_config().few_row_cuda is False
+    assert cfg.draft.runner_config().as_draft().few_row_cuda is True
 
 
 def test_programmatic_launch_is_on_by_default_and_a_config_key_turns_it_off(llama_target, tmp_path):

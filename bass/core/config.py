@@ -127,16 +127,18 @@ class RunnerConfig:
     # draft (`as_draft`), off for a target. On an H200 it made a draft forward ~14% cheaper at
     # one sequence with the same acceptance (bench/results, 2026-11-26).
     int8_weights: bool | None = None
-    # Products of 1-16 rows through the CUDA few-row kernel (kernels/skinny_linear.py) where it
-    # times faster than the default path at load on this GPU (a few seconds; the kernel is
-    # compiled once per machine with nvcc, ~20 s, and skipped where there is none). bf16 models
-    # with the Triton kernels on CUDA only; never in the batch-invariant mode. None ("auto"): on
-    # for a draft (its numbers only decide proposals), off for a target: the kernel rounds
-    # differently from cuBLAS, and a target whose regular steps (1-16 rows) and verifications
-    # (more rows, cuBLAS) round differently can flip a near-tied greedy token between them (seen
-    # at 8 sequences on the README's bench, 2026-11-27). On for a target: faster regular decoding
-    # (H200: 1.78 -> 1.65 ms/token at one sequence, 2.16 -> 1.76 at eight), with that caveat.
-    few_row_cuda: bool | None = None
+    # Steps of 1-16 rows through the CUDA few-row kernel (kernels/cuda/skinny_gemm.cu; compiled
+    # once per machine with nvcc, ~30 s, and skipped where there is none): each decoder layer in
+    # five launches, the norms, RoPE and the cache writes, the residual adds and SiLU * up in the
+    # products' epilogues (engine/fused_layers.py), and plain products through it where it times
+    # faster at load. bf16 models with the Triton kernels on CUDA; never in the batch-invariant
+    # mode. H100, a target forward's GPU time: -14% at 1-8 sequences and for a one-sequence
+    # verification (bench/results, 2026-11-27 target fused). The norms' weights are folded into
+    # the projections (rounded once), and steps of more than 16 rows (a verification of 8
+    # sequences) run cuBLAS: a regular step and a verification round differently, so a near-tied
+    # greedy token can differ between regular and speculative decoding at some batch sizes
+    # (`batch_invariant` removes that, as it does the other shape-dependent roundings).
+    few_row_cuda: bool = True
     # A target's option: after the draft's tokens of a proposal verified on the device (a draft
     # in the target's process), verify this many more, continued from the sequence's own text
     # (engine/lookup_tail.py; 0 = off; unused otherwise). Never changes the output. On an H200
@@ -150,14 +152,11 @@ class RunnerConfig:
     programmatic_launch: bool = True
 
     def as_draft(self) -> "RunnerConfig":
-        """This runner as a draft's: int8_weights and few_row_cuda "auto" (None) turned on (int8
-        unless the runner is batch-invariant, whose fixed GEMM tiling int8 would replace)."""
-        changes = {}
+        """This runner as a draft's: int8_weights "auto" (None) turned on (unless the runner is
+        batch-invariant, whose fixed GEMM tiling int8 would replace)."""
         if self.int8_weights is None:
-            changes["int8_weights"] = not self.batch_invariant
-        if self.few_row_cuda is None:
-            changes["few_row_cuda"] = True
-        return replace(self, **changes) if changes else self
+            return replace(self, int8_weights=not self.batch_invariant)
+        return self
 
     @property
     def attention_backend(self) -> str:
@@ -327,7 +326,7 @@ class WorkerServiceConfig:
     graph_max_draft: int = GRAPH_MAX_DRAFT  # target service: draft lengths whose verification is graph-captured
     batch_invariant: bool = False  # target service: rows computed the same way whatever the batch (slower)
     int8_weights: bool | None = None  # draft only (None: on for a draft): int8 projections for few-row steps
-    few_row_cuda: bool | None = None  # 1-16-row products through the CUDA kernel where faster (None: draft only)
+    few_row_cuda: bool = True  # 1-16-row steps through the CUDA kernel, layers fused (CUDA with nvcc; not batch-invariant)
     lookup_tail: int = MAX_LOOKUP_TAIL  # target service: lookup tokens verified after a co-located draft's (0 = off)
     programmatic_launch: bool = True  # kernels start while the one before runs (Hopper+; same values)
 

@@ -181,9 +181,8 @@ def bench_invariance(target_dir, draft_dir, problems, max_new_tokens, modes, pol
 @click.option("--draft-int8/--no-draft-int8", default=None,
               help="The draft's projections and LM head in weight-only int8 for few-row steps [on with the "
                    "Triton kernels].")
-@click.option("--few-row-cuda/--no-few-row-cuda", default=None,
-              help="Both models' products of 1-16 rows through the CUDA kernel where it times faster at load "
-                   "[the draft's only].")
+@click.option("--few-row-cuda/--no-few-row-cuda", default=True, show_default=True,
+              help="Both models' steps of 1-16 rows through the CUDA kernel, layers fused (RunnerConfig.few_row_cuda).")
 @click.option("--trace", is_flag=True, help="Keep the reported round's per-step trace (draft length, sequences, "
                                              "tokens, times) and the coordinator's garbage collections "
                                              "in each row.")

@@ -11,14 +11,17 @@ while the kernel before it runs and loads its first weights); the attention prog
 
 On a GPU, no models needed, PYTHONPATH with the bass build:
     python bench/gpu/kernels/programmatic_launch.py OUT.json [ROLE,...]
-ROLE: draft-fused (default), target-cuda (the target's 1-16-row products through the few-row
-kernel where they time faster), target (cuBLAS products: only the attention can overlap).
+ROLE: draft-fused (default), target-cuda (the target's layers fused around the few-row kernel for
+steps of up to 16 rows), target-cuda-unfused (its 1-16-row products through the kernel where they
+time faster, layers unfused), target (cuBLAS products: only the attention can overlap).
+QS: tokens a sequence, comma-separated (default 1; 4 is a k = 3 verification's shape).
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 import statistics
 import sys
 
@@ -27,8 +30,10 @@ import torch
 from bass.app.bench.steps import StepTimer, random_transformer, shape_config
 from bass.kernels.batch import RaggedBatch
 
-MODELS = {"draft-fused": ("qwen2.5-coder-0.5b", True, True), "target-cuda": ("qwen2.5-coder-1.5b", False, True),
-          "target": ("qwen2.5-coder-1.5b", False, False)}  # (shapes, int8, few-row CUDA kernel)
+MODELS = {"draft-fused": ("qwen2.5-coder-0.5b", True, True, True),
+          "target-cuda": ("qwen2.5-coder-1.5b", False, True, True),
+          "target-cuda-unfused": ("qwen2.5-coder-1.5b", False, True, False),
+          "target": ("qwen2.5-coder-1.5b", False, False, False)}  # (shapes, int8, few-row CUDA kernel, fused layers)
 SETTINGS = {"serial": (False, False), "products": (True, False), "attention": (False, True), "both": (True, True)}
 REPLAYS, ROUNDS, SAMPLES = 20, 4, 15
 
@@ -40,9 +45,9 @@ def set_programmatic(model, products: bool, attention: bool) -> None:
     model.attend = functools.partial(model.attend.func, **{**model.attend.keywords, "programmatic": attention})
 
 
-def graphed_forward(model, timer: StepTimer) -> torch.cuda.CUDAGraph:
+def graphed_forward(model, timer: StepTimer, q: int) -> torch.cuda.CUDAGraph:
     runner = timer.runner
-    chunks = runner.stage([(s, []) for s in timer.states], [1] * len(timer.states))
+    chunks = runner.stage([(s, [7] * (q - 1)) for s in timer.states], [q] * len(timer.states))
     batch = RaggedBatch.build(chunks, runner.device)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -76,25 +81,27 @@ def main() -> None:
     report = {"device": torch.cuda.get_device_name(), "replays": REPLAYS, "rounds": ROUNDS, "samples": SAMPLES,
               "forwards": {}}
     roles = sys.argv[2].split(",") if len(sys.argv) > 2 else ["draft-fused"]
+    qs = [int(q) for q in sys.argv[3].split(",")] if len(sys.argv) > 3 else [1]
+    settings = {k: SETTINGS[k] for k in os.environ.get("SETTINGS", ",".join(SETTINGS)).split(",")}
     for role in roles:
-        shapes, int8, few_row_cuda = MODELS[role]
+        shapes, int8, few_row_cuda, fuse = MODELS[role]
         model = random_transformer(shape_config(shapes), dtype="bfloat16", device="cuda", max_seq_len=600,
-                                   attention="triton", int8_weights=int8, few_row_cuda=few_row_cuda)
-        for batch in (1, 8):
-            timer = StepTimer(model, batch=batch, context=512, max_q=1, attention="triton", cuda_graphs=False,
+                                   attention="triton", int8_weights=int8, few_row_cuda=few_row_cuda, fuse_layers=fuse)
+        for batch, q in [(b, q) for q in qs for b in (1, 8)]:
+            timer = StepTimer(model, batch=batch, context=512, max_q=q, attention="triton", cuda_graphs=False,
                               device="cuda")
             graphs = {}
-            for name, (products, attention) in SETTINGS.items():
+            for name, (products, attention) in settings.items():
                 set_programmatic(model, products, attention)
-                graphs[name] = graphed_forward(model, timer)
-            times = {name: [] for name in SETTINGS}
+                graphs[name] = graphed_forward(model, timer, q)
+            times = {name: [] for name in settings}
             for _ in range(ROUNDS):
                 for name, graph in graphs.items():
                     times[name].append(replay_ms(graph))
             entry = {name: {"median_ms": round(statistics.median(t), 4), "rounds_ms": [round(x, 4) for x in t]}
                      for name, t in times.items()}
-            report["forwards"][f"{role}-{batch}"] = entry
-            print(f"{role}, batch {batch}: " + ", ".join(f"{n} {e['median_ms']:.4f}" for n, e in entry.items())
+            report["forwards"][f"{role}-{batch}" + (f"x{q}" if q > 1 else "")] = entry
+            print(f"{role}, batch {batch}, {q} token(s) a sequence: " + ", ".join(f"{n} {e['median_ms']:.4f}" for n, e in entry.items())
                   + " ms a forward (GPU time, graph replays back to back)", flush=True)
             del timer, graphs
             torch.cuda.empty_cache()
