@@ -6,6 +6,12 @@ occurrence (the row's last token where s ends or nothing recurs). The reference 
 twenty launches of whole-batch tensor ops; on the target's critical path (the next Speculate
 arrives after the GPU finished the chained proposal) each costs the host a launch. Here one
 program a row holds the row in registers and compares shifted loads.
+
+The draft length k and the lookup count m are runtime arguments, not constants of the kernel:
+as constants each new (k, m) compiled a variant on its first use, a 0.1-0.3 s stall of a
+verification on a fresh machine (H100, 2026-11-27: `auto`'s first steps at a new length). One
+variant now serves every k up to MAX_DRAFTS and m up to MAX_M; the target worker compiles it at
+warm-up.
 """
 
 from __future__ import annotations
@@ -19,10 +25,14 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 PAD = tl.constexpr(-1)  # the staged text's left padding (engine/lookup_tail.PAD); a constexpr for the kernels
+# The block sizes of the one variant: up to this many drafts (graph_max_draft's bound) and lookup
+# tokens (core.config.MAX_LOOKUP_TAIL); larger calls compile one of their own.
+MAX_DRAFTS = 32
+MAX_M = 2
 
 
 @triton.jit
-def _token(text_row, drafts_row, i, W: tl.constexpr, K: tl.constexpr):
+def _token(text_row, drafts_row, i, W: tl.constexpr, K):
     """s[i] for i in [0, W + K) (PAD outside): the staged text, then the drafts."""
     in_text = (i >= 0) & (i < W)
     in_drafts = (i >= W) & (i < W + K)
@@ -31,10 +41,11 @@ def _token(text_row, drafts_row, i, W: tl.constexpr, K: tl.constexpr):
     return tl.where(in_text, a, b)
 
 
-@triton.jit
+# Triton compiles a variant per value class of an int argument (1, a multiple of 16, other)
+# unless told not to: the drafts' and the output's row strides and k, m change with the step.
+@triton.jit(do_not_specialize=["stride_d", "stride_o", "K", "M"])
 def _lookup_tail_kernel(Text, Drafts, Out, stride_t, stride_d, stride_o,
-                        W: tl.constexpr, K: tl.constexpr, M: tl.constexpr, BLOCK: tl.constexpr,
-                        BLOCK_M: tl.constexpr):
+                        K, M, W: tl.constexpr, BLOCK: tl.constexpr, BLOCK_M: tl.constexpr):
     row = tl.program_id(0)
     text_row = Text + row * stride_t
     drafts_row = Drafts + row * stride_d
@@ -71,8 +82,8 @@ def lookup_tail(text: torch.Tensor, drafts: torch.Tensor, m: int) -> torch.Tenso
         return out
     if k == 0:  # a pointer the kernel never reads (every draft load is masked)
         drafts = text[:, :1]
-    block = triton.next_power_of_2(width + k + 1)
-    _lookup_tail_kernel[(num,)](text, drafts, out, text.stride(0), drafts.stride(0), out.stride(0),
-                                W=width, K=k, M=m, BLOCK=block, BLOCK_M=max(2, triton.next_power_of_2(m)),
+    _lookup_tail_kernel[(num,)](text, drafts, out, text.stride(0), drafts.stride(0), out.stride(0), k, m,
+                                W=width, BLOCK=triton.next_power_of_2(width + max(k, MAX_DRAFTS) + 1),
+                                BLOCK_M=max(MAX_M, triton.next_power_of_2(m)),
                                 num_warps=4)
     return out

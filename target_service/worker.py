@@ -33,10 +33,11 @@ from typing import Sequence
 
 import torch
 
+from bass.core.config import LOOKUP_WINDOW
 from bass.core.worker_api import Verdict, VerifyRequest, VerifyResponse, WorkerInfo
 from bass.engine import verify_tail
 from bass.engine.draft_loop import CHAINED_FIRST_TOKENS
-from bass.engine.lookup_tail import lookup_tail, stage_text
+from bass.engine.lookup_tail import PAD, lookup_tail, stage_text
 from bass.engine.runner import PLACEHOLDER, ModelRunner, SequenceState
 from bass.engine.sampling import RowParams, noise_keys, race, race_unsynced
 from bass.engine.transfer import HostCopy, to_device
@@ -146,6 +147,10 @@ class TargetWorker:
         k = 0 (regular decoding) to graph_max_draft; each with the sampled verification tail."""
         self.runner.warm_up(graph_shapes=[(k + 1, k + 1) for k in range(self.runner.config.graph_max_draft + 1)],
                             tail=verify_tail.SampledVerifyTail(self.runner.model.logits))
+        if self.runner.config.lookup_tail and self.runner.device.type == "cuda":
+            # The lookup kernel runs outside the graphs: compile it now, not in a verification.
+            text = torch.full((1, LOOKUP_WINDOW), PAD, dtype=torch.int64, device=self.runner.device)
+            lookup_tail(text, torch.zeros((1, 1), dtype=torch.int64, device=self.runner.device), 1)
 
     def release(self, seq_ids: Sequence[int]) -> None:
         self._finish_all()
