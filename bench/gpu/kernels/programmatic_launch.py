@@ -29,6 +29,7 @@ import torch
 
 from bass.app.bench.steps import StepTimer, random_transformer, shape_config
 from bass.kernels.batch import RaggedBatch
+from bass.kernels.timing import graph_us
 
 MODELS = {"draft-fused": ("qwen2.5-coder-0.5b", True, True, True),
           "target-cuda": ("qwen2.5-coder-1.5b", False, True, True),
@@ -45,36 +46,16 @@ def set_programmatic(model, products: bool, attention: bool) -> None:
     model.attend = functools.partial(model.attend.func, **{**model.attend.keywords, "programmatic": attention})
 
 
-def graphed_forward(model, timer: StepTimer, q: int) -> torch.cuda.CUDAGraph:
+def forward_ms(model, timer: StepTimer, q: int) -> float:
+    """GPU ms of one forward of q tokens a sequence (bass.kernels.timing.graph_us: its CUDA graph
+    replayed REPLAYS times back to back, the median of SAMPLES such timings)."""
     runner = timer.runner
     chunks = runner.stage([(s, [7] * (q - 1)) for s in timer.states], [q] * len(timer.states))
     batch = RaggedBatch.build(chunks, runner.device)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            model.hidden(batch, runner.cache)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        model.hidden(batch, runner.cache)
+    ms = graph_us(lambda: model.hidden(batch, runner.cache), replays=REPLAYS, rounds=SAMPLES) / 1000
     for s, chunk in zip(timer.states, chunks):
         runner.cache.truncate(s.slot, chunk.start)
-    return graph
-
-
-def replay_ms(graph: torch.cuda.CUDAGraph) -> float:
-    """Median over SAMPLES of the mean GPU time of one replay among REPLAYS back to back."""
-    times = []
-    for _ in range(SAMPLES):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(REPLAYS):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / REPLAYS)
-    return statistics.median(times)
+    return ms
 
 
 def main() -> None:
@@ -90,20 +71,17 @@ def main() -> None:
         for batch, q in [(b, q) for q in qs for b in (1, 8)]:
             timer = StepTimer(model, batch=batch, context=512, max_q=q, attention="triton", cuda_graphs=False,
                               device="cuda")
-            graphs = {}
-            for name, (products, attention) in settings.items():
-                set_programmatic(model, products, attention)
-                graphs[name] = graphed_forward(model, timer, q)
             times = {name: [] for name in settings}
             for _ in range(ROUNDS):
-                for name, graph in graphs.items():
-                    times[name].append(replay_ms(graph))
+                for name, (products, attention) in settings.items():
+                    set_programmatic(model, products, attention)
+                    times[name].append(forward_ms(model, timer, q))
             entry = {name: {"median_ms": round(statistics.median(t), 4), "rounds_ms": [round(x, 4) for x in t]}
                      for name, t in times.items()}
             report["forwards"][f"{role}-{batch}" + (f"x{q}" if q > 1 else "")] = entry
             print(f"{role}, batch {batch}, {q} token(s) a sequence: " + ", ".join(f"{n} {e['median_ms']:.4f}" for n, e in entry.items())
                   + " ms a forward (GPU time, graph replays back to back)", flush=True)
-            del timer, graphs
+            del timer
             torch.cuda.empty_cache()
         del model
         torch.cuda.empty_cache()
