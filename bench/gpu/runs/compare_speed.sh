@@ -4,7 +4,8 @@
 # same machine. The baseline site is /tmp/site-base (prepared by this script from .whlbase/:
 # the baseline commit's wheel and its generated bass/v1). Usage:
 #   compare_speed.sh MODE BATCHES POLICIES [--services]   (e.g. t0.8-p0.95 1,8,64 0,4,auto)
-# Extra arguments go to `bass bench speed` (a later --problems overrides 0:16); TAG names the files.
+# Extra arguments go to `bass bench speed` (a later --problems overrides 0:16); TAG names the files;
+# WARM=0 skips the untimed warm-up process per build (warm_kernels.sh).
 set -uo pipefail
 R=$PWD
 mode=$1 batches=$2 policies=$3; shift 3
@@ -13,6 +14,13 @@ cd /tmp
 export PYTHONUNBUFFERED=1
 T=/tmp/models/qwen2.5-coder-1.5b-instruct
 D=/tmp/models/qwen2.5-coder-0.5b-instruct
+# WARM=1 (default): an untimed process per build first fills Triton's cache (warm_kernels.sh).
+if [ "${WARM:-1}" = 1 ]; then
+  for build in ${ORDER:-base new}; do
+    site=/tmp/site; [ $build = base ] && site=/tmp/site-base
+    bash $R/bench/gpu/runs/warm_kernels.sh $mode $site
+  done
+fi
 for build in ${ORDER:-base new}; do  # ORDER="new base": the other way round (drift)
   site=/tmp/site commit=${BASS_COMMIT:-}; [ $build = base ] && site=/tmp/site-base commit=${BASE_COMMIT:-}
   BASS_COMMIT=$commit PYTHONPATH=$site timeout ${LIMIT_S:-170} python3 -m bass.cli bench speed --target $T --draft $D --device cuda \

@@ -6,8 +6,10 @@
 # --programmatic-launch 2); BATCHES (default 1,8), POLICIES (default 3,auto), REPEATS (default 5).
 set -uo pipefail
 mode=$1 a=$2 b=$3 rounds=${4:-2}
+R=$PWD
 cd /tmp  # so that the installed package, not the repo's bass/ folder, is imported
 export PYTHONPATH=${PYTHONPATH:-/tmp/site} PYTHONUNBUFFERED=1
+[ "${WARM:-1}" = 1 ] && bash $R/bench/gpu/runs/warm_kernels.sh $mode  # WARM=0: no untimed process first
 for round in $(seq 1 $rounds); do
   for flag in "$a" "$b"; do
     name=$OUT/speed-$mode-${flag//[^a-z0-9-]/}-r$round
