@@ -5,10 +5,13 @@
 # `auto`, at 1 / 8 / 64 sequences, 5 repeats (medians). Usage: readme_table.sh MODE [bench speed
 # args...], MODE greedy or t0.8-p0.95. Runs on the GPU CUDA_VISIBLE_DEVICES leaves first, so the
 # two modes can run side by side on two GPUs of one host. JSON and log under $OUT.
+# WARM=1 (default): an untimed process fills Triton's cache first (warm_kernels.sh).
 set -uo pipefail
 mode=$1; shift
+R=$PWD
 cd /tmp  # so that the installed package, not the repo's bass/ folder, is imported
 export PYTHONPATH=${PYTHONPATH:-/tmp/site} PYTHONUNBUFFERED=1
+[ "${WARM:-1}" = 1 ] && bash $R/bench/gpu/runs/warm_kernels.sh $mode $PYTHONPATH
 timeout ${LIMIT_S:-420} python3 -m bass.cli bench speed --target /tmp/models/qwen2.5-coder-1.5b-instruct \
   --draft /tmp/models/qwen2.5-coder-0.5b-instruct --device cuda --dtype bfloat16 --max-seq-len 1024 \
   --max-new-tokens 128 --problems 0:16 --peak-tflops 989 --batches ${BATCHES:-1,8,64} \
