@@ -186,12 +186,19 @@ def test_check_run_counts_by_kind_and_never_passes_what_it_cannot_check():
 
 # -- a fake server that answers right alone and wrong under load -----------------------------------------
 class FlakyUnderLoad(generation_pb2_grpc.GenerationServicer):
-    """Deterministic answers (a function of the prompt); with another stream in flight it
-    corrupts them as `fault` says, and beyond `capacity` streams it refuses like a full queue."""
+    """Deterministic answers (a function of the prompt); under load it corrupts them as `fault`
+    says, and beyond `capacity` streams it refuses like a full queue. A stream is under load when
+    another stream arrived up to LOAD_WINDOW_S before it, or is in flight or arrives within
+    LOAD_WINDOW_S after it: every stream of a burst, however slowly a busy machine sends them
+    (with only "another in flight 50 ms after arrival", the first or last of a burst of 6 sent
+    over more than 50 ms on a loaded 2-core CI machine read as alone)."""
+
+    LOAD_WINDOW_S = 0.5
 
     def __init__(self, fault: str | None, capacity: int = 1000):
         self.fault, self.capacity = fault, capacity
-        self.in_flight, self.lock = 0, threading.Lock()
+        self.in_flight, self.lock = 0, threading.Condition()
+        self.arrivals: list[float] = []
 
     @staticmethod
     def answer(request) -> list[list[int]]:
@@ -204,14 +211,20 @@ class FlakyUnderLoad(generation_pb2_grpc.GenerationServicer):
                                               for i, t in enumerate(self.answer(request))])
 
     def GenerateStream(self, request, context):
+        arrived = time.monotonic()
         with self.lock:
             if self.in_flight >= self.capacity:
                 context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "the queue is full")
             self.in_flight += 1
+            loaded = any(arrived - t < self.LOAD_WINDOW_S for t in self.arrivals)
+            self.arrivals.append(arrived)
+            self.lock.notify_all()
         try:
             time.sleep(0.05)  # let the other arrivals come in
             with self.lock:
-                loaded = self.in_flight > 1
+                # Alone so far: wait for another arrival, up to the window.
+                loaded = self.lock.wait_for(lambda: loaded or self.in_flight > 1 or self.arrivals[-1] != arrived,
+                                            timeout=self.LOAD_WINDOW_S)
             fault = self.fault if loaded else None
             seqs = self.answer(request)
             if fault == "token":
