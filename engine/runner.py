@@ -269,6 +269,33 @@ class ModelRunner:
                 self.graphs.precapture(list(graph_shapes), self.config.num_slots, tail=tail)
                 if self.prefill_graphs is not None:
                     self.prefill_graphs.precapture()
+            if self.device.type == "cuda" and self.config.attention_backend == "triton":
+                self.compile_eager_variants()
+
+    def compile_eager_variants(self) -> None:
+        """One eager step for each attention-kernel variant that steps outside the CUDA graphs
+        can launch (triton_attention.plan_representatives), on scratch slots with whatever their
+        caches hold: Triton compiles each variant (and the other kernels of that shape) now
+        rather than inside a request. Once per process; from Triton's disk cache after the
+        first process on a machine."""
+        from bass.kernels.triton_attention import _num_sms, plan_representatives
+
+        mc = self.model_config
+        shapes = plan_representatives(mc.num_heads // mc.num_kv_heads, mc.num_kv_heads, mc.head_dim,
+                                      _num_sms(self.device), self.config.max_seq_len,
+                                      min(self.config.num_slots, self.cache.free_slots))
+        with torch.inference_mode():
+            for batch, q, context in shapes:
+                slots = [self.cache.allocate() for _ in range(batch)]
+                try:
+                    chunks = []
+                    for slot in slots:
+                        self.cache.append(slot, [0] * context)
+                        chunks.append(SequenceChunk(slot=slot, start=context - q, tokens=[0] * q, logit_rows=1))
+                    self.model.forward(RaggedBatch.build(chunks, self.device), self.cache)
+                finally:
+                    for slot in slots:
+                        self.cache.release(slot)
 
     # -- checks ----------------------------------------------------------------------------------
     def _check_new(self, seq_id: int) -> None:

@@ -63,7 +63,7 @@ try:  # grid dependency control (programmatic dependent launch), Triton >= 3.4
 except ImportError:  # pragma: no cover - older Triton, or none
     _gdc, _GDC = None, False
 
-__all__ = ["attend_triton", "triton_available", "plan_launch", "LaunchPlan"]
+__all__ = ["attend_triton", "triton_available", "plan_launch", "plan_representatives", "LaunchPlan"]
 
 _LOG2E = 1.4426950408889634
 _INTERPRETED = False  # set below: whether triton.jit made interpreter functions
@@ -353,6 +353,34 @@ def plan_launch(q_lens: list[int], ctx_lens: list[int], group: int, num_kv_heads
     if ctx_lens_are_bounds:
         split_size = block_n
     return LaunchPlan(block_m, block_n, num_warps, num_stages, num_splits, split_size)
+
+
+def plan_key(plan: LaunchPlan) -> tuple:
+    """What Triton compiles a variant of the kernel for (its constants): the block sizes, warps,
+    stages, and whether the key range is split; not how many splits (a grid size)."""
+    return plan.block_m, plan.block_n, plan.num_warps, plan.num_stages, plan.num_splits > 1
+
+
+def plan_representatives(group: int, num_kv_heads: int, head_dim: int, num_sms: int, max_len: int,
+                         max_batch: int, max_q: int = 128) -> list[tuple[int, int, int]]:
+    """(sequences, query tokens each, context) of uniform steps, the smallest found for each kernel
+    variant (plan_key) that an eagerly run step of up to max_q tokens a sequence and max_batch
+    sequences can launch at contexts up to max_len. A step run eagerly (a draft's catch-up, a
+    ragged verification, a prefill past the prefill graphs) would otherwise compile its variant
+    when first met, inside a request (0.1-0.3 s on a fresh H100, 2026-11-27). A variant is a
+    block height and split or not (warps and stages follow the block); uniform steps of one to
+    max_batch sequences reach every such pair a ragged batch can."""
+    found: dict[tuple, tuple[int, int, int]] = {}
+    batches = [b for b in (1, 2, 4, 8, 16, 32, 64) if b <= max_batch]
+    for ctx in (min(2 * _MIN_SPLIT_KEYS, max_len), 4 * _MIN_SPLIT_KEYS):  # under and at the split threshold
+        for batch in batches:
+            for q in range(1, max_q + 1):
+                context = max(ctx, q)
+                if context > max_len:
+                    break
+                plan = plan_launch([q] * batch, [context] * batch, group, num_kv_heads, head_dim, num_sms)
+                found.setdefault(plan_key(plan), (batch, q, context))
+    return list(found.values())
 
 
 # ----------------------------------------------------------------------------------------------
