@@ -24,6 +24,7 @@ from bass.app.bench.speed import stream_config
 from bass.app.client import BassClient
 from bass.coordinator.draft_ahead import DraftsAhead
 from bass.coordinator.requests import FinishReason, GenerationRequest
+from bass.coordinator.step_stats import StepStats
 from bass.coordinator.streamed_step import StreamedStep
 from bass.core.config import DraftStreamConfig, SamplingParams, SchedulerConfig
 from bass.core.errors import InvalidRequestError, WorkerUnavailableError
@@ -585,10 +586,20 @@ def test_an_identical_drafts_drafts_are_never_rejected(llama_target, schedulers,
                                   sampling=SamplingParams(temperature=0.8, top_k=8))]
     want = texts(build_scheduler(llama_target, None, "0").generate(requests))
     s = schedulers(llama_target, llama_target, stream=stream)
-    results = s.generate(requests)
-    assert texts(results) == want
-    assert s.step_stats.draft_tokens > 0
-    assert [r.stats.rejections for r in results] == [0, 0], [r.stats for r in results]
+    # Whether any draft arrives in time to be verified is a race with the target's steps; with
+    # no wait (wait_ms 0) on a busy 2-core machine a whole run can verify stand-ins only (a fresh
+    # clone's CI run did, 2026-11-27). Each run must be exact and reject nothing; one of up to
+    # three must have verified drafts, or the test says nothing.
+    verified = 0
+    for _ in range(3):
+        s.step_stats = StepStats()
+        results = s.generate(requests)
+        assert texts(results) == want
+        assert [r.stats.rejections for r in results] == [0, 0], [r.stats for r in results]
+        verified = s.step_stats.draft_tokens
+        if verified:
+            break
+    assert verified > 0
 
 
 def test_sequences_that_fill_the_cache(llama_target, llama_draft, schedulers):
