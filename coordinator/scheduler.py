@@ -320,7 +320,7 @@ class Scheduler:
         self.policy.observe_costs(size, outcome.draft_forwards if plan.clean_draft else 0, outcome.draft_s, k,
                                   period - outcome.draft_s if plan.clean_verify and period is not None else None,
                                   joined=plan.joined)
-        self.step_stats.step_s += self.clock() - plan.step_started
+        self.step_stats.add_step(self.clock() - plan.step_started)
         return finished
 
     def _streamed_step(self, prefill: PrefillBudget) -> list[RequestRun]:
@@ -351,7 +351,7 @@ class Scheduler:
                                  outcome.verify_s, draft_wait_s=outcome.draft_wait_s, policy_observes=False)
         for seq in batch:  # the executor sent the draft the verdicts themselves
             seq.unsent_to_draft.clear()
-        self.step_stats.step_s += self.clock() - plan.step_started
+        self.step_stats.add_step(self.clock() - plan.step_started)
         return finished
 
     def _leave_stream(self, batch: list[SequenceRun]) -> None:
@@ -413,7 +413,7 @@ class Scheduler:
         period = self._period() if answered.steady else None  # the whole step, as for speculative steps
         self.policy.observe_costs(len(answered.batch), 0, 0.0, 0, period)
         if counted:
-            self.step_stats.step_s += self.clock() - step_started + self._uncounted_step_s
+            self.step_stats.add_step(self.clock() - step_started + self._uncounted_step_s)
             self._uncounted_step_s = 0.0
         return finished
 

@@ -15,6 +15,9 @@ class StepStats:
     draft_forwards: int = 0  # sequential draft forwards (the longest draft of each step, + tail)
     verify_tokens: int = 0  # tokens the target ran, counting one pending token per sequence
     step_s: float = 0.0  # whole steps, as the coordinator sees them
+    # The longest step: a one-off stall (a kernel compiled on first use, a collection) that the
+    # mean hides and the round's time shows (H100, 2026-11-27: 0.1-0.3 s steps in 4 ms rounds).
+    slowest_step_s: float = 0.0
     draft_s: float = 0.0  # the host's wait for the drafts: Propose calls, transport included (co-located: the Speculate call)
     draft_compute_s: float = 0.0  # inside the draft worker
     verify_s: float = 0.0  # Verify calls, transport included
@@ -41,6 +44,10 @@ class StepStats:
     # each sequence's (seq_id, tokens committed): its own pace, which `auto`'s judgement of a
     # batch's slowest sequence is checked against, clock at the commit's end).
     trace: list[tuple] | None = None
+
+    def add_step(self, seconds: float) -> None:
+        self.step_s += seconds
+        self.slowest_step_s = max(self.slowest_step_s, seconds)
 
     def breakdown(self) -> dict:
         """Mean milliseconds per step: draft and verify compute, transport (RPC), and the

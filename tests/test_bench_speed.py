@@ -25,6 +25,8 @@ def test_speed_bench_accounts_for_every_token_and_millisecond(llama_target, tmp_
         parts = b["draft_ms"] + b["verify_ms"] + b["rpc_ms"] + b["coordinator_ms"]
         assert abs(parts - b["step_ms"]) < 1e-6 * max(1, b["step_ms"]) + 1e-3
         assert min(b.values()) >= -1e-3
+        slowest_ms = 1000 * row["step_stats"]["slowest_step_s"]
+        assert b["step_ms"] - 1e-6 <= slowest_ms <= 1000 * row["wall_s"]  # the longest step: at least the mean
     assert regular["tokens_per_sequence_step"] == 1.0 and regular["step_stats"]["draft_tokens"] == 0
     assert regular["step_stats"]["steps_by_length"] == {"0": regular["steps"]}
     assert spec["step_stats"]["steps_by_length"] == {"3": spec["steps"]}

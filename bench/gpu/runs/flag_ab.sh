@@ -24,6 +24,7 @@ for r in json.load(open(sys.argv[1]))["results"]:
     print(f"round {sys.argv[3]} {sys.argv[2]} {r['mode']} batch {r['batch']} policy {r['policy']}: "
           f"{r['ms_per_token_per_sequence']:.3f} ms/token/seq (mean {r.get('ms_per_token_per_sequence_mean', 0):.3f}), "
           f"{r['tokens_per_sequence_step']:.2f} tokens a sequence-step, step {b['step_ms']:.2f} ms "
+          f"(slowest {1000 * r['step_stats'].get('slowest_step_s', 0):.1f}) "
           f"{ {k: round(v, 2) for k, v in b.items() if k != 'step_ms'} } digests {r.get('outputs_digest_per_round', '')}")
 PY
   done
