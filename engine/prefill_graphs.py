@@ -78,15 +78,13 @@ class RaggedInputs:
 
         padding = scratch(self.tokens - sum(len(c.tokens) for c in chunks))
         empty = [scratch(0)] * (self.max_seqs - len(chunks))
-        columns = RaggedBatch.columns([*chunks, padding, *empty])[:-1]  # no logit rows
-        dev = self.staging.load(torch.tensor([v for column in columns for v in column], dtype=torch.int64))
-        b, t, e = self.batch, self.tokens, self.max_seqs + 1
-        for i, buffer in enumerate((b.input_ids, b.positions, b.token_slots, b.token_seq, b.token_offset)):
-            buffer.copy_(dev[i * t:(i + 1) * t])
-        at = 5 * t
-        for buffer, n in ((b.slots, e), (b.q_starts, e + 1), (b.q_lens, e), (b.ctx_lens, e)):
-            buffer.copy_(dev[at:at + n])
-            at += n
+        columns = RaggedBatch.columns([*chunks, padding, *empty])
+        del columns["logit_rows"]  # none
+        dev = self.staging.load(torch.tensor([v for column in columns.values() for v in column], dtype=torch.int64))
+        at = 0
+        for name, column in columns.items():
+            getattr(self.batch, name).copy_(dev[at:at + len(column)])
+            at += len(column)
 
 
 @dataclass

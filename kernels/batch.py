@@ -7,7 +7,7 @@ up to each sequence's context length.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -50,25 +50,25 @@ class RaggedBatch:
         return int(self.input_ids.shape[0])
 
     @staticmethod
-    def columns(chunks: list[SequenceChunk]) -> tuple[list[int], ...]:
-        """The batch's vectors as host lists, in the order of the fields (input_ids ..
+    def columns(chunks: list[SequenceChunk]) -> dict[str, list[int]]:
+        """The batch's vectors as host lists by field name, in the fields' order (input_ids ..
         logit_rows), unchecked: a CUDA graph's static batch fills its buffers from them too."""
-        ids, positions, token_slots, token_seq, token_offset, rows = [], [], [], [], [], []
-        q_lens, ctx_lens, slots, q_starts = [], [], [], [0]
+        cols: dict[str, list[int]] = {name: [] for name in _VECTORS}
+        cols["q_starts"].append(0)
         for b, c in enumerate(chunks):
             n = len(c.tokens)
-            base = q_starts[-1]
-            ids.extend(c.tokens)
-            positions.extend(range(c.start, c.start + n))
-            token_slots.extend([c.slot] * n)
-            token_seq.extend([b] * n)
-            token_offset.extend(range(n))
-            rows.extend(range(base + n - c.logit_rows, base + n))
-            q_lens.append(n)
-            ctx_lens.append(c.start + n)
-            slots.append(c.slot)
-            q_starts.append(base + n)
-        return ids, positions, token_slots, token_seq, token_offset, slots, q_starts, q_lens, ctx_lens, rows
+            base = cols["q_starts"][-1]
+            cols["input_ids"].extend(c.tokens)
+            cols["positions"].extend(range(c.start, c.start + n))
+            cols["token_slots"].extend([c.slot] * n)
+            cols["token_seq"].extend([b] * n)
+            cols["token_offset"].extend(range(n))
+            cols["slots"].append(c.slot)
+            cols["q_starts"].append(base + n)
+            cols["q_lens"].append(n)
+            cols["ctx_lens"].append(c.start + n)
+            cols["logit_rows"].extend(range(base + n - c.logit_rows, base + n))
+        return cols
 
     @classmethod
     def build(cls, chunks: list[SequenceChunk], device: torch.device | str) -> "RaggedBatch":
@@ -77,14 +77,12 @@ class RaggedBatch:
                 raise ValueError(f"sequence in slot {c.slot} has no tokens to run")
             if not 0 <= c.logit_rows <= len(c.tokens):
                 raise ValueError(f"logit_rows={c.logit_rows} outside [0, {len(c.tokens)}]")
-        columns = cls.columns(chunks)
-        q_lens, ctx_lens, slots = columns[7], columns[8], columns[5]
-
-        def t(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int64, device=device)
-
-        names = ("input_ids", "positions", "token_slots", "token_seq", "token_offset", "slots", "q_starts",
-                 "q_lens", "ctx_lens", "logit_rows")
-        return cls(**{name: t(values) for name, values in zip(names, columns)},
+        cols = cls.columns(chunks)
+        q_lens, ctx_lens = cols["q_lens"], cols["ctx_lens"]
+        return cls(**{name: torch.tensor(values, dtype=torch.int64, device=device) for name, values in cols.items()},
                    max_q=max(q_lens), max_ctx=max(ctx_lens), q_lens_list=q_lens, ctx_lens_list=ctx_lens,
-                   slots_list=slots)
+                   slots_list=cols["slots"])
+
+
+# RaggedBatch's device vectors, in field order (annotations are strings: `from __future__`).
+_VECTORS = tuple(f.name for f in fields(RaggedBatch) if f.type == "torch.Tensor")
