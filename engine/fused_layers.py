@@ -26,7 +26,7 @@ path (more than 16 rows: prefill, catch-up, a verification of many sequences) co
 function from them. Rounding differs from transformers' (the norm's weight multiplies the weight,
 rounded once to the model's dtype, not the normed activation; intermediate sums stay in fp32).
 For a draft that decides only what it proposes. For a target (bf16; H100: a forward's GPU time
--14% at 1-8 sequences, bench/results 2026-11-27) it is the target's own function in every path;
+-15% at 1-8 sequences, bench/results 2026-11-27) it is the target's own function in every path;
 but a step of more than 16 rows runs cuBLAS, which rounds differently from the kernel, so a
 near-tied greedy token can differ between a regular step and a verification (RunnerConfig.few_row_cuda).
 """

@@ -132,7 +132,7 @@ class RunnerConfig:
     # five launches, the norms, RoPE and the cache writes, the residual adds and SiLU * up in the
     # products' epilogues (engine/fused_layers.py), and plain products through it where it times
     # faster at load. bf16 models with the Triton kernels on CUDA; never in the batch-invariant
-    # mode. H100, a target forward's GPU time: -14% at 1-8 sequences and for a one-sequence
+    # mode. H100, a target forward's GPU time: -15% at 1-8 sequences and for a one-sequence
     # verification (bench/results, 2026-11-27 target fused). The norms' weights are folded into
     # the projections (rounded once), and steps of more than 16 rows (a verification of 8
     # sequences) run cuBLAS: a regular step and a verification round differently, so a near-tied
