@@ -83,5 +83,5 @@ def test_after_the_warm_up_ragged_eager_steps_compile_no_attention_variant(qwen_
             states = [runner.get(100 * round_ + i) for i in range(len(lengths))]
             extra = [[3] * rng.randint(0, 12) for _ in states]  # a ragged step: eager
             runner.forward(list(zip(states, extra)), [1] * len(states))
-            runner.release([s.seq_id for s in states])
+            runner.release([100 * round_ + i for i in range(len(lengths))])
     assert len(cache) == compiled
