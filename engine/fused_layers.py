@@ -38,8 +38,7 @@ import torch
 from bass.kernels.cuda_skinny import MAX_NORM_ROWS, inner_multiple
 from bass.kernels.elementwise import rope_pair_order
 
-MAX_FUSED_ROWS = MAX_NORM_ROWS  # the few-row CUDA kernel's steps
-MAX_WIDE_ROWS = 64  # kernels/triton_layer_products' steps; steps of more tokens run the unfused layer
+MAX_FUSED_ROWS = MAX_NORM_ROWS  # steps of more tokens run the unfused layer
 PAIR = 8  # gate|up columns interleave in groups of 8 gates and their 8 ups
 
 

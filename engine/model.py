@@ -12,7 +12,7 @@ import functools
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -119,8 +119,7 @@ def rope_inv_freq(config: TransformerConfig) -> torch.Tensor:
 class Transformer:
     def __init__(self, config: TransformerConfig, weights: TransformerWeights, *, max_seq_len: int,
                  attention: str = "pad", batch_invariant: bool = False, int8_weights: bool = False,
-                 few_row_cuda: bool = False, fuse_layers: bool = True, wide_fused: bool = False,
-                 programmatic_launch: bool = True):
+                 few_row_cuda: bool = False, fuse_layers: bool = True, programmatic_launch: bool = True):
         """batch_invariant: every row's values are computed the same way whatever the batch
         around it (one GEMM tiling without split-K, attention with one launch plan and no
         split-KV), so a sequence's logits, and so its tokens, do not depend on what it is
@@ -136,9 +135,6 @@ class Transformer:
         five launches instead of nine (int8 or bf16 weights), the norms, RoPE and cache writes,
         residual adds and SiLU * up in the products' epilogues (engine/fused_layers.py; changes
         the weights' layout and the values' rounding).
-        wide_fused (with the Triton kernels, not batch-invariant; on the CPU only under Triton's
-        interpreter, which tests use): steps of up to 64 tokens run fused layers too, those past
-        the few-row kernel's 16 (or all, without it) through kernels/triton_layer_products.py.
         programmatic_launch (Hopper and newer; ignored elsewhere): the attention kernel and the
         few-row products launch as programmatic dependent launches, each started while the
         kernel before it runs (a product loads its first weights meanwhile) and waiting for it
@@ -183,16 +179,10 @@ class Transformer:
             from bass.kernels.cuda_skinny import load_skinny_gemm
 
             few_row_kernel = load_skinny_gemm(weights.embed.device, programmatic=programmatic_launch)
-        can_fuse = fuse_layers and fused_layers.can_fuse(config)
-        wide_products = None
-        if wide_fused and can_fuse and attention == "triton" and not batch_invariant:
-            from bass.kernels.triton_layer_products import LayerProducts
-
-            wide_products = LayerProducts(weights.embed.device, programmatic=programmatic_launch)
-        # (most rows, product) by rows: a step runs fused through the first that takes it
-        self.fused_products: list[tuple[int, Callable]] = []
-        self.fused_layers = (few_row_kernel is not None and can_fuse) or wide_products is not None
+        self.fused_layers = few_row_kernel is not None and fuse_layers and fused_layers.can_fuse(config)
         if self.fused_layers:
+            log.info("decode steps of up to %d tokens run fused layers (engine/fused_layers.py)",
+                     fused_layers.MAX_FUSED_ROWS)
             fused_layers.prepare_weights(weights, config)
             self.silu_mul = functools.partial(self.silu_mul, paired=True)
             self.rope_into_cache = functools.partial(self.rope_into_cache, paired=True)
@@ -206,13 +196,6 @@ class Transformer:
             self.linear = Int8Linear(weights.embed.device)
         if few_row_kernel is not None:
             self._plan_few_row_products(few_row_kernel, weights)
-            if can_fuse:
-                self.fused_products.append((fused_layers.MAX_FUSED_ROWS, self.linear.fused))
-        if wide_products is not None:
-            self.fused_products.append((fused_layers.MAX_WIDE_ROWS, wide_products))
-        if self.fused_products:
-            log.info("decode steps of up to %d tokens run fused layers (engine/fused_layers.py)",
-                     self.fused_products[-1][0])
         self.scale = config.head_dim ** -0.5
         device, dtype = weights.embed.device, weights.embed.dtype
         positions = torch.arange(max_seq_len, dtype=torch.float32, device=device)
@@ -265,11 +248,8 @@ class Transformer:
 
         The residual stream x and the normed input h of the next block travel together, so each
         residual add is fused with the norm that follows it."""
-        if self.fused_layers:
-            rows = batch.input_ids.shape[0]
-            for most, product in self.fused_products:
-                if rows <= most:
-                    return self._fused_hidden(batch, cache, product)
+        if self.fused_layers and batch.input_ids.shape[0] <= fused_layers.MAX_FUSED_ROWS:
+            return self._fused_hidden(batch, cache)
         c, layers, eps = self.config, self.weights.layers, self.config.rms_norm_eps
         q_size = c.num_heads * c.head_dim
         cos, sin = self.cos[batch.positions], self.sin[batch.positions]
@@ -290,12 +270,11 @@ class Transformer:
         h, _ = self.add_norm(mlp[rows], x[rows], self.weights.final_norm, eps)
         return h
 
-    def _fused_hidden(self, batch: RaggedBatch, cache: KVCache, product: Callable) -> torch.Tensor:
-        """hidden() through the fused layers (engine/fused_layers.py), their products by
-        `product` (the few-row CUDA kernel's, or kernels/triton_layer_products'): the residual
-        stream x is updated in place by the o and down products; q is rewritten by each layer's
-        q|k|v product."""
-        c, layers, eps = self.config, self.weights.layers, self.config.rms_norm_eps
+    def _fused_hidden(self, batch: RaggedBatch, cache: KVCache) -> torch.Tensor:
+        """hidden() for a step of <= 16 tokens through the fused layers (engine/fused_layers.py):
+        the residual stream x is updated in place by the o and down products; q is rewritten by
+        each layer's q|k|v product."""
+        c, layers, eps, product = self.config, self.weights.layers, self.config.rms_norm_eps, self.linear.fused
         q_size = c.num_heads * c.head_dim
         x = self.weights.embed[batch.input_ids]
         q = torch.empty((x.shape[0], c.num_heads, c.head_dim), dtype=x.dtype, device=x.device)

@@ -60,7 +60,6 @@ class ModelRunner:
             model = Transformer(self.model_config, weights, max_seq_len=config.max_seq_len,
                                 attention=config.attention_backend, batch_invariant=config.batch_invariant,
                                 int8_weights=bool(config.int8_weights), few_row_cuda=bool(config.few_row_cuda),
-                                wide_fused=config.wide_fused and config.few_row_cuda and config.device.startswith("cuda"),
                                 programmatic_launch=config.programmatic_launch)
         self.model_config = model.config
         self.model = model

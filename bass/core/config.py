@@ -139,12 +139,6 @@ class RunnerConfig:
     # greedy token can differ between regular and speculative decoding at some batch sizes
     # (`batch_invariant` removes that, as it does the other shape-dependent roundings).
     few_row_cuda: bool = True
-    # Steps of 17-64 rows (a verification of 4-16 sequences, a regular step of 17-64, a short
-    # prefill) through fused layers too, their products Triton tiles with the same epilogues
-    # (kernels/triton_layer_products.py) instead of cuBLAS and the unfused layer's elementwise
-    # kernels. With few_row_cuda's fused layers, on CUDA (ignored elsewhere); never in the
-    # batch-invariant mode. Changes the rounding of those steps like few_row_cuda does.
-    wide_fused: bool = False
     # A target's option: after the draft's tokens of a proposal verified on the device (a draft
     # in the target's process), verify this many more, continued from the sequence's own text
     # (engine/lookup_tail.py; 0 = off; unused otherwise). Never changes the output. On an H200
@@ -333,7 +327,6 @@ class WorkerServiceConfig:
     batch_invariant: bool = False  # target service: rows computed the same way whatever the batch (slower)
     int8_weights: bool | None = None  # draft only (None: on for a draft): int8 projections for few-row steps
     few_row_cuda: bool = True  # 1-16-row steps through the CUDA kernel, layers fused (CUDA with nvcc; not batch-invariant)
-    wide_fused: bool = False  # with few_row_cuda: 17-64-row steps fused too, through Triton (RunnerConfig.wide_fused)
     lookup_tail: int = MAX_LOOKUP_TAIL  # target service: lookup tokens verified after a co-located draft's (0 = off)
     programmatic_launch: bool = True  # kernels start while the one before runs (Hopper+; same values)
 
@@ -357,7 +350,7 @@ class WorkerServiceConfig:
                             max_seq_len=self.max_seq_len, attention=self.attention,
                             graph_max_draft=self.graph_max_draft, batch_invariant=self.batch_invariant,
                             int8_weights=self.int8_weights, few_row_cuda=self.few_row_cuda,
-                            wide_fused=self.wide_fused, lookup_tail=self.lookup_tail, programmatic_launch=self.programmatic_launch)
+                            lookup_tail=self.lookup_tail, programmatic_launch=self.programmatic_launch)
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,7 @@ def workers(target: RunnerConfig, draft: RunnerConfig, *, services: bool, draft_
         return WorkerServiceConfig(model_dir=r.model_dir, device=r.device, dtype=r.dtype, num_slots=r.num_slots,
                                    max_seq_len=r.max_seq_len, attention=r.attention,
                                    batch_invariant=r.batch_invariant, int8_weights=r.int8_weights,
-                                   few_row_cuda=r.few_row_cuda, wide_fused=r.wide_fused, lookup_tail=r.lookup_tail,
+                                   few_row_cuda=r.few_row_cuda, lookup_tail=r.lookup_tail,
                                    programmatic_launch=r.programmatic_launch, **extra)
 
     config = ServeConfig(target=as_service(target), draft=as_service(draft, draft_top_n=draft_top_n),

@@ -43,7 +43,7 @@ def shape_config(name: str) -> TransformerConfig:
 
 def random_transformer(config: TransformerConfig, *, dtype: str, device: str, max_seq_len: int,
                        attention: str, int8_weights: bool = False, batch_invariant: bool = False,
-                       few_row_cuda: bool = False, fuse_layers: bool = True, wide_fused: bool = False,
+                       few_row_cuda: bool = False, fuse_layers: bool = True,
                        programmatic_launch: bool = True) -> Transformer:
     dt = TORCH_DTYPES[dtype]
     gen = torch.Generator(device=device).manual_seed(0)
@@ -63,7 +63,7 @@ def random_transformer(config: TransformerConfig, *, dtype: str, device: str, ma
                                  lm_head=w(c.vocab_size, c.hidden_size))
     return Transformer(config, weights, max_seq_len=max_seq_len, attention=attention, int8_weights=int8_weights,
                        batch_invariant=batch_invariant, few_row_cuda=few_row_cuda, fuse_layers=fuse_layers,
-                       wide_fused=wide_fused, programmatic_launch=programmatic_launch)
+                       programmatic_launch=programmatic_launch)
 
 
 def weight_bytes(config: TransformerConfig, dtype: str) -> int:

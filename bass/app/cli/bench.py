@@ -183,9 +183,6 @@ def bench_invariance(target_dir, draft_dir, problems, max_new_tokens, modes, pol
                    "Triton kernels].")
 @click.option("--few-row-cuda/--no-few-row-cuda", default=True, show_default=True,
               help="Both models' steps of 1-16 rows through the CUDA kernel, layers fused (RunnerConfig.few_row_cuda).")
-@click.option("--wide-fused/--no-wide-fused", default=None,
-              help="Both models' steps of 17-64 rows through fused layers too (Triton; RunnerConfig.wide_fused) "
-                   "[the config's default].")
 @click.option("--trace", is_flag=True, help="Keep the reported round's per-step trace (draft length, sequences, "
                                              "tokens, times) and the coordinator's garbage collections "
                                              "in each row.")
@@ -196,7 +193,7 @@ def bench_invariance(target_dir, draft_dir, problems, max_new_tokens, modes, pol
               help="Kernels start while the one before them runs (Hopper and newer; never changes a value).")
 def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_new_tokens, services, separate_draft,
                 device, dtype, attention, max_seq_len, peak_tflops, repeats, batch_invariant, draft_int8, few_row_cuda,
-                wide_fused, trace, draft_device, lookup_tail, programmatic_launch, out) -> None:
+                trace, draft_device, lookup_tail, programmatic_launch, out) -> None:
     """End-to-end decoding speed: regular vs speculative, in-process or through the services.
     A policy `streamK[cC][wW][lL][nN]` is streamed speculation verifying up to K drafts a step
     (the draft's loop drafting C tokens a call, up to L ahead; a step waiting up to W ms for a
@@ -212,8 +209,6 @@ def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_ne
     batch_list = [int(b) for b in batches.split(",")]
     runner = dict(device=device, dtype=dtype, num_slots=max(batch_list), max_seq_len=max_seq_len, attention=attention,
                   few_row_cuda=few_row_cuda, programmatic_launch=programmatic_launch)
-    if wide_fused is not None:
-        runner["wide_fused"] = wide_fused
     prompts = [p["prompt"] for p in select(load_problems(), problems)]
     draft_runner = {**runner, "device": resolve_device(draft_device or device)}
     if not same_device(draft_runner["device"], device) and not separate_draft:
@@ -227,8 +222,7 @@ def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_ne
                    progress=lambda m: click.echo(m, err=True), colocate=not separate_draft, trace=trace)
     result = {"benchmark": "speed", "environment": describe(device), "target": str(target_dir), "draft": str(draft_dir),
               "dtype": dtype, "attention": attention, "batch_invariant": batch_invariant, "draft_int8": draft_int8,
-              "few_row_cuda": few_row_cuda, "wide_fused": RunnerConfig.wide_fused if wide_fused is None else wide_fused,
-              "draft_device": draft_device or device, "lookup_tail": lookup_tail,
+              "few_row_cuda": few_row_cuda, "draft_device": draft_device or device, "lookup_tail": lookup_tail,
               "programmatic_launch": programmatic_launch,
               "problems": problems, "results": rows}
     _emit_result(result, out)
