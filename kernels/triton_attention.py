@@ -80,20 +80,6 @@ def triton_available() -> bool:
 if triton is not None:
 
     @triton.jit
-    def _attend_tile(q, k, v, m_i, l_i, acc, qk_scale, DOT_PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-        """One key tile that every row of the block sees in full, into the online softmax."""
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        return m_new, l_i, acc
-
-    @triton.jit
     def _ragged_attn_fwd(
         Q, K, V, Out, Lse, Final, Arrivals,
         Slots, QStarts, QLens, CtxLens,
@@ -115,24 +101,23 @@ if triton is not None:
         UPCAST: tl.constexpr,  # fp32 operands for tl.dot (interpreter: its bf16 dot is wrong)
         MASK_EVERY_TILE: tl.constexpr,  # batch-invariant mode: one code path for every tile
         PDL: tl.constexpr,  # launched as a programmatic dependent launch (see attend_triton)
-        PREFETCH: tl.constexpr,  # the first key tile loaded before gdc_wait (see below)
     ):
+        if PDL:
+            # Nothing here may be read before the kernel that wrote q and the cache has finished.
+            _gdc.gdc_wait()
         pid_m = tl.program_id(0)
         seq = tl.program_id(1)
         pid_hs = tl.program_id(2)
         kv_head = pid_hs % NUM_KV_HEADS
         split = pid_hs // NUM_KV_HEADS
 
-        # The step's lengths and slots come from the host or from kernels that finished before
-        # the one this launch may overlap (the q|k|v product, which waits for its own
-        # predecessor before it lets this kernel start): safe to read before gdc_wait.
         q_len = tl.load(QLens + seq).to(tl.int32)
-        ctx = tl.load(CtxLens + seq).to(tl.int32)
-        q_start = tl.load(QStarts + seq)  # int64
-        slot = tl.load(Slots + seq)  # int64
         row0 = pid_m * BLOCK_M
         if row0 >= q_len * GROUP:  # this sequence has fewer query rows than the grid's widest
             return
+        ctx = tl.load(CtxLens + seq).to(tl.int32)
+        q_start = tl.load(QStarts + seq)  # int64
+        slot = tl.load(Slots + seq)  # int64
 
         prefix = ctx - q_len  # position of the sequence's first query token
         tok_lo = row0 // GROUP
@@ -167,27 +152,16 @@ if triton is not None:
         offs_n = tl.arange(0, BLOCK_N)
         d_ok = offs_d < HEAD_DIM
 
-        k_base = K + slot * stride_ks + kv_head * stride_kh
-        v_base = V + slot * stride_vs + kv_head * stride_vh
-        k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
-        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
-
-        # PREFETCH: the first unmasked tile, where all of it precedes the step's own keys (the
-        # cache entries the kernel before this one writes), is loaded before gdc_wait, so that
-        # under a programmatic launch its loads overlap the q|k|v product still running.
-        if PREFETCH:
-            early = (lo + BLOCK_N <= full_end) & (lo + BLOCK_N <= prefix)
-            k_early = tl.load(k_ptrs + lo * stride_kn, mask=early & d_ok[None, :], other=0.0)
-            v_early = tl.load(v_ptrs + lo * stride_vn, mask=early & d_ok[None, :], other=0.0)
-        if PDL:
-            # q, and the cache entries of the step's own tokens, come from the kernel before.
-            _gdc.gdc_wait()
-
         q_ptrs = (Q + (q_start + tok)[:, None] * stride_qt + head[:, None] * stride_qh
                   + offs_d[None, :] * stride_qd)
         q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
         if UPCAST:
             q = q.to(tl.float32)
+
+        k_base = K + slot * stride_ks + kv_head * stride_kh
+        v_base = V + slot * stride_vs + kv_head * stride_vh
+        k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
+        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
 
         # A finite floor instead of -inf keeps fully masked rows (a split before a row's
         # position, padding rows) free of inf - inf; their weights are exp2(-inf) = 0.
@@ -195,20 +169,24 @@ if triton is not None:
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-        first_full = lo
-        if PREFETCH:
-            if early:
-                m_i, l_i, acc = _attend_tile(q, k_early, v_early, m_i, l_i, acc, qk_scale, DOT_PRECISION, UPCAST)
-            first_full = tl.where(early, lo + BLOCK_N, lo)
         # Tiles every row sees in full: no masks (the key range ends before the context's end).
-        for start in range(first_full, full_end, BLOCK_N):
+        for start in range(lo, full_end, BLOCK_N):
             if HEAD_DIM == BLOCK_D:
                 k = tl.load(k_ptrs + start * stride_kn)
                 v = tl.load(v_ptrs + start * stride_vn)
             else:
                 k = tl.load(k_ptrs + start * stride_kn, mask=d_ok[None, :], other=0.0)
                 v = tl.load(v_ptrs + start * stride_vn, mask=d_ok[None, :], other=0.0)
-            m_i, l_i, acc = _attend_tile(q, k, v, m_i, l_i, acc, qk_scale, DOT_PRECISION, UPCAST)
+            if UPCAST:
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            p = tl.exp2(s - m_new[:, None])
+            alpha = tl.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+            m_i = m_new
 
         # The causal diagonal (and the context's end): mask keys past each row's position.
         for start in range(full_end, hi, BLOCK_N):
@@ -484,7 +462,7 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   num_warps: int | None = None, num_stages: int | None = None,
                   num_splits: int | None = None, mask_every_tile: bool = False, split_keys: int | None = None,
                   batch_invariant: bool = False, arrivals: torch.Tensor | None = None,
-                  programmatic: bool = False, prefetch: bool | None = None) -> torch.Tensor:
+                  programmatic: bool = False) -> torch.Tensor:
     """Ragged causal GQA attention in one Triton launch.
 
     q: [T, H, D]; k_cache / v_cache: [slots, max_seq_len, Hkv, D] (any strides); returns a
@@ -510,9 +488,6 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     before it still runs, waits for it before reading anything, and lets the kernel after it
     start at once (a few-row product that loads its weights meanwhile: kernels/cuda/skinny_gemm.cu).
     Values are the same either way.
-    prefetch (None: with a programmatic launch): load each program's first key tile, where it
-    precedes the step's own keys, before waiting for the kernel before (the same values; tests
-    turn it on in the interpreter).
     """
     _check_inputs(q, k_cache, v_cache, batch)
     num_tokens, num_heads, head_dim = q.shape
@@ -546,7 +521,6 @@ def attend_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 BLOCK_M=bm, BLOCK_N=bn, SPLIT=splits > 1,
                 DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # only fp32 reads it
                 UPCAST=interpreted and q.dtype == torch.bfloat16, MASK_EVERY_TILE=mask_every_tile, PDL=pdl,
-                PREFETCH=pdl if prefetch is None else prefetch,
                 num_warps=warps, num_stages=stages)
     if pdl:
         meta["launch_pdl"] = True

@@ -156,20 +156,6 @@ def test_programmatic_launch_reads_what_the_kernel_before_it_wrote(num_splits):
     torch.testing.assert_close(outs[True], reference(q, k_cache, v_cache, batch, 0.25), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("num_splits", [1, 3])
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "-".join(f"{q}q{c}c" for q, c in s))
-def test_the_first_key_tile_prefetched_before_the_wait_gives_the_same_bits(shape, num_splits):
-    """prefetch (on with a programmatic launch): each program's first unmasked key tile, where it
-    precedes the step's own keys, is loaded before the kernel waits for the one before it and
-    folded in ahead of the loop. Decode, verification, prefill and mixed steps, split or not,
-    give the same bits as without it (and the reference's values)."""
-    q, k_cache, v_cache, batch = make_case(shape, 6, 2, 16, seed=11)
-    outs = {p: attend_triton(q, k_cache, v_cache, batch, 0.25, block_n=16, num_splits=num_splits, prefetch=p)
-            for p in (False, True)}
-    assert torch.equal(outs[True], outs[False])
-    torch.testing.assert_close(outs[True], reference(q, k_cache, v_cache, batch, 0.25), atol=1e-5, rtol=1e-5)
-
-
 def test_split_heuristic():
     sms = 132
     # batch 1, decode, long context: too few programs for the GPU, so the context is split.

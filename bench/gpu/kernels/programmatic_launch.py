@@ -35,17 +35,15 @@ MODELS = {"draft-fused": ("qwen2.5-coder-0.5b", True, True, True),
           "target-cuda": ("qwen2.5-coder-1.5b", False, True, True),
           "target-cuda-unfused": ("qwen2.5-coder-1.5b", False, True, False),
           "target": ("qwen2.5-coder-1.5b", False, False, False)}  # (shapes, int8, few-row CUDA kernel, fused layers)
-SETTINGS = {"serial": (False, False, False), "products": (True, False, False), "attention": (False, True, True),
-            "both": (True, True, True), "both-noprefetch": (True, True, False)}  # (products, attention, prefetch)
+SETTINGS = {"serial": (False, False), "products": (True, False), "attention": (False, True), "both": (True, True)}
 REPLAYS, ROUNDS, SAMPLES = 20, 4, 15
 
 
-def set_programmatic(model, products: bool, attention: bool, prefetch: bool) -> None:
+def set_programmatic(model, products: bool, attention: bool) -> None:
     kernel = getattr(model.linear, "kernel", None)
     if kernel is not None:
         kernel.programmatic = products
-    model.attend = functools.partial(model.attend.func, **{**model.attend.keywords, "programmatic": attention,
-                                                           "prefetch": prefetch})
+    model.attend = functools.partial(model.attend.func, **{**model.attend.keywords, "programmatic": attention})
 
 
 def forward_ms(model, timer: StepTimer, q: int) -> float:
@@ -75,8 +73,8 @@ def main() -> None:
                               device="cuda")
             times = {name: [] for name in settings}
             for _ in range(ROUNDS):
-                for name, (products, attention, prefetch) in settings.items():
-                    set_programmatic(model, products, attention, prefetch)
+                for name, (products, attention) in settings.items():
+                    set_programmatic(model, products, attention)
                     times[name].append(forward_ms(model, timer, q))
             entry = {name: {"median_ms": round(statistics.median(t), 4), "rounds_ms": [round(x, 4) for x in t]}
                      for name, t in times.items()}
