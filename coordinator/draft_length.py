@@ -199,6 +199,20 @@ ZERO_PROBE_LEAD = 0.25
 # no gain (H200, 2026-11-25 night 3); with shorter lengths trusted at every batch size a gain on
 # an H200 and, on an H100, auto's worst T = 0.8 runs at 8 sequences (see EXTRAPOLATED_MARGIN).
 SEQUENCE_PRIOR_STEPS = 4.0
+# Where regular decoding is chosen but the best draft length scores within this fraction of it,
+# that length is drafted for THIN_PROBE_STEPS steps every THIN_PROBE_EVERY steps: regular steps
+# teach nothing of the pace that decided against speculation, and that pace is often a new
+# batch's few steps (the slowest of 8 sequences' first steps reads low). Without it, on an H100
+# (ca7633b, services, T = 0.8, 8 sequences) auto decoded regularly at 2.23 ms a token where k = 3
+# ran 2.00, k = 4 scoring 0.476 tokens/ms against regular decoding's 0.492; the policy replayed
+# with that machine's costs (bench/policy/auto_batch_sim.py) ended whole rounds regular in 23% of
+# runs at 8 sequences and 40% at 4, and with these probes in 3% and 13%: auto 1.812 -> 1.768
+# (fixed k = 4 1.756) and 1.789 -> 1.732 (1.717); greedy 4 and 8 1.490 -> 1.442 and 1.476 -> 1.444,
+# unchanged at 1, 2 and 64 sequences, where one mode leads by far more.
+THIN_REGULAR_LEAD = 0.08
+THIN_PROBE_STEPS = 4
+THIN_PROBE_EVERY = 24
+THIN_FIRST_PROBE_AFTER = 12  # regular steps after leaving speculation
 # Sequences that have barely speculated (a new batch) take the pace their batch-size bucket
 # showed before, in proportion to what they lack of SEQUENCE_PRIOR_STEPS drafted steps each;
 # starting each batch from the mean sent auto into a few speculative steps per new batch where
@@ -491,6 +505,10 @@ class MeasuredCost:
         # (a choice made with a few sequences left says nothing about a full batch).
         self.chosen: dict[int, bool] = {}
         self.zero_probe_every, self.next_zero_probe = regular_probe_every, regular_probe_every
+        # While regular decoding leads by less than THIN_REGULAR_LEAD: the next probe of the
+        # best length, its steps left, and the length.
+        self.next_thin_probe, self.thin_probe_left, self.thin_probe_k = THIN_FIRST_PROBE_AFTER, 0, 0
+        self.last_choice_drafted = False  # whether the last best_length was a draft length
         self.regular_probe_left = 0  # further regular steps of a k = 0 probe
         # The scores best_length computed last (None before its bucket was ready): lengths()
         # weighs a k = 0 probe on them rather than pass over the batch again.
@@ -622,13 +640,29 @@ class MeasuredCost:
         if model is not None and model.ready:
             self.speculating = self.chosen[self.bucket(len(seq_ids))] = best > 0
         k = min(best, self.last_drafted + 2)
+        self.last_choice_drafted, was_drafting = best > 0, self.last_choice_drafted
         if best == 0:
             self.regular_probe_left = 0
-            if self.steps >= self.next_zero_probe:
+            scores = self.last_scores
+            if was_drafting:  # just left speculation: the first probe comes a while on
+                self.next_thin_probe = self.steps + THIN_FIRST_PROBE_AFTER
+            if self.thin_probe_left:
+                self.thin_probe_left -= 1
+                k = self.thin_probe_k
+            elif (scores is not None and self.steps >= self.next_thin_probe
+                  and max(scores[1:]) >= (1 - THIN_REGULAR_LEAD) * scores[0]):
+                # Regular decoding leads by a hair: the batch's pace that decided it may be a
+                # few unlucky steps, and regular steps never correct it. Draft the best length
+                # for a few steps, so that its yield and the sequences' paces are measured again.
+                self.thin_probe_k = 1 + max(range(len(scores) - 1), key=lambda j: scores[j + 1])
+                self.thin_probe_left, k = THIN_PROBE_STEPS - 1, self.thin_probe_k
+                self.next_thin_probe = self.steps + THIN_PROBE_EVERY
+            elif self.steps >= self.next_zero_probe:
                 k = 1
                 self.zero_probe_every = min(2 * self.zero_probe_every, self.max_probe_every)
                 self.next_zero_probe = self.steps + self.zero_probe_every
         else:
+            self.thin_probe_left = 0
             self.zero_probe_every = self.regular_probe_every
             self.next_zero_probe = self.steps + self.regular_probe_every
             if self.steps % self.probe_every == 0:

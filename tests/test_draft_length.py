@@ -769,3 +769,40 @@ def test_lookup_tokens_past_the_drafts_count_in_a_steps_yield_not_in_the_drafts_
     adaptive = PerSequenceAdaptive(cost_ratio=0.1, max_length=8)
     adaptive.observe([1], [2], [4])
     assert adaptive.acceptance(1) <= 1
+
+
+def _regular_ahead_by(pol, batch, lead):
+    """As _speculation_ahead_by, but regular decoding timed so that its score is `lead` ahead of
+    the best length's; the policy then decodes regularly."""
+    feed(pol, batch, 4, 1.0, lambda k: 3.0, alpha=0.9, steps=4)
+    for k in list(range(1, pol.max_length + 1)) * 3:
+        pol.observe_costs(batch, k, 0.001 * k, k, 0.003)
+    best = max(pol.scores(batch, list(range(batch)))[1:])
+    for _ in range(4):
+        pol.observe_costs(batch, 0, 0.0, 0, 1 / ((1 + lead) * best))
+    pol.yields.seen = lambda k: 10 ** 6  # past the floor of drafted steps before regular decoding
+    assert pol.best_length(batch, list(range(batch))) == 0
+
+
+@pytest.mark.parametrize("lead, probed", [(0.03, True), (0.25, False)])
+def test_measured_cost_keeps_drafting_a_few_steps_where_regular_decoding_leads_by_a_hair(lead, probed):
+    """Regular steps teach nothing of the pace that chose them over speculation, and that choice
+    often rests on a new batch's few steps. Where regular decoding leads the best length by
+    less than THIN_REGULAR_LEAD, that length is drafted THIN_PROBE_STEPS steps in a row, first
+    THIN_FIRST_PROBE_AFTER steps after regular decoding was chosen and then every
+    THIN_PROBE_EVERY steps; where it leads widely, no such probe runs."""
+    from bass.coordinator.draft_length import (THIN_FIRST_PROBE_AFTER, THIN_PROBE_EVERY, THIN_PROBE_STEPS,
+                                               MeasuredCost)
+
+    pol = MeasuredCost()
+    _regular_ahead_by(pol, 8, lead)
+    best = 1 + max(range(pol.max_length), key=lambda j: pol.scores(8, list(range(8)))[j + 1])
+    chosen = [pol.lengths(list(range(8)))[0] for _ in range(100)]
+    drafted = [step for step, k in enumerate(chosen, 1) if k]
+    if not probed:
+        assert drafted == [], chosen
+        return
+    runs = [drafted[i:i + THIN_PROBE_STEPS] for i in range(0, len(drafted), THIN_PROBE_STEPS)]
+    assert [r[0] for r in runs] == list(range(THIN_FIRST_PROBE_AFTER, 101 - THIN_PROBE_STEPS, THIN_PROBE_EVERY)), chosen
+    assert all(r == list(range(r[0], r[0] + THIN_PROBE_STEPS)) for r in runs), chosen
+    assert {chosen[step - 1] for step in drafted} == {best}
