@@ -81,6 +81,9 @@ class Scheduler:
         self._target_release: list[int] = []
         self._draft_release: list[int] = []
         self._drafted_last_step = False  # else the draft catches up on skipped tokens first
+        # The last step's draft length (0: regular or none): a speculative step's time is a
+        # steady cost of its length only where the step before drafted the same length.
+        self._last_length = 0
         self._chain = None  # the proposal chained behind the last step's verification, for this step
         self._decided: dict[int, int] | None = None  # the policy's lengths for this step, asked early
         self._uncounted_step_s = 0.0  # a pipelined step that committed nothing: counted with the next
@@ -316,10 +319,16 @@ class Scheduler:
         # around them (the commit, the next step's set-up), since regular decoding pays the
         # latter once per token and speculation once per step (at batch 1 on an H100, a
         # regular step's Verify read 1.84 ms of a 2.10 ms step). The rest counts as verification.
+        # Only where the step before drafted the same length: a change of length (a probe, a
+        # return from regular decoding) is a step without a chained proposal, whose draft and
+        # round trip are not hidden. Timed as a steady cost they priced the lengths auto only
+        # probes at 2-3x their steady cost (H100, T = 0.8, 8 sequences: k = 1 6.5 ms and k = 3
+        # 7.3 ms against k = 4's 2.9), and it kept drafting k = 4-5 where k = 3 ran faster.
         period = self._period()
+        steady = plan.clean_verify and period is not None and k == self._last_length
+        self._last_length = k
         self.policy.observe_costs(size, outcome.draft_forwards if plan.clean_draft else 0, outcome.draft_s, k,
-                                  period - outcome.draft_s if plan.clean_verify and period is not None else None,
-                                  joined=plan.joined)
+                                  period - outcome.draft_s if steady else None, joined=plan.joined)
         self.step_stats.add_step(self.clock() - plan.step_started)
         return finished
 
@@ -406,7 +415,7 @@ class Scheduler:
     def _commit_regular(self, step_started: float, answered: Answered) -> list[RequestRun]:
         """Commit a regular step's answer; only a steady step's time is given to the policy
         (RegularPipeline's Answered.steady)."""
-        self._drafted_last_step = False
+        self._drafted_last_step, self._last_length = False, 0
         counted = any(seq.finish_reason is None for seq in answered.batch)  # else not a step (see _commit)
         finished = self._commit(answered.batch, [()] * len(answered.batch), answered.verified, 0, 0.0,
                                 answered.verify_s, timed=answered.verify_s if answered.steady else None)

@@ -578,6 +578,43 @@ def test_a_regular_step_is_timed_only_between_two_regular_steps(llama_target, ll
     assert policy.costs[2] is not None
 
 
+def test_a_speculative_step_is_timed_only_after_a_step_of_the_same_length(llama_target, llama_draft):
+    """Scheduler._commit_speculative: a step whose length differs from the step before (a
+    return from regular decoding, a probe of another length) is not a steady cost of its
+    length (no chained proposal hides its draft and round trip), so its verification time is
+    not reported to the policy; a step after one of the same length is."""
+    from conftest import build_scheduler
+    from bass.coordinator.requests import GenerationRequest
+
+    script = [2, 2, 2, 0, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 2]
+
+    class Scripted:
+        def __init__(self):
+            self.step, self.costs = 0, []
+
+        def lengths(self, seq_ids, join=None):
+            self.step += 1
+            return [script[min(self.step, len(script)) - 1]] * len(seq_ids)
+
+        def observe(self, *args):
+            pass
+
+        def observe_costs(self, batch, draft_forwards, draft_s, verify_k, verify_s, joined=0):
+            if verify_k:
+                self.costs.append((verify_k, verify_s is not None))
+
+        def forget(self, seq_id):
+            pass
+
+    s = build_scheduler(llama_target, llama_draft, "2")
+    s.policy = policy = Scripted()
+    s.generate([GenerationRequest(prompt_ids=(5, 6, 7), max_new_tokens=24, ignore_eos=True)])
+    lengths = [k for k, _ in policy.costs]
+    assert lengths[:6] == [2, 2, 2, 3, 3, 2], policy.costs
+    # the first step, the first after regular decoding and each first step of a new length: untimed
+    assert [timed for _, timed in policy.costs[:7]] == [False, True, True, False, True, False, True], policy.costs
+
+
 def acceptance_for(tokens: float, k: int) -> float:
     """The per-token acceptance at which expected_tokens(a, k) == tokens (bisection: E is
     increasing in a): how auto scored an untimed length before the chain (the acceptance of
