@@ -508,6 +508,7 @@ class MeasuredCost:
         # While regular decoding leads by less than THIN_REGULAR_LEAD: the next probe of the
         # best length, its steps left, and the length.
         self.next_thin_probe, self.thin_probe_left, self.thin_probe_k = THIN_FIRST_PROBE_AFTER, 0, 0
+        self.thin_probes = 0  # how many were started (describe)
         self.last_choice_drafted = False  # whether the last best_length was a draft length
         self.regular_probe_left = 0  # further regular steps of a k = 0 probe
         # The scores best_length computed last (None before its bucket was ready): lengths()
@@ -656,6 +657,7 @@ class MeasuredCost:
                 # for a few steps, so that its yield and the sequences' paces are measured again.
                 self.thin_probe_k = 1 + max(range(len(scores) - 1), key=lambda j: scores[j + 1])
                 self.thin_probe_left, k = THIN_PROBE_STEPS - 1, self.thin_probe_k
+                self.thin_probes += 1
                 self.next_thin_probe = self.steps + THIN_PROBE_EVERY
             elif self.steps >= self.next_zero_probe:
                 k = 1
@@ -730,7 +732,8 @@ class MeasuredCost:
         timed cost of each draft length (ms), how many steps timed it, and the mode chosen;
         the acceptance estimate; the tokens per sequence-step measured at each draft length
         (decayed mean, sequence-steps seen); per bucket, the share of the mean's gain per drafted
-        step that the slowest sequence kept (decayed); the draft's time per joined token (µs)."""
+        step that the slowest sequence kept (decayed); the draft's time per joined token (µs);
+        how many probes drafted while regular decoding led by a hair (THIN_REGULAR_LEAD)."""
         def ms(samples) -> list:
             return [round(1000 * statistics.median(samples), 3), len(samples)]
 
@@ -741,7 +744,8 @@ class MeasuredCost:
                             for bucket, m in sorted(self.costs.items())},
                 "slowest_gain_share": {bucket: round(v, 3) for bucket, v in sorted(self.gain_shares.items())},
                 "join_us_per_token": None if self.join_seconds_per_token() is None
-                else round(1e6 * self.join_seconds_per_token(), 3)}
+                else round(1e6 * self.join_seconds_per_token(), 3),
+                "thin_probes": self.thin_probes}
 
 
 def make_policy(config: DraftLengthConfig, regular_steps_in_flight: int = 1) -> DraftLengthPolicy:

@@ -837,9 +837,10 @@ def test_measured_cost_keeps_drafting_a_few_steps_where_regular_decoding_leads_b
     chosen = [pol.lengths(list(range(8)))[0] for _ in range(100)]
     drafted = [step for step, k in enumerate(chosen, 1) if k]
     if not probed:
-        assert drafted == [], chosen
+        assert drafted == [] and pol.describe()["thin_probes"] == 0, chosen
         return
     runs = [drafted[i:i + THIN_PROBE_STEPS] for i in range(0, len(drafted), THIN_PROBE_STEPS)]
     assert [r[0] for r in runs] == list(range(THIN_FIRST_PROBE_AFTER, 101 - THIN_PROBE_STEPS, THIN_PROBE_EVERY)), chosen
     assert all(r == list(range(r[0], r[0] + THIN_PROBE_STEPS)) for r in runs), chosen
     assert {chosen[step - 1] for step in drafted} == {best}
+    assert pol.describe()["thin_probes"] == len(runs)
