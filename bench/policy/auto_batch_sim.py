@@ -63,12 +63,24 @@ from auto_alone_sim import accepted  # the same acceptance chain as the batch-1 
 import bass.coordinator.draft_length as draft_length
 from bass.coordinator.draft_length import Join, MeasuredCost
 
-# Per bucket: (draft ms per token, draft call's fixed ms, verification ms at k > 0, regular step ms);
-# 16 and 64 from the late session's policy states (bench/results, "2026-11-25 (late)")
-COSTS = {"greedy": {1: (1.08, 0.09, 2.08, 2.0), 2: (1.06, 0.09, 2.08, 2.01), 4: (1.07, 0.09, 2.1, 2.03),
-                    8: (1.08, 0.08, 2.2, 2.05), 16: (1.1, 0.1, 2.28, 2.09), 64: (1.25, 0.1, 3.7, 2.25)},
-         "sampled": {1: (1.19, 0.05, 2.23, 2.13), 2: (1.19, 0.05, 2.24, 2.17), 4: (1.2, 0.05, 2.3, 2.2),
-                     8: (1.23, 0.1, 2.45, 2.22), 16: (1.27, 0.1, 2.95, 2.28), 64: (1.6, 0.1, 5.3, 2.72)}}
+# Per bucket: (draft ms per token, draft call's fixed ms, verification ms at k > 0, regular step ms).
+# "h100-2026-11-25": 16 and 64 from the late session's policy states (bench/results, "2026-11-25
+# (late)"); "h100-ca7633b": `auto`'s policy states in the README-table run at ca7633b
+# (bench/results/2026-11-27-h100-readme-table-ca7633b, through the services), buckets it did not
+# time interpolated.
+COST_SETS = {
+    "h100-2026-11-25": {
+        "greedy": {1: (1.08, 0.09, 2.08, 2.0), 2: (1.06, 0.09, 2.08, 2.01), 4: (1.07, 0.09, 2.1, 2.03),
+                   8: (1.08, 0.08, 2.2, 2.05), 16: (1.1, 0.1, 2.28, 2.09), 64: (1.25, 0.1, 3.7, 2.25)},
+        "sampled": {1: (1.19, 0.05, 2.23, 2.13), 2: (1.19, 0.05, 2.24, 2.17), 4: (1.2, 0.05, 2.3, 2.2),
+                    8: (1.23, 0.1, 2.45, 2.22), 16: (1.27, 0.1, 2.95, 2.28), 64: (1.6, 0.1, 5.3, 2.72)}},
+    "h100-ca7633b": {
+        "greedy": {1: (0.6, 0.2, 1.77, 1.70), 2: (0.62, 0.2, 2.08, 1.70), 4: (0.66, 0.2, 2.34, 1.70),
+                   8: (0.66, 0.23, 2.12, 1.71), 16: (0.75, 0.3, 2.8, 1.9), 64: (1.1, 0.4, 5.08, 2.23)},
+        "sampled": {1: (0.62, 0.55, 2.0, 1.86), 2: (0.62, 0.55, 2.4, 1.86), 4: (0.66, 0.6, 2.94, 1.94),
+                    8: (0.68, 0.6, 2.86, 2.03), 16: (0.8, 0.6, 3.3, 2.2), 64: (1.4, 0.55, 5.54, 2.58)}},
+}
+COSTS = dict(COST_SETS["h100-2026-11-25"])  # --costs picks another
 TOKENS = 128
 WARM_UP_TOKENS = 16  # as `bass bench speed`
 PROMPT_TOKENS = 94  # HumanEval 0:16's prompts as `bass bench speed` sends them (no template): 53-137, mean 94
@@ -153,6 +165,8 @@ def one_run(seed: int, batch: int, mode: str, p0: tuple[float, float], p1: float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=sorted(COSTS), default="greedy")
+    parser.add_argument("--costs", choices=sorted(COST_SETS), default="h100-2026-11-25",
+                        help="the per-bucket step costs replayed (see COST_SETS)")
     parser.add_argument("--p0", type=float, nargs=2, default=(0.88, 0.97))
     parser.add_argument("--p1", type=float, default=0.86)
     parser.add_argument("--batches", type=int, nargs="+", default=(1, 2, 4, 8))
@@ -170,6 +184,7 @@ def main() -> None:
                         help="every round the same batch again, as `bass bench speed` runs it")
     args = parser.parse_args()
     SAME_PROMPTS[0] = args.same_prompts
+    COSTS.update(COST_SETS[args.costs])
     for setting in args.set:
         name, value = setting.split("=", 1)
         assert hasattr(draft_length, name), name
