@@ -83,6 +83,13 @@ COST_SETS = {
 COSTS = dict(COST_SETS["h100-2026-11-25"])  # --costs picks another
 TOKENS = 128
 WARM_UP_TOKENS = 16  # as `bass bench speed`
+# A speculative step whose length differs from the step before (a return from regular decoding,
+# a probe of another length) runs without a chained proposal: its draft call and round trip are
+# not hidden. On the H100 at ca7633b (T = 0.8, 8 sequences) such steps read ~1.4 ms over a steady
+# step of their length (k = 3: 7.3 ms against fixed k = 3's 5.9). --unchained-ms sets it (0: none,
+# the simulation before 2026-11-27 night); the scheduler times such steps for the policy no more.
+UNCHAINED_MS = [0.0]
+TIME_UNSTEADY = [False]  # --time-unsteady: give the policy unchained steps' times too (before 0c62e3b)
 PROMPT_TOKENS = 94  # HumanEval 0:16's prompts as `bass bench speed` sends them (no template): 53-137, mean 94
 JOIN_S_PER_TOKEN = 7e-6  # the draft's time per joined token on the H100 (5.6-8.6 us measured)
 STEADY_PENDING = 2  # as Scheduler._join_tokens: tokens a drafted step runs anyway
@@ -124,6 +131,7 @@ def one_run(seed: int, batch: int, mode: str, p0: tuple[float, float], p1: float
             draws = dict.fromkeys(seqs, rng)
         done, drafted, seconds = dict.fromkeys(seqs, 0), dict.fromkeys(seqs, [0, 0]), 0.0
         held, skipped, drafted_last = dict.fromkeys(seqs, False), dict.fromkeys(seqs, 0), False
+        last_k = 0
         if trace is not None:
             trace.append([])
         while any(done[s] < tokens for s in seqs):
@@ -137,12 +145,18 @@ def one_run(seed: int, batch: int, mode: str, p0: tuple[float, float], p1: float
             ms = [accepted(k, first[s] - (early_drop if done[s] < early_tokens else 0.0), p1, draws[s]) if k else 0
                   for s in live]
             draft_s, rest_s = step_cost(mode, len(live), k, rng)
+            steady = k == last_k
+            if k and not steady:
+                rest_s += UNCHAINED_MS[0] / 1000
+            last_k = k
             joined = joining if k else 0
             draft_s += joined * JOIN_S_PER_TOKEN
             if policy:
                 policy.observe(live, [k] * len(live), ms)
-                # a join step's draft time is not a steady cost of its length (as the scheduler)
-                policy.observe_costs(len(live), 0 if joined else k, draft_s, k, rest_s, joined=joined)
+                # a join step's draft time is not a steady cost of its length, nor is an unchained
+                # step's verification (as the scheduler)
+                policy.observe_costs(len(live), 0 if joined else k, draft_s, k,
+                                     rest_s if steady or not k or TIME_UNSTEADY[0] else None, joined=joined)
             seconds += draft_s + rest_s
             for s, m in zip(live, ms):
                 done[s] += m + 1
@@ -167,6 +181,10 @@ def main() -> None:
     parser.add_argument("--mode", choices=sorted(COSTS), default="greedy")
     parser.add_argument("--costs", choices=sorted(COST_SETS), default="h100-2026-11-25",
                         help="the per-bucket step costs replayed (see COST_SETS)")
+    parser.add_argument("--unchained-ms", type=float, default=0.0,
+                        help="extra ms of a speculative step whose length differs from the step before (UNCHAINED_MS)")
+    parser.add_argument("--time-unsteady", action="store_true",
+                        help="give the policy those steps' times too, as the scheduler did before 0c62e3b")
     parser.add_argument("--p0", type=float, nargs=2, default=(0.88, 0.97))
     parser.add_argument("--p1", type=float, default=0.86)
     parser.add_argument("--batches", type=int, nargs="+", default=(1, 2, 4, 8))
@@ -185,6 +203,8 @@ def main() -> None:
     args = parser.parse_args()
     SAME_PROMPTS[0] = args.same_prompts
     COSTS.update(COST_SETS[args.costs])
+    UNCHAINED_MS[0] = args.unchained_ms
+    TIME_UNSTEADY[0] = args.time_unsteady
     for setting in args.set:
         name, value = setting.split("=", 1)
         assert hasattr(draft_length, name), name
