@@ -138,12 +138,14 @@ def main() -> None:
                              "choice is right with this probability (the GPU's bf16 pair agrees less than fp32)")
     parser.add_argument("--second", type=float, default=0.6,
                         help="with --agreement: where the first choice is wrong, how often the second is right")
-    parser.add_argument("--cases", choices=["levers", "restart", "one-gpu"], default="levers",
+    parser.add_argument("--cases", choices=["levers", "restart", "one-gpu", "h100-ca7633b"], default="levers",
                         help="levers: the streamed session's (hedging, a faster draft, the round trip); restart: "
                              "the seventh session's (a queued call, waiting, a pipelined Verify), at stream4's "
                              "3.26 ms step; one-gpu: both models streaming on one GPU in one process (the "
                              "in-process profile's 1.80 ms verification and 0.71 ms draft token, both slowed "
-                             "by a factor s while they share the GPU)")
+                             "by a factor s while they share the GPU); h100-ca7633b: the levers at the H100's "
+                             "forwards of ca7633b (a target forward of 7 rows ~1.75 ms of GPU time, fused; a "
+                             "draft token 0.60 ms), the Verify round trip and coordinator as run 3 measured")
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.ranks is None and args.agreement is None:
@@ -158,6 +160,19 @@ def main() -> None:
         cases = {f"one GPU, the models slowed {s}x by sharing it": Costs(step_ms=1.8 * s + 0.15, draft_ms=0.71 * s,
                                                                           link_ms=0.05, block=4)
                  for s in (1.0, 1.2, 1.4, 1.6)}
+    elif args.cases == "h100-ca7633b":
+        # Not measured on two GPUs at this build: run 3's ~1 ms of round trip and coordinator added
+        # to the forwards' GPU time (bench/results/journal/2026-11-27-h100-wide-fused.md); one GPU
+        # through the services ran k = 3 at 1.12-1.22 and auto at 1.02-1.06 ms a token there.
+        now = Costs(step_ms=1.75 + 1.05, draft_ms=0.60)
+        cases = {
+            "streamed K = 6 at these forwards": now,
+            "hedged on the second choice": replace(now, hedge=True),
+            "Verify round trip halved": replace(now, step_ms=now.step_ms - 0.5),
+            "hedged + round trip halved": replace(now, hedge=True, step_ms=now.step_ms - 0.5),
+            "hedged + round trip gone (target and coordinator in one process, no GIL cost)":
+                replace(now, hedge=True, step_ms=1.75 + 0.1, link_ms=0.15),
+        }
     elif args.cases == "restart":
         base = Costs(step_ms=3.26, block=4)
         pipelined = replace(base, step_ms=base.step_ms - 0.9, lag_ms=1.7)
