@@ -207,11 +207,12 @@ SEQUENCE_PRIOR_STEPS = 4.0
 # T = 0.8, 8 sequences) auto decoded regularly at 2.23 ms a token where k = 3 ran 2.00, k = 4
 # scoring 0.476 tokens/ms against regular decoding's 0.492. The policy replayed with that
 # machine's costs (bench/policy/auto_batch_sim.py --costs h100-ca7633b --same-prompts;
-# bench/results/2026-11-27-cpu-thin-probe-sim-aef59b6.txt) ended whole rounds regular in 40 / 23 / 77% of runs at 4 / 8 / 16
-# sequences, with these probes in 3 / 3 / 33%: T = 0.8 1.782 / 1.820 / 2.184 -> 1.721 / 1.773 /
-# 2.138 ms a token (fixed k = 4 1.717 / 1.756 / 2.066), greedy 1.492 / 1.464 / 1.909 -> 1.446 /
-# 1.448 / 1.855; unchanged at 1, 2 and 64 sequences, where one mode leads by far more. On the
-# H100 (A/B at T = 0.8, both orders) level or better at 4 and 8 sequences by the rounds' means.
+# bench/results/2026-11-27-cpu-thin-probe-sim-aef59b6.txt) ended whole rounds regular in
+# 40 / 23 / 77% of runs at 4 / 8 / 16 sequences, with these probes in 3 / 3 / 33%: T = 0.8
+# 1.782 / 1.820 / 2.184 -> 1.721 / 1.773 / 2.138 ms a token (fixed k = 4 1.717 / 1.756 / 2.066),
+# greedy 1.492 / 1.464 / 1.909 -> 1.446 / 1.448 / 1.855; unchanged at 1, 2 and 64 sequences,
+# where one mode leads by far more. On the H100 (A/B at T = 0.8, both orders) level or better at
+# 4 and 8 sequences by the rounds' means.
 THIN_REGULAR_LEAD = 0.08
 THIN_PROBE_STEPS = 4
 THIN_PROBE_EVERY = 24

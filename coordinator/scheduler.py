@@ -319,10 +319,10 @@ class Scheduler:
         # around them (the commit, the next step's set-up), since regular decoding pays the
         # latter once per token and speculation once per step (at batch 1 on an H100, a
         # regular step's Verify read 1.84 ms of a 2.10 ms step). The rest counts as verification.
-        # Only where the step before drafted the same length: a change of length (a probe, a
-        # return from regular decoding) is a step without a chained proposal, whose draft and
-        # round trip are not hidden. Timed as a steady cost they priced the lengths auto only
-        # probes at 2-3x their steady cost (H100, T = 0.8, 8 sequences: k = 1 6.5 ms and k = 3
+        # Only where the step before drafted the same length: a return from regular decoding
+        # never has a chained proposal, and a one-step probe of another length often has none,
+        # so nothing hides their draft and round trip. Timed as steady costs they priced the
+        # lengths auto only probes at 2-3x (H100, T = 0.8, 8 sequences: k = 1 6.5 ms and k = 3
         # 7.3 ms against k = 4's 2.9), and it kept drafting k = 4-5 where k = 3 ran faster.
         period = self._period()
         steady = plan.clean_verify and period is not None and k == self._last_length
