@@ -398,11 +398,13 @@ def test_draft_available_gauge_is_right_before_any_request(llama_target, llama_d
         assert registry.get_sample_value("bass_draft_available") == 1.0
         assert registry.get_sample_value("bass_target_available") == 1.0
         # Idle: the draft dies and comes back with no request in between; the gauge follows
-        # within the interval (0.2 s) plus a probe and a turn of the idle loop (0.5 s).
+        # within the interval (0.2 s) plus a probe and a turn of the idle loop (0.5 s). Coming
+        # back also waits out gRPC's reconnect backoff after the probes that were refused: 1 s,
+        # then 1.6 s, +-20% (a fresh clone's CI run on 2 cores missed a 1.5 s bound once).
         s.draft.stop(grace_s=0)
         assert _gauge_becomes(registry, "bass_draft_available", 0.0, within_s=1.5)
         s.restart_draft()
-        assert _gauge_becomes(registry, "bass_draft_available", 1.0, within_s=1.5)
+        assert _gauge_becomes(registry, "bass_draft_available", 1.0, within_s=4.0)
         s.draft.stop(grace_s=0)
         with BassClient(s.address) as client:
             client.generate(PROMPT, max_new_tokens=4)
