@@ -406,10 +406,10 @@ class Scheduler:
         finished = []
         while self.regular.in_flight:
             finished += self._commit_regular(self.clock(), self.regular.answer_oldest(overlapped=False))
-        # The step that follows is timed from here: waiting for these answers is theirs (charged
-        # to it, a first speculative step after a regular run read 9-12 ms against ~3 steady on
-        # an H100, steering `auto` away from the length it resumed at).
-        self._last_step_end = self.clock()
+        # The speculative step that follows waits for these answers, but it is not a steady step
+        # of its length (the step before it drafted none), so its time never reaches the policy
+        # (_commit_speculative; charged to it, such a step read 9-12 ms against ~3 steady on an
+        # H100, steering `auto` away from the length it resumed at).
         return finished
 
     def _commit_regular(self, step_started: float, answered: Answered) -> list[RequestRun]:
