@@ -245,9 +245,20 @@ def race_unsynced(logits: torch.Tensor, rows: RowParams,
     beyond the window; on the CPU, any such row, rare for code at T = 0.8). There the token is
     not race's: a caller reads `redo` back with its results and, where any is set, runs `race`
     again. So a sampled step's host queues all of its GPU work and waits once, at the end,
-    instead of once in the middle with every later launch exposed."""
+    instead of once in the middle with every later launch exposed.
+
+    On a GPU, where no row has a top-k (the host knows: `max_top_k`), the race runs first and
+    the cut is found only for rows whose winner it might drop (race_first); a top-k row whose
+    top-p share reaches below its winner would be flagged there, so batches with top-k take the
+    window."""
     if rows.all_greedy:
         return logits.argmax(dim=-1), None
+    if logits.is_cuda and rows.max_top_k == 0:
+        # The race first, its cut only where it must (kernels/triton_sampling.race_first): no
+        # top-k selection over the vocabulary. Its undecided rows are flagged like the window's.
+        from bass.kernels.triton_sampling import race_first
+
+        return race_first(logits, rows.divisor, rows.top_k, rows.top_p, row_keys, rows.greedy, rows.truncating)
     cut = redo = None
     if rows.any_truncation:
         cut, redo, _ = _windowed_cut(_scaled(logits, rows), rows.top_k, rows.top_p, CUT_WINDOW)
@@ -258,10 +269,17 @@ def draft_race(logits: torch.Tensor, rows: RowParams, row_keys: torch.Tensor | N
     """The draft's proposal: the target's race at the same position (same keyed noise) run over
     the draft's own distribution, so it picks the target's token as often as the two
     distributions allow. The top-k / top-p cut is found among the draft's `window` most likely
-    tokens only (no sort of the vocabulary): any proposal rule is lossless, since the target
-    decides every token, so the draft's cut only has to be close, not exact."""
+    tokens only (no sort of the vocabulary), or on a GPU by race_first: any proposal rule is
+    lossless, since the target decides every token, so the draft's cut only has to be close,
+    not exact."""
     if rows.all_greedy:
         return logits.argmax(dim=-1)
+    if logits.is_cuda:
+        # On a GPU the race runs first and the exact cut only where it might drop the winner
+        # (race_first); a row it leaves undecided keeps the winner, a proposal like any other.
+        from bass.kernels.triton_sampling import race_first
+
+        return race_first(logits, rows.divisor, rows.top_k, rows.top_p, row_keys, rows.greedy, rows.truncating)[0]
     cut = window_cut(_scaled(logits, rows), rows.top_k, rows.top_p, window) if rows.any_truncation else None
     return _race_with_cut(logits, rows, cut, row_keys)
 

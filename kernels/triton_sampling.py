@@ -38,6 +38,15 @@ def _mix32(x):
 
 
 @triton.jit
+def _noise(key, cols):
+    """Gumbel(0, 1) noise of (row key, token ids): engine/sampling.gumbel_noise."""
+    h = _mix32(key ^ cols.to(tl.uint32))
+    h = _mix32((h + 0x68E31DA4) & 0xFFFFFFFF)
+    u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+    return -tl.log(-tl.log(u))
+
+
+@triton.jit
 def _race_kernel(logits_ptr, temperature_ptr, cut_ptr, keys_ptr, greedy_ptr, best_ptr, best_id_ptr,
                  vocab, row_stride, num_blocks, BLOCK: tl.constexpr):
     row = tl.program_id(0)
@@ -47,11 +56,7 @@ def _race_kernel(logits_ptr, temperature_ptr, cut_ptr, keys_ptr, greedy_ptr, bes
     x = tl.load(logits_ptr + row * row_stride + cols, mask=in_vocab, other=0.0).to(tl.float32)
     scaled = x / tl.load(temperature_ptr + row)
     keep = in_vocab & (scaled >= tl.load(cut_ptr + row))
-    key = tl.load(keys_ptr + row).to(tl.uint32)
-    h = _mix32(key ^ cols.to(tl.uint32))
-    h = _mix32((h + 0x68E31DA4) & 0xFFFFFFFF)
-    u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
-    noise = -tl.log(-tl.log(u))
+    noise = _noise(tl.load(keys_ptr + row).to(tl.uint32), cols)
     greedy = tl.load(greedy_ptr + row) != 0
     score = tl.where(greedy, scaled, scaled + noise)
     score = tl.where(keep, score, float("-inf"))
@@ -177,3 +182,187 @@ def nucleus_cut(scaled: torch.Tensor, lse: torch.Tensor, top_p: torch.Tensor, ne
         _nucleus_cut_kernel[(rows,)](scaled.contiguous(), lse.float().contiguous(), top_p.float().contiguous(),
                                      need.to(torch.int8).contiguous(), cut, vocab, vocab, BLOCK=4096,
                                      num_warps=8)
+
+
+# The race first, then its cut only where needed (`race_first`). A sampled row's token is the
+# winner of the race over the tokens its top-k / top-p cut keeps. Run over *every* token, the
+# race's winner w is that token whenever the cut keeps w, since the kept tokens are a subset
+# holding it; and the cut keeps w exactly when the tokens strictly more likely than w hold less
+# than top_p of the mass (and, with top_k, number fewer than top_k). For a code model's
+# distribution w is nearly always the most likely token or close to it, so one pass over the row
+# (the race, and the log-sum-exp beside it) and, where w is not the most likely token, a second
+# (the mass above w) decide it, with no top-k selection over 152k tokens. Where the cut does not
+# keep w, the cut lies above w: every token it keeps is among those above w, which the second
+# pass gathers (up to _ABOVE_BUFFER of them) and one program per row sorts to find the cut and
+# race again over. Rows it cannot decide exactly on the device (more tokens above w than the
+# buffer holds; a top_k whose kept mass reaches below w while top-p cuts) are flagged for the
+# host's exact path, as the windowed cut flags its rows (engine/sampling.race_unsynced).
+_ABOVE_BUFFER = 256
+
+
+@triton.jit
+def _race_all_kernel(logits_ptr, divisor_ptr, keys_ptr, greedy_ptr, best_ptr, best_id_ptr, block_max_ptr,
+                     block_sum_ptr, gathered_ptr, vocab, row_stride, num_blocks, BLOCK: tl.constexpr):
+    """Program (row, block): the block's race winner over every token (the plain argmax for
+    greedy rows), its largest scaled logit and sum of exp(scaled - that)."""
+    row = tl.program_id(0)
+    block = tl.program_id(1)
+    cols = block * BLOCK + tl.arange(0, BLOCK)
+    in_vocab = cols < vocab
+    x = tl.load(logits_ptr + row * row_stride + cols, mask=in_vocab, other=0.0).to(tl.float32)
+    scaled = x / tl.load(divisor_ptr + row)
+    greedy = tl.load(greedy_ptr + row) != 0
+    score = tl.where(greedy, scaled, scaled + _noise(tl.load(keys_ptr + row).to(tl.uint32), cols))
+    score = tl.where(in_vocab, score, float("-inf"))
+    out = row * num_blocks + block
+    tl.store(best_ptr + out, tl.max(score, axis=0))
+    tl.store(best_id_ptr + out, block * BLOCK + tl.argmax(score, axis=0, tie_break_left=True))
+    top = tl.max(tl.where(in_vocab, scaled, float("-inf")), axis=0)
+    tl.store(block_max_ptr + out, top)
+    tl.store(block_sum_ptr + out, tl.sum(tl.where(in_vocab, tl.exp(scaled - top), 0.0), axis=0))
+    if block == 0:
+        tl.store(gathered_ptr + row, 0)  # the second pass's count of gathered tokens
+
+
+@triton.jit
+def _race_combine_kernel(logits_ptr, divisor_ptr, best_ptr, best_id_ptr, block_max_ptr, block_sum_ptr, winner_ptr,
+                         stats_ptr, row_stride, num_blocks, NB: tl.constexpr):
+    """One program per row: the race's winner w (the first block's on ties: the lowest token id,
+    as torch's argmax), and the row's (log-sum-exp, largest scaled logit, w's scaled logit)."""
+    row = tl.program_id(0)
+    b = tl.arange(0, NB)
+    valid = b < num_blocks
+    best = tl.load(best_ptr + row * num_blocks + b, mask=valid, other=float("-inf"))
+    winner = tl.load(best_id_ptr + row * num_blocks + tl.argmax(best, axis=0, tie_break_left=True))
+    block_max = tl.load(block_max_ptr + row * num_blocks + b, mask=valid, other=float("-inf"))
+    top = tl.max(block_max, axis=0)
+    block_sum = tl.load(block_sum_ptr + row * num_blocks + b, mask=valid, other=0.0)
+    lse = top + tl.log(tl.sum(tl.where(valid, block_sum * tl.exp(block_max - top), 0.0), axis=0))
+    value = tl.load(logits_ptr + row * row_stride + winner).to(tl.float32) / tl.load(divisor_ptr + row)
+    tl.store(winner_ptr + row, winner)
+    tl.store(stats_ptr + row * 3, lse)
+    tl.store(stats_ptr + row * 3 + 1, top)
+    tl.store(stats_ptr + row * 3 + 2, value)
+
+
+@triton.jit
+def _above_winner_kernel(logits_ptr, divisor_ptr, truncating_ptr, stats_ptr, mass_ptr, count_ptr, gathered_ptr,
+                         above_value_ptr, above_id_ptr, vocab, row_stride, num_blocks, BLOCK: tl.constexpr,
+                         BUFFER: tl.constexpr):
+    """Program (row, block), for truncating rows whose winner is not their most likely token:
+    the block's probability mass and count of tokens strictly above the winner's scaled logit,
+    and those tokens appended to the row's buffer (in any order: only their values and ids
+    matter to what is computed from them)."""
+    row = tl.program_id(0)
+    block = tl.program_id(1)
+    if tl.load(truncating_ptr + row) != 0:
+        lse = tl.load(stats_ptr + row * 3)
+        value = tl.load(stats_ptr + row * 3 + 2)
+        if value < tl.load(stats_ptr + row * 3 + 1):
+            cols = block * BLOCK + tl.arange(0, BLOCK)
+            in_vocab = cols < vocab
+            x = tl.load(logits_ptr + row * row_stride + cols, mask=in_vocab, other=0.0).to(tl.float32)
+            scaled = x / tl.load(divisor_ptr + row)
+            above = in_vocab & (scaled > value)
+            n = tl.sum(above.to(tl.int32), axis=0)
+            out = row * num_blocks + block
+            tl.store(mass_ptr + out, tl.sum(tl.where(above, tl.exp(scaled - lse), 0.0), axis=0))
+            tl.store(count_ptr + out, n)
+            if n > 0:
+                start = tl.atomic_add(gathered_ptr + row, n)
+                slot = start + tl.cumsum(above.to(tl.int32), axis=0) - 1
+                keep = above & (slot < BUFFER)
+                tl.store(above_value_ptr + row * BUFFER + slot, scaled, mask=keep)
+                tl.store(above_id_ptr + row * BUFFER + slot, cols, mask=keep)
+
+
+@triton.jit
+def _race_decide_kernel(truncating_ptr, top_k_ptr, top_p_ptr, keys_ptr, winner_ptr, stats_ptr, mass_ptr,
+                        count_ptr, above_value_ptr, above_id_ptr, token_ptr, redo_ptr, num_blocks,
+                        NB: tl.constexpr, BUFFER: tl.constexpr):
+    """One program per row: the row's token. The winner where the cut keeps it; else, from the
+    tokens above it, the cut as engine/sampling._cut_in_window_reference finds it over the
+    sorted row, and the race over the tokens at or above it; else the winner, flagged."""
+    row = tl.program_id(0)
+    token = tl.load(winner_ptr + row)
+    redo = 0
+    if tl.load(truncating_ptr + row) != 0:
+        lse = tl.load(stats_ptr + row * 3)
+        value = tl.load(stats_ptr + row * 3 + 2)
+        if value < tl.load(stats_ptr + row * 3 + 1):
+            b = tl.arange(0, NB)
+            valid = b < num_blocks
+            mass = tl.sum(tl.load(mass_ptr + row * num_blocks + b, mask=valid, other=0.0), axis=0)
+            n = tl.sum(tl.load(count_ptr + row * num_blocks + b, mask=valid, other=0), axis=0)
+            top_k = tl.load(top_k_ptr + row)
+            top_p = tl.load(top_p_ptr + row)
+            # With top_k and n < top_k, top-p's share is of a mass top_k keeps that reaches
+            # below the winner: at least the mass above it and its own.
+            share_of = tl.where(top_k > 0, mass + tl.exp(value - lse), 1.0)
+            kept = ((top_k == 0) | (n < top_k)) & ((top_p >= 1.0) | (mass < top_p * share_of))
+            exact = (top_k == 0) | (n >= top_k)  # the buffer holds every token the cut can keep
+            if kept == 0:
+                if exact & (n <= BUFFER):
+                    r = tl.arange(0, BUFFER)
+                    filled = r < n
+                    values = tl.load(above_value_ptr + row * BUFFER + r, mask=filled, other=float("-inf"))
+                    ids = tl.load(above_id_ptr + row * BUFFER + r, mask=filled, other=0)
+                    ordered = tl.sort(values, descending=True)
+                    by_k = filled & ((top_k == 0) | (r < top_k))
+                    by_rank = tl.where(by_k, tl.exp(ordered - lse), 0.0)
+                    kept_mass = tl.where(top_k > 0, tl.sum(by_rank, axis=0), 1.0)
+                    keep = by_k & (tl.cumsum(by_rank, axis=0) - by_rank < top_p * kept_mass)
+                    last = tl.maximum(tl.sum(keep.to(tl.int32), axis=0), 1) - 1
+                    cut = tl.max(tl.where(r == last, ordered, float("-inf")), axis=0)
+                    noise = _noise(tl.load(keys_ptr + row).to(tl.uint32), ids)
+                    score = tl.where(filled & (values >= cut), values + noise, float("-inf"))
+                    best = tl.max(score, axis=0)
+                    token = tl.min(tl.where(score == best, ids, 2147483647), axis=0).to(tl.int64)
+                else:
+                    redo = 1
+    tl.store(token_ptr + row, token)
+    tl.store(redo_ptr + row, redo)
+
+
+def race_first(logits: torch.Tensor, divisor: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+               row_keys: torch.Tensor, greedy: torch.Tensor,
+               truncating: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """engine/sampling.race_unsynced's tokens in four launches with no top-k selection and no
+    host sync (see _ABOVE_BUFFER): (tokens int64 [R], redo bool [R]), redo set where a row's
+    token must be raced again by the exact path. logits [R, V] any float dtype; divisor fp32
+    [R] (1 for greedy rows); top_k int [R] (0: off); top_p fp32 [R]; row_keys int64 [R];
+    greedy, truncating bool [R] (truncating: a sampled row with top-k or top-p)."""
+    rows, vocab = logits.shape
+    logits = logits.contiguous()
+    dev = logits.device
+    num_blocks = triton.cdiv(vocab, _BLOCK)
+    nb = triton.next_power_of_2(num_blocks)
+    divisor = divisor.float().contiguous()
+    truncating = truncating.to(torch.int8).contiguous()
+    best = torch.empty(rows, num_blocks, dtype=torch.float32, device=dev)
+    best_id = torch.empty(rows, num_blocks, dtype=torch.int64, device=dev)
+    block_max = torch.empty(rows, num_blocks, dtype=torch.float32, device=dev)
+    block_sum = torch.empty(rows, num_blocks, dtype=torch.float32, device=dev)
+    gathered = torch.empty(rows, dtype=torch.int32, device=dev)
+    winner = torch.empty(rows, dtype=torch.int64, device=dev)
+    stats = torch.empty(rows, 3, dtype=torch.float32, device=dev)
+    mass = torch.empty(rows, num_blocks, dtype=torch.float32, device=dev)
+    count = torch.empty(rows, num_blocks, dtype=torch.int32, device=dev)
+    above_value = torch.empty(rows, _ABOVE_BUFFER, dtype=torch.float32, device=dev)
+    above_id = torch.empty(rows, _ABOVE_BUFFER, dtype=torch.int32, device=dev)
+    token = torch.empty(rows, dtype=torch.int64, device=dev)
+    redo = torch.empty(rows, dtype=torch.int8, device=dev)
+    if rows:
+        keys = row_keys.contiguous()
+        _race_all_kernel[(rows, num_blocks)](logits, divisor, keys, greedy.to(torch.int8).contiguous(), best, best_id,
+                                             block_max, block_sum, gathered, vocab, logits.stride(0), num_blocks,
+                                             BLOCK=_BLOCK)
+        _race_combine_kernel[(rows,)](logits, divisor, best, best_id, block_max, block_sum, winner, stats,
+                                      logits.stride(0), num_blocks, NB=nb)
+        _above_winner_kernel[(rows, num_blocks)](logits, divisor, truncating, stats, mass, count, gathered,
+                                                 above_value, above_id, vocab, logits.stride(0), num_blocks,
+                                                 BLOCK=_BLOCK, BUFFER=_ABOVE_BUFFER)
+        _race_decide_kernel[(rows,)](truncating, top_k.contiguous(), top_p.float().contiguous(), keys, winner, stats,
+                                     mass, count, above_value, above_id, token, redo, num_blocks, NB=nb,
+                                     BUFFER=_ABOVE_BUFFER)
+    return token, redo.bool()

@@ -132,3 +132,100 @@ def test_window_cut_flags_only_top_k_rows_beyond_the_window_on_the_gpu():
     ordered = scaled[0].sort(descending=True).values
     kept = (torch.exp(ordered - lse[0]).cumsum(0) - torch.exp(ordered - lse[0]) < 0.9).sum()
     assert (scaled[0] >= cut[0]).sum() == kept
+
+
+def _race_first(logits, params, keys):
+    from bass.kernels.triton_sampling import race_first
+
+    # From the settings themselves, as kernel_inputs: all-greedy RowParams hold no tensors.
+    temperature, _, keys, greedy = kernel_inputs(logits, params, keys)
+    top_k = torch.tensor([0 if p.greedy else p.top_k for p in params], device=logits.device)
+    top_p = torch.tensor([1.0 if p.greedy else p.top_p for p in params], device=logits.device)
+    return race_first(logits, temperature, top_k, top_p, keys, greedy, ((top_k > 0) | (top_p < 1)) & ~greedy)
+
+
+def _unrestricted_winner(logits, params, keys):
+    """The race over every token (no cut): what race_first answers where the cut keeps it."""
+    temperature, _, keys, greedy = kernel_inputs(logits, params, keys)
+    return gumbel_race(logits, temperature, torch.full_like(temperature, float("-inf")), keys, greedy)
+
+
+@pytest.mark.parametrize("vocab", [37, 3000, 9000])  # one partial block; several blocks
+def test_race_first_is_the_reference_race_where_it_does_not_flag(vocab):
+    """Every row race_first decides is the exact race's token: greedy, temperature only, top-p,
+    top-k, both; peaked rows (the winner is the most likely token), flatter ones (the winner is
+    often outside a small nucleus, decided again from the tokens above it)."""
+    torch.manual_seed(vocab)
+    params = (SETTINGS + [SamplingParams(temperature=1.0, top_p=0.3), SamplingParams(temperature=0.7, top_k=2)]) * 6
+    logits = torch.randn(len(params), vocab) * torch.linspace(0.5, 6, len(params))[:, None]
+    keys = noise_keys(range(100, 100 + len(params)), range(len(params)))
+    want = race(logits, RowParams.build(params, "cpu"), keys)
+    got, redo = _race_first(logits.to(DEVICE), params, keys)
+    got, redo = got.cpu(), redo.cpu()
+    assert torch.equal(got[~redo], want[~redo])
+    unrestricted = _unrestricted_winner(logits.to(DEVICE), params, keys).cpu()
+    decided_again = (~redo) & (got != unrestricted)
+    assert decided_again.any(), "some rows' winners lay outside their cut and were raced again on the device"
+    greedy = torch.tensor([p.greedy for p in params])
+    assert not redo[greedy].any()
+
+
+def test_race_first_flags_only_rows_it_cannot_decide_exactly():
+    """Near-uniform rows, so winners fall anywhere: a top-p row is flagged for the exact path
+    exactly where its winner lies outside the nucleus with more tokens above it than the buffer
+    holds, and a top-k + top-p row only there or where the top-p share of the top-k mass is
+    unknown (its winner is among the k largest). Every row not flagged is the reference's token; peaked
+    rows of the same settings are never flagged."""
+    from bass.kernels.triton_sampling import _ABOVE_BUFFER
+
+    vocab = 4 * _ABOVE_BUFFER + 100
+    torch.manual_seed(3)
+    flat = SamplingParams(temperature=1.0, top_p=0.05)
+    both = SamplingParams(temperature=1.0, top_k=500, top_p=0.05)
+    params = [flat] * 12 + [both] * 12
+    logits = torch.randn(len(params), vocab) * 0.01
+    keys = noise_keys(range(len(params)), [5] * len(params))
+    want = race(logits, RowParams.build(params, "cpu"), keys)
+    got, redo = _race_first(logits.to(DEVICE), params, keys)
+    got, redo = got.cpu(), redo.cpu()
+    winner = _unrestricted_winner(logits.to(DEVICE), params, keys).cpu()
+    above = (logits > logits.gather(1, winner[:, None])).sum(1)
+    outside = want != winner
+    assert torch.equal(redo[:12], outside[:12] & (above[:12] > _ABOVE_BUFFER))
+    assert redo[:12].any() and (~redo[:12]).any()
+    flagged = above[12:][redo[12:]]
+    assert ((flagged < 500) | (flagged > _ABOVE_BUFFER)).all() and redo[12:].any()
+    assert torch.equal(got[~redo], want[~redo])
+    peaked = logits.clone()
+    peaked[:, 7] += 30.0  # one token holds nearly all the mass: the winner, kept by every cut
+    got, redo = _race_first(peaked.to(DEVICE), params, keys)
+    assert not redo.cpu().any() and (got.cpu() == 7).all()
+
+
+def test_race_first_ties_and_pure_top_k():
+    """Ties at the cut keep every tied token, as the reference's cut by value does; a pure top-k
+    row whose winner falls outside its k is raced again over the k largest."""
+    torch.manual_seed(11)
+    vocab = 250  # fewer tokens than the buffer holds: no row is flagged
+    params = [SamplingParams(temperature=1.0, top_p=0.5)] * 16 + [SamplingParams(temperature=1.0, top_k=4)] * 16
+    logits = torch.randn(len(params), vocab) * 0.5
+    logits[:, :12] = 5.0  # twelve tokens tied at the top hold most of the mass
+    logits[16:, 12:40] = 4.9  # top-k rows: many just below the tie
+    keys = noise_keys(range(200, 200 + len(params)), range(len(params)))
+    want = race(logits, RowParams.build(params, "cpu"), keys)
+    got, redo = _race_first(logits.to(DEVICE), params, keys)
+    assert not redo.cpu().any()
+    assert torch.equal(got.cpu(), want)
+    unrestricted = _unrestricted_winner(logits.to(DEVICE), params, keys).cpu()
+    assert (got != unrestricted).any(), "some winners lay outside their cut"
+
+
+def test_race_first_rows_do_not_depend_on_the_batch():
+    torch.manual_seed(5)
+    params = SETTINGS + [SamplingParams(temperature=1.0, top_p=0.3)]
+    logits = (torch.randn(len(params), 3000) * 1.5).to(DEVICE)
+    keys = noise_keys(range(len(params)), [9] * len(params))
+    together, flags = _race_first(logits, params, keys)
+    for i in range(len(params)):
+        alone, flag = _race_first(logits[i:i + 1], params[i:i + 1], keys[i:i + 1])
+        assert alone.item() == together[i].item() and flag.item() == flags[i].item()
