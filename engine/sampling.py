@@ -247,13 +247,13 @@ def race_unsynced(logits: torch.Tensor, rows: RowParams,
     again. So a sampled step's host queues all of its GPU work and waits once, at the end,
     instead of once in the middle with every later launch exposed.
 
-    On a GPU, where no row has a top-k (the host knows: `max_top_k`), the race runs first and
-    the cut is found only for rows whose winner it might drop (race_first); a top-k row whose
-    top-p share reaches below its winner would be flagged there, so batches with top-k take the
-    window."""
+    On a GPU the race runs first and the cut is found only for rows whose winner it might drop
+    (kernels/triton_sampling.race_first, ~6x faster than the window's top-k selection); it
+    flags a row whose cut keeps more than its buffer of tokens (a nucleus of hundreds, a top_k
+    over 256), where the window flags a top_k beyond the window and bisects a wide nucleus."""
     if rows.all_greedy:
         return logits.argmax(dim=-1), None
-    if logits.is_cuda and rows.max_top_k == 0:
+    if logits.is_cuda:
         # The race first, its cut only where it must (kernels/triton_sampling.race_first): no
         # top-k selection over the vocabulary. Its undecided rows are flagged like the window's.
         from bass.kernels.triton_sampling import race_first

@@ -9,10 +9,7 @@ queueing them than the GPU spent running the whole step, and sampled regular dec
 it is one launch, fed by one copy.
 
 The function is the eager path's, op for op (`sampling.race_unsynced`, `accept_matching_prefix`),
-so both give the same tokens; it only takes its inputs from the staged vector. Not knowing the
-rows' top-k on the host, it always races first and cuts after (kernels/triton_sampling.race_first),
-which would flag many rows that have both a top-k and a top-p: the target races those batches
-eagerly (target_service/worker.py).
+so both give the same tokens; it only takes its inputs from the staged vector.
 """
 
 from __future__ import annotations

@@ -233,11 +233,7 @@ class TargetWorker:
             fed = self._inputs_from(previous, launched.seq_ids).view(-1, 1)
             decided = [p + 1 for p in launched.fed_at]
         sampled = not all(it.sampling.params.greedy for it in items)
-        # The graph's tail races first and cuts after (kernels/triton_sampling.race_first), which
-        # leaves to the host a row with both top-k and top-p whose winner is not the likeliest
-        # (often): such batches race eagerly, their cuts from each row's window.
-        tail = sampled and runner.has_tail(chunks) and not any(
-            p.top_k and p.top_p < 1 and not p.greedy for p in (it.sampling.params for it in items))
+        tail = sampled and runner.has_tail(chunks)
         if not tail:
             # The forward is queued first, and the host prepares the sampling inputs (pinned,
             # asynchronous copies) while the GPU runs it.

@@ -214,10 +214,39 @@ def test_race_first_ties_and_pure_top_k():
     keys = noise_keys(range(200, 200 + len(params)), range(len(params)))
     want = race(logits, RowParams.build(params, "cpu"), keys)
     got, redo = _race_first(logits.to(DEVICE), params, keys)
-    assert not redo.cpu().any()
-    assert torch.equal(got.cpu(), want)
+    got, redo = got.cpu(), redo.cpu()
+    assert not redo.any()
+    assert torch.equal(got, want)
     unrestricted = _unrestricted_winner(logits.to(DEVICE), params, keys).cpu()
     assert (got != unrestricted).any(), "some winners lay outside their cut"
+
+
+def test_race_first_decides_tail_winners_on_the_device():
+    """A winner from a long tail has more tokens above it than the buffer holds; a top-k + top-p
+    winner among the k largest leaves the top-k mass unknown. Both are decided on the device,
+    from the tokens above the highest threshold that holds every token the cut keeps."""
+    from bass.kernels.triton_sampling import _ABOVE_BUFFER
+
+    torch.manual_seed(21)
+    vocab = 5000
+    nucleus = SamplingParams(temperature=1.0, top_p=0.9)
+    both = SamplingParams(temperature=1.0, top_k=20, top_p=0.5)
+    params = [nucleus] * 48 + [both] * 48
+    logits = torch.randn(len(params), vocab)
+    logits[:48, :10] += 9.0  # a head of ten tokens holds ~90% of the mass; the tail the rest
+    logits[48:] *= 2.0
+    logits[48:, :10] += 9.0
+    keys = noise_keys(range(300, 300 + len(params)), range(len(params)))
+    want = race(logits, RowParams.build(params, "cpu"), keys)
+    got, redo = _race_first(logits.to(DEVICE), params, keys)
+    got, redo = got.cpu(), redo.cpu()
+    assert not redo.any()
+    assert torch.equal(got, want)
+    winner = _unrestricted_winner(logits.to(DEVICE), params, keys).cpu()
+    above = (logits > logits.gather(1, winner[:, None])).sum(1)
+    outside = want != winner
+    assert (outside[:48] & (above[:48] > _ABOVE_BUFFER)).any(), "tail winners with a crowd above them"
+    assert (outside[48:] & (above[48:] < 20)).any(), "top-k winners whose top-p share was unknown"
 
 
 def test_race_first_rows_do_not_depend_on_the_batch():

@@ -3,8 +3,8 @@ sampled within 15% of greedy): for R logit rows over the real vocabulary (151,93
 argmax against the sampled race (temperature 0.8, top-p 0.95, keyed Gumbel noise) with its cut
 from each row's top-256 window (the path before race_first; its stages too) and with the race
 first (kernels/triton_sampling.race_first, what `race_unsynced` runs since). Logits shaped like
-a code model's (a few dozen plausible tokens, a light tail), some rows flatter (their winner
-is outside the nucleus more often). Also checks race_first's tokens against the exact race.
+a code model's (a few dozen plausible tokens, a light tail), and rows with a heavier tail
+(their winner is outside the nucleus more often, from deep in the tail). Also checks race_first's tokens against the exact race.
 
     python bench/gpu/kernels/sampled_tail.py OUT.json [ROWS]     # ROWS e.g. 1,8,32,64,256
 """
@@ -26,12 +26,13 @@ VOCAB = 151936
 
 
 def logits_like_code(rows: int, flatter: int, device) -> torch.Tensor:
-    """Rows of a peaked head over a light tail; the first `flatter` rows' head is lower."""
+    """Rows of a peaked head over a light tail (~0.05% of the mass); the first `flatter` rows'
+    head is lower, their tail heavier (~20%): winners from deep in the tail."""
     gen = torch.Generator(device=device).manual_seed(rows)
     logits = torch.randn(rows, VOCAB, device=device, generator=gen) * 1.5
     head = torch.linspace(16, 6, 40, device=device)
     logits[:, :40] += head
-    logits[:flatter, :40] -= 3
+    logits[:flatter, :40] -= 5
     return logits
 
 
