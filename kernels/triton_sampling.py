@@ -226,7 +226,8 @@ def _race_all_kernel(logits_ptr, divisor_ptr, keys_ptr, greedy_ptr, best_ptr, be
     scaled = x / tl.load(divisor_ptr + row)
     greedy = tl.load(greedy_ptr + row) != 0
     score = tl.where(greedy, scaled, scaled + _noise(tl.load(keys_ptr + row).to(tl.uint32), cols))
-    score = tl.where(in_vocab, score, float("-inf"))
+    # NaN (a graph's padding rows) as -inf: every row's winner is a token id, whatever its logits.
+    score = tl.where(in_vocab & (score == score), score, float("-inf"))
     out = row * num_blocks + block
     tl.store(best_ptr + out, tl.max(score, axis=0))
     tl.store(best_id_ptr + out, block * BLOCK + tl.argmax(score, axis=0, tie_break_left=True))
@@ -321,7 +322,7 @@ def _race_in_buffer(above_value_ptr, above_id_ptr, row, n, lse, top_k, top_p, ke
     cut = tl.max(tl.where(r == last, ordered, float("-inf")), axis=0)
     score = tl.where(filled & (values >= cut), values + _noise(key, ids), float("-inf"))
     best = tl.max(score, axis=0)
-    return tl.min(tl.where(score == best, ids, 2147483647), axis=0).to(tl.int64)
+    return tl.min(tl.where((score == best) & filled, ids, 2147483647), axis=0).to(tl.int64)
 
 
 @triton.jit
