@@ -322,7 +322,7 @@ def _race_in_buffer(above_value_ptr, above_id_ptr, row, n, lse, top_k, top_p, ke
     cut = tl.max(tl.where(r == last, ordered, float("-inf")), axis=0)
     score = tl.where(filled & (values >= cut), values + _noise(key, ids), float("-inf"))
     best = tl.max(score, axis=0)
-    return tl.min(tl.where((score == best) & filled, ids, 2147483647), axis=0).to(tl.int64)
+    return tl.min(tl.where(score == best, ids, 2147483647), axis=0).to(tl.int64)  # unfilled: id 0
 
 
 @triton.jit

@@ -258,3 +258,19 @@ def test_race_first_rows_do_not_depend_on_the_batch():
     for i in range(len(params)):
         alone, flag = _race_first(logits[i:i + 1], params[i:i + 1], keys[i:i + 1])
         assert alone.item() == together[i].item() and flag.item() == flags[i].item()
+
+
+def test_race_first_answers_a_token_id_for_rows_of_nan():
+    """A captured graph's padding rows may hold NaN logits: their winners must still be token
+    ids (a later embedding of an id past the vocabulary is a device-side assert)."""
+    torch.manual_seed(2)
+    vocab = 3000  # a partial last block
+    params = [SamplingParams(), SamplingParams(temperature=0.8, top_p=0.95), SamplingParams(temperature=1.0, top_k=4)]
+    logits = torch.full((len(params), vocab), float("nan"))
+    keys = noise_keys(range(len(params)), [1] * len(params))
+    got, _ = _race_first(logits.to(DEVICE), params, keys)
+    assert ((got >= 0) & (got < vocab)).all()
+    partly = torch.randn(len(params), vocab)
+    partly[:, 5:] = float("nan")
+    got, _ = _race_first(partly.to(DEVICE), params, keys)
+    assert ((got >= 0) & (got < vocab)).all()
