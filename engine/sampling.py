@@ -248,15 +248,15 @@ def race_unsynced(logits: torch.Tensor, rows: RowParams,
     instead of once in the middle with every later launch exposed.
 
     On a GPU the race runs first and the cut is found only for rows whose winner it might drop
-    (kernels/triton_sampling.race_first, ~6x faster than the window's top-k selection); it
+    (kernels/triton_race_first.race_first, ~6x faster than the window's top-k selection); it
     flags a row whose cut keeps more than its buffer of tokens (a nucleus of hundreds, a top_k
     over 256), where the window flags a top_k beyond the window and bisects a wide nucleus."""
     if rows.all_greedy:
         return logits.argmax(dim=-1), None
     if logits.is_cuda:
-        # The race first, its cut only where it must (kernels/triton_sampling.race_first): no
+        # The race first, its cut only where it must (kernels/triton_race_first.race_first): no
         # top-k selection over the vocabulary. Its undecided rows are flagged like the window's.
-        from bass.kernels.triton_sampling import race_first
+        from bass.kernels.triton_race_first import race_first
 
         return race_first(logits, rows.divisor, rows.top_k, rows.top_p, row_keys, rows.greedy, rows.truncating)
     cut = redo = None
@@ -277,7 +277,7 @@ def draft_race(logits: torch.Tensor, rows: RowParams, row_keys: torch.Tensor | N
     if logits.is_cuda:
         # On a GPU the race runs first and the exact cut only where it might drop the winner
         # (race_first); a row it leaves undecided keeps the winner, a proposal like any other.
-        from bass.kernels.triton_sampling import race_first
+        from bass.kernels.triton_race_first import race_first
 
         return race_first(logits, rows.divisor, rows.top_k, rows.top_p, row_keys, rows.greedy, rows.truncating)[0]
     cut = window_cut(_scaled(logits, rows), rows.top_k, rows.top_p, window) if rows.any_truncation else None

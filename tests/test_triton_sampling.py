@@ -1,5 +1,6 @@
-"""The Triton Gumbel race against its PyTorch reference (sampling.race): interpreter on the CPU,
-the real kernel on a GPU."""
+"""The Triton Gumbel race against its PyTorch reference (sampling.race): the exact path's kernels
+(kernels/triton_sampling.py) and the race run first (kernels/triton_race_first.py); interpreter on
+the CPU, the real kernels on a GPU."""
 
 import os
 
@@ -135,7 +136,7 @@ def test_window_cut_flags_only_top_k_rows_beyond_the_window_on_the_gpu():
 
 
 def _race_first(logits, params, keys):
-    from bass.kernels.triton_sampling import race_first
+    from bass.kernels.triton_race_first import race_first
 
     # From the settings themselves, as kernel_inputs: all-greedy RowParams hold no tensors.
     temperature, _, keys, greedy = kernel_inputs(logits, params, keys)
@@ -176,7 +177,7 @@ def test_race_first_flags_only_rows_it_cannot_decide_exactly():
     holds, and a top-k + top-p row only there or where the top-p share of the top-k mass is
     unknown (its winner is among the k largest). Every row not flagged is the reference's token; peaked
     rows of the same settings are never flagged."""
-    from bass.kernels.triton_sampling import _ABOVE_BUFFER
+    from bass.kernels.triton_race_first import _ABOVE_BUFFER
 
     vocab = 4 * _ABOVE_BUFFER + 100
     torch.manual_seed(3)
@@ -225,7 +226,7 @@ def test_race_first_decides_tail_winners_on_the_device():
     """A winner from a long tail has more tokens above it than the buffer holds; a top-k + top-p
     winner among the k largest leaves the top-k mass unknown. Both are decided on the device,
     from the tokens above the highest threshold that holds every token the cut keeps."""
-    from bass.kernels.triton_sampling import _ABOVE_BUFFER
+    from bass.kernels.triton_race_first import _ABOVE_BUFFER
 
     torch.manual_seed(21)
     vocab = 5000

@@ -2,7 +2,7 @@
 sampled within 15% of greedy): for R logit rows over the real vocabulary (151,936), the greedy
 argmax against the sampled race (temperature 0.8, top-p 0.95, keyed Gumbel noise) with its cut
 from each row's top-256 window (the path before race_first; its stages too) and with the race
-first (kernels/triton_sampling.race_first, what `race_unsynced` runs since). Logits shaped like
+first (kernels/triton_race_first.race_first, what `race_unsynced` runs since). Logits shaped like
 a code model's (a few dozen plausible tokens, a light tail), and rows with a heavier tail
 (their winner is outside the nucleus more often, from deep in the tail). Also checks race_first's tokens against the exact race.
 
@@ -44,7 +44,7 @@ def windowed(logits, params, keys):
 
 
 def main() -> None:
-    from bass.kernels.triton_sampling import race_first
+    from bass.kernels.triton_race_first import race_first
 
     out = sys.argv[1]
     batches = [int(r) for r in (sys.argv[2] if len(sys.argv) > 2 else "1,8,32,64,256").split(",")]
