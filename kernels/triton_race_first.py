@@ -28,7 +28,7 @@ import functools
 import torch
 
 # Imported first: it switches Triton to its interpreter on a machine without a GPU (tests).
-from bass.kernels.triton_sampling import _BLOCK, _noise
+from bass.kernels.triton_sampling import _BLOCK, _noise, _scaled_block
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -49,10 +49,7 @@ def _race_all_kernel(logits_ptr, divisor_ptr, keys_ptr, greedy_ptr, best_ptr, be
     greedy rows), its largest scaled logit and sum of exp(scaled - that)."""
     row = tl.program_id(0)
     block = tl.program_id(1)
-    cols = block * BLOCK + tl.arange(0, BLOCK)
-    in_vocab = cols < vocab
-    x = tl.load(logits_ptr + row * row_stride + cols, mask=in_vocab, other=0.0).to(tl.float32)
-    scaled = x / tl.load(divisor_ptr + row)
+    cols, in_vocab, scaled = _scaled_block(logits_ptr, divisor_ptr, row, block, vocab, row_stride, BLOCK)
     greedy = tl.load(greedy_ptr + row) != 0
     score = tl.where(greedy, scaled, scaled + _noise(tl.load(keys_ptr + row).to(tl.uint32), cols))
     # NaN (a graph's padding rows) as -inf: every row's winner is a token id, whatever its logits.
@@ -117,10 +114,7 @@ def _above_winner_kernel(logits_ptr, divisor_ptr, truncating_ptr, stats_ptr, mas
         top = tl.load(stats_ptr + row * 4 + 1)
         value = tl.load(stats_ptr + row * 4 + 2)
         if value < top:
-            cols = block * BLOCK + tl.arange(0, BLOCK)
-            in_vocab = cols < vocab
-            x = tl.load(logits_ptr + row * row_stride + cols, mask=in_vocab, other=0.0).to(tl.float32)
-            scaled = x / tl.load(divisor_ptr + row)
+            cols, in_vocab, scaled = _scaled_block(logits_ptr, divisor_ptr, row, block, vocab, row_stride, BLOCK)
             probs = tl.where(in_vocab, tl.exp(scaled - lse), 0.0)
             above = in_vocab & (scaled > value)
             out = row * num_blocks + block
@@ -211,10 +205,7 @@ def _gather_rethreshold_kernel(logits_ptr, divisor_ptr, stats_ptr, gathered_ptr,
     block = tl.program_id(1)
     threshold = tl.load(stats_ptr + row * 4 + 3)
     if threshold < float("inf"):
-        cols = block * BLOCK + tl.arange(0, BLOCK)
-        in_vocab = cols < vocab
-        x = tl.load(logits_ptr + row * row_stride + cols, mask=in_vocab, other=0.0).to(tl.float32)
-        scaled = x / tl.load(divisor_ptr + row)
+        cols, in_vocab, scaled = _scaled_block(logits_ptr, divisor_ptr, row, block, vocab, row_stride, BLOCK)
         _gather_above(scaled, cols, in_vocab & (scaled > threshold), gathered_ptr, above_value_ptr, above_id_ptr,
                       row, BUFFER)
 

@@ -51,14 +51,21 @@ def _noise(key, cols):
 
 
 @triton.jit
+def _scaled_block(logits_ptr, divisor_ptr, row, block, vocab, row_stride, BLOCK: tl.constexpr):
+    """A program's block of a row: (token ids, which are in the vocabulary, the logits over the
+    row's divisor in fp32)."""
+    cols = block * BLOCK + tl.arange(0, BLOCK)
+    in_vocab = cols < vocab
+    x = tl.load(logits_ptr + row * row_stride + cols, mask=in_vocab, other=0.0).to(tl.float32)
+    return cols, in_vocab, x / tl.load(divisor_ptr + row)
+
+
+@triton.jit
 def _race_kernel(logits_ptr, temperature_ptr, cut_ptr, keys_ptr, greedy_ptr, best_ptr, best_id_ptr,
                  vocab, row_stride, num_blocks, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     block = tl.program_id(1)
-    cols = block * BLOCK + tl.arange(0, BLOCK)
-    in_vocab = cols < vocab
-    x = tl.load(logits_ptr + row * row_stride + cols, mask=in_vocab, other=0.0).to(tl.float32)
-    scaled = x / tl.load(temperature_ptr + row)
+    cols, in_vocab, scaled = _scaled_block(logits_ptr, temperature_ptr, row, block, vocab, row_stride, BLOCK)
     keep = in_vocab & (scaled >= tl.load(cut_ptr + row))
     noise = _noise(tl.load(keys_ptr + row).to(tl.uint32), cols)
     greedy = tl.load(greedy_ptr + row) != 0

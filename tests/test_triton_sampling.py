@@ -151,6 +151,16 @@ def _unrestricted_winner(logits, params, keys):
     return gumbel_race(logits, temperature, torch.full_like(temperature, float("-inf")), keys, greedy)
 
 
+def _decided_on_the_device(logits, params, keys):
+    """race_first's tokens, asserted to be the exact race's with no row flagged, and the
+    unrestricted race's winners (CPU tensors)."""
+    want = race(logits, RowParams.build(params, "cpu"), keys)
+    got, redo = _race_first(logits.to(DEVICE), params, keys)
+    assert not redo.cpu().any()
+    assert torch.equal(got.cpu(), want)
+    return got.cpu(), _unrestricted_winner(logits.to(DEVICE), params, keys).cpu()
+
+
 @pytest.mark.parametrize("vocab", [37, 3000, 9000])  # one partial block; several blocks
 def test_race_first_is_the_reference_race_where_it_does_not_flag(vocab):
     """Every row race_first decides is the exact race's token: greedy, temperature only, top-p,
@@ -213,12 +223,7 @@ def test_race_first_ties_and_pure_top_k():
     logits[:, :12] = 5.0  # twelve tokens tied at the top hold most of the mass
     logits[16:, 12:40] = 4.9  # top-k rows: many just below the tie
     keys = noise_keys(range(200, 200 + len(params)), range(len(params)))
-    want = race(logits, RowParams.build(params, "cpu"), keys)
-    got, redo = _race_first(logits.to(DEVICE), params, keys)
-    got, redo = got.cpu(), redo.cpu()
-    assert not redo.any()
-    assert torch.equal(got, want)
-    unrestricted = _unrestricted_winner(logits.to(DEVICE), params, keys).cpu()
+    got, unrestricted = _decided_on_the_device(logits, params, keys)
     assert (got != unrestricted).any(), "some winners lay outside their cut"
 
 
@@ -238,14 +243,9 @@ def test_race_first_decides_tail_winners_on_the_device():
     logits[48:] *= 2.0
     logits[48:, :10] += 9.0
     keys = noise_keys(range(300, 300 + len(params)), range(len(params)))
-    want = race(logits, RowParams.build(params, "cpu"), keys)
-    got, redo = _race_first(logits.to(DEVICE), params, keys)
-    got, redo = got.cpu(), redo.cpu()
-    assert not redo.any()
-    assert torch.equal(got, want)
-    winner = _unrestricted_winner(logits.to(DEVICE), params, keys).cpu()
+    got, winner = _decided_on_the_device(logits, params, keys)
     above = (logits > logits.gather(1, winner[:, None])).sum(1)
-    outside = want != winner
+    outside = got != winner
     assert (outside[:48] & (above[:48] > _ABOVE_BUFFER)).any(), "tail winners with a crowd above them"
     assert (outside[48:] & (above[48:] < 20)).any(), "top-k winners whose top-p share was unknown"
 
