@@ -322,7 +322,7 @@ class WorkerServiceConfig:
     attention: str = "auto"
     host: str = "127.0.0.1"
     port: int = 0  # 0 = any free port
-    draft_top_n: int = 64  # the draft finds its top-k/top-p cut among its N most likely tokens; draft only
+    draft_top_n: int = 64  # draft only: on a CPU it finds its top-k/top-p cut among its N most likely tokens
     graph_max_draft: int = GRAPH_MAX_DRAFT  # target service: draft lengths whose verification is graph-captured
     batch_invariant: bool = False  # target service: rows computed the same way whatever the batch (slower)
     int8_weights: bool | None = None  # draft only (None: on for a draft): int8 projections for few-row steps
