@@ -138,12 +138,14 @@ def _scaled(logits: torch.Tensor, rows: RowParams) -> torch.Tensor:
     return logits.float() / rows.divisor[:, None]
 
 
-# The target finds each row's top-k / top-p cut among the row's CUT_WINDOW largest logits: for
-# code at the temperatures users pick the nucleus nearly always lies inside, and a top-k of 256
-# values costs a fraction of sorting 152k (a full sort took 0.9 of a sampled verification's 3.3
-# ms of GPU time at batch 8 on an H100). Rows whose cut lies beyond the window: on a GPU, top-p
-# rows get it from a bisection kernel at once; top-k rows (top_k > the window), and every such
-# row on the CPU, sort in full.
+# The exact path (`race`, `truncation_cut`: the CPU's decode steps, and a GPU's redo of the rows
+# race_first flags) finds each row's top-k / top-p cut among the row's CUT_WINDOW largest
+# logits: for code at the temperatures users pick the nucleus nearly always lies inside, and a
+# top-k of 256 values costs a fraction of sorting 152k (a full sort took 0.9 of a sampled
+# verification's 3.3 ms of GPU time at batch 8 on an H100). Rows whose cut lies beyond the
+# window: on a GPU, top-p rows get it from a bisection kernel at once; top-k rows (top_k > the
+# window), and every such row on the CPU, sort in full. A GPU's decode steps race first instead
+# (kernels/triton_race_first.py), with no top-k selection at all.
 CUT_WINDOW = 256
 _KERNEL_WINDOW = 4096  # the widest window the one-program cut kernel takes
 
@@ -240,22 +242,20 @@ def race(logits: torch.Tensor, rows: RowParams, row_keys: torch.Tensor | None) -
 def race_unsynced(logits: torch.Tensor, rows: RowParams,
                   row_keys: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """race without its host sync: (tokens [R], redo) where redo is None or a device bool
-    [R] that is set where a row's top-k / top-p cut lay outside its CUT_WINDOW largest logits
-    and was not found exactly on the device (see CUT_WINDOW: on a GPU, only rows with a top_k
-    beyond the window; on the CPU, any such row, rare for code at T = 0.8). There the token is
-    not race's: a caller reads `redo` back with its results and, where any is set, runs `race`
+    [R] set where a row's token was not found exactly on the device. There the token is not
+    race's: a caller reads `redo` back with its results and, where any is set, runs `race`
     again. So a sampled step's host queues all of its GPU work and waits once, at the end,
     instead of once in the middle with every later launch exposed.
 
     On a GPU the race runs first and the cut is found only for rows whose winner it might drop
-    (kernels/triton_race_first.race_first, ~6x faster than the window's top-k selection); it
-    flags a row whose cut keeps more than its buffer of tokens (a nucleus of hundreds, a top_k
-    over 256), where the window flags a top_k beyond the window and bisects a wide nucleus."""
+    (kernels/triton_race_first.race_first, ~6x faster than a top-k selection of each row's
+    window); it flags a row whose cut keeps more than 256 tokens (a wide nucleus that its winner
+    fell outside of, a top_k over 256). On the CPU the cut comes from each row's CUT_WINDOW
+    largest logits, flagging any row whose cut lies beyond them (rare for code at T = 0.8).
+    """
     if rows.all_greedy:
         return logits.argmax(dim=-1), None
     if logits.is_cuda:
-        # The race first, its cut only where it must (kernels/triton_race_first.race_first): no
-        # top-k selection over the vocabulary. Its undecided rows are flagged like the window's.
         from bass.kernels.triton_race_first import race_first
 
         return race_first(logits, rows.divisor, rows.top_k, rows.top_p, row_keys, rows.greedy, rows.truncating)
