@@ -1,24 +1,26 @@
-"""The sampled race first, its top-k / top-p cut only where needed: a step's tokens in six
+"""The sampled race first, its top-k / top-p cut only where needed: a step's tokens in eight
 launches with no top-k selection over the vocabulary and no host sync (engine/sampling.
 race_unsynced and draft_race on a GPU; the exact path's kernels are in triton_sampling.py).
 
-A sampled row's token is the winner of the race over the tokens its top-k / top-p cut keeps. Run over *every* token, the
-race's winner w is that token whenever the cut keeps w, since the kept tokens are a subset
-holding it; and the cut keeps w exactly when the tokens strictly more likely than w hold less
-than top_p of the mass (and, with top_k, number fewer than top_k). For a code model's
-distribution w is nearly always the most likely token or close to it, so one pass over the row
-(the race, and the log-sum-exp beside it) and, where w is not the most likely token, a second
-(the mass above w) decide it, with no top-k selection over 152k tokens.
+A sampled row's token is the winner of the race over the tokens its top-k / top-p cut keeps.
+Run over *every* token, the race's winner w is that token whenever the cut keeps w, since the
+kept tokens are a subset holding it; and the cut keeps w exactly when the tokens strictly more
+likely than w hold less than top_p of the mass (and, with top_k, number fewer than top_k). For
+a code model's distribution w is nearly always the most likely token or close to it, so one
+pass over the row (the race, and the log-sum-exp beside it) and, where w is not the most likely
+token, a second (the mass above w) decide it, with no top-k selection over 152k tokens.
 
 Where the cut does not keep w, it lies above w, and every token it keeps is among those above
 w: the second pass gathers them (up to _ABOVE_BUFFER) for one program per row to sort, cut and
 race again over. A winner from the long tail has thousands of tokens above it, though, and a
-top-k with top-p may keep tokens below w; for those rows the second pass also measures the
-mass and count above a few thresholds under the most likely token (_BANDS), and a third pass
-gathers the tokens above the highest threshold that is sure to hold every token the cut
-keeps (top-p's mass, or top_k tokens) and fits the buffer. Only a row with no such threshold
-(a nucleus of hundreds of tokens, a top_k beyond the buffer) is flagged for the host's exact
-path, as the windowed cut flags its rows (engine/sampling.race_unsynced).
+top-k with top-p may keep tokens below w. Those rows alone take two more passes: one measures
+the mass and count above a few thresholds under the most likely token (_BANDS), the next
+gathers the tokens above the highest threshold that is sure to hold every token the cut keeps
+(top-p's mass, or top_k tokens) and fits the buffer. Only a row with no such threshold (a
+nucleus of hundreds of tokens, a top_k beyond the buffer) is flagged for the host's exact path,
+as the windowed cut flags its rows (engine/sampling.race_unsynced). Every row's result depends
+on that row alone: the gathering's order, which atomics decide, changes nothing computed from
+it.
 """
 
 from __future__ import annotations
@@ -101,29 +103,23 @@ def _gather_above(scaled, cols, above, gathered_ptr, above_value_ptr, above_id_p
 
 
 @triton.jit
-def _above_winner_kernel(logits_ptr, divisor_ptr, truncating_ptr, stats_ptr, mass_ptr, count_ptr, band_mass_ptr,
-                         band_count_ptr, gathered_ptr, above_value_ptr, above_id_ptr, vocab, row_stride, num_blocks,
-                         BLOCK: tl.constexpr, BUFFER: tl.constexpr, BANDS: tl.constexpr):
+def _above_winner_kernel(logits_ptr, divisor_ptr, truncating_ptr, stats_ptr, mass_ptr, count_ptr, gathered_ptr,
+                         above_value_ptr, above_id_ptr, vocab, row_stride, num_blocks, BLOCK: tl.constexpr,
+                         BUFFER: tl.constexpr):
     """Program (row, block), for truncating rows whose winner is not their most likely token:
     the block's probability mass and count of tokens strictly above the winner's scaled logit,
-    and above each band's threshold; the tokens above the winner gathered."""
+    those tokens gathered."""
     row = tl.program_id(0)
     block = tl.program_id(1)
     if tl.load(truncating_ptr + row) != 0:
         lse = tl.load(stats_ptr + row * 4)
-        top = tl.load(stats_ptr + row * 4 + 1)
         value = tl.load(stats_ptr + row * 4 + 2)
-        if value < top:
+        if value < tl.load(stats_ptr + row * 4 + 1):
             cols, in_vocab, scaled = _scaled_block(logits_ptr, divisor_ptr, row, block, vocab, row_stride, BLOCK)
-            probs = tl.where(in_vocab, tl.exp(scaled - lse), 0.0)
             above = in_vocab & (scaled > value)
             out = row * num_blocks + block
-            tl.store(mass_ptr + out, tl.sum(tl.where(above, probs, 0.0), axis=0))
+            tl.store(mass_ptr + out, tl.sum(tl.where(above, tl.exp(scaled - lse), 0.0), axis=0))
             tl.store(count_ptr + out, tl.sum(above.to(tl.int32), axis=0))
-            for j in tl.static_range(BANDS):
-                in_band = in_vocab & (scaled > top - _band_depth(j))
-                tl.store(band_mass_ptr + out * BANDS + j, tl.sum(tl.where(in_band, probs, 0.0), axis=0))
-                tl.store(band_count_ptr + out * BANDS + j, tl.sum(in_band.to(tl.int32), axis=0))
             _gather_above(scaled, cols, above, gathered_ptr, above_value_ptr, above_id_ptr, row, BUFFER)
 
 
@@ -150,21 +146,18 @@ def _race_in_buffer(above_value_ptr, above_id_ptr, row, n, lse, top_k, top_p, ke
 
 @triton.jit
 def _race_decide_kernel(truncating_ptr, top_k_ptr, top_p_ptr, keys_ptr, winner_ptr, stats_ptr, mass_ptr,
-                        count_ptr, band_mass_ptr, band_count_ptr, gathered_ptr, above_value_ptr, above_id_ptr,
-                        token_ptr, redo_ptr, num_blocks, NB: tl.constexpr, BUFFER: tl.constexpr,
-                        BANDS: tl.constexpr):
+                        count_ptr, above_value_ptr, above_id_ptr, token_ptr, redo_ptr, needs_band_ptr, num_blocks,
+                        NB: tl.constexpr, BUFFER: tl.constexpr):
     """One program per row: the row's token. The winner where the cut keeps it; else, from the
-    gathered tokens above it where they hold all the cut keeps; else a band's threshold for the
-    third pass (stats[3], its token then decided by _race_rethreshold_kernel); else the winner,
-    flagged."""
+    gathered tokens above it where they hold all the cut keeps; else the winner for now, the row
+    marked for the thresholds (_band_stats_kernel)."""
     row = tl.program_id(0)
     token = tl.load(winner_ptr + row)
-    redo = 0
+    needs_band = 0
     if tl.load(truncating_ptr + row) != 0:
         lse = tl.load(stats_ptr + row * 4)
-        top = tl.load(stats_ptr + row * 4 + 1)
         value = tl.load(stats_ptr + row * 4 + 2)
-        if value < top:
+        if value < tl.load(stats_ptr + row * 4 + 1):
             b = tl.arange(0, NB)
             valid = b < num_blocks
             mass = tl.sum(tl.load(mass_ptr + row * num_blocks + b, mask=valid, other=0.0), axis=0)
@@ -180,21 +173,55 @@ def _race_decide_kernel(truncating_ptr, top_k_ptr, top_p_ptr, keys_ptr, winner_p
                     key = tl.load(keys_ptr + row).to(tl.uint32)
                     token = _race_in_buffer(above_value_ptr, above_id_ptr, row, n, lse, top_k, top_p, key, BUFFER)
                 else:
-                    # The highest threshold sure to hold what the cut keeps, within the buffer.
-                    depth = float("inf")
-                    for j in tl.static_range(BANDS - 1, -1, -1):
-                        at = (row * num_blocks + b) * BANDS + j
-                        band_mass = tl.sum(tl.load(band_mass_ptr + at, mask=valid, other=0.0), axis=0)
-                        band_count = tl.sum(tl.load(band_count_ptr + at, mask=valid, other=0), axis=0)
-                        holds = tl.where(top_k > 0, band_count >= top_k, band_mass >= top_p)
-                        depth = tl.where(holds & (band_count <= BUFFER), _band_depth(j), depth)
-                    if depth < float("inf"):
-                        tl.store(stats_ptr + row * 4 + 3, top - depth)
-                        tl.store(gathered_ptr + row, 0)
-                    else:
-                        redo = 1
+                    needs_band = 1
     tl.store(token_ptr + row, token)
-    tl.store(redo_ptr + row, redo)
+    tl.store(redo_ptr + row, 0)
+    tl.store(needs_band_ptr + row, needs_band)
+
+
+@triton.jit
+def _band_stats_kernel(logits_ptr, divisor_ptr, needs_band_ptr, stats_ptr, band_mass_ptr, band_count_ptr, vocab,
+                       row_stride, num_blocks, BLOCK: tl.constexpr, BANDS: tl.constexpr):
+    """Program (row, block), for marked rows: the block's mass and count above each band's
+    threshold under the row's largest scaled logit."""
+    row = tl.program_id(0)
+    block = tl.program_id(1)
+    if tl.load(needs_band_ptr + row) != 0:
+        lse = tl.load(stats_ptr + row * 4)
+        top = tl.load(stats_ptr + row * 4 + 1)
+        cols, in_vocab, scaled = _scaled_block(logits_ptr, divisor_ptr, row, block, vocab, row_stride, BLOCK)
+        probs = tl.where(in_vocab, tl.exp(scaled - lse), 0.0)
+        out = (row * num_blocks + block) * BANDS
+        for j in tl.static_range(BANDS):
+            in_band = in_vocab & (scaled > top - _band_depth(j))
+            tl.store(band_mass_ptr + out + j, tl.sum(tl.where(in_band, probs, 0.0), axis=0))
+            tl.store(band_count_ptr + out + j, tl.sum(in_band.to(tl.int32), axis=0))
+
+
+@triton.jit
+def _band_choice_kernel(top_k_ptr, top_p_ptr, needs_band_ptr, stats_ptr, band_mass_ptr, band_count_ptr, gathered_ptr,
+                        redo_ptr, num_blocks, NB: tl.constexpr, BUFFER: tl.constexpr, BANDS: tl.constexpr):
+    """One program per marked row: the highest threshold sure to hold every token the cut keeps
+    (top-p's mass, or top_k tokens) within the buffer, for the third pass (stats[3]); the row
+    flagged where there is none."""
+    row = tl.program_id(0)
+    if tl.load(needs_band_ptr + row) != 0:
+        b = tl.arange(0, NB)
+        valid = b < num_blocks
+        top_k = tl.load(top_k_ptr + row)
+        top_p = tl.load(top_p_ptr + row)
+        depth = float("inf")
+        for j in tl.static_range(BANDS - 1, -1, -1):
+            at = (row * num_blocks + b) * BANDS + j
+            band_mass = tl.sum(tl.load(band_mass_ptr + at, mask=valid, other=0.0), axis=0)
+            band_count = tl.sum(tl.load(band_count_ptr + at, mask=valid, other=0), axis=0)
+            holds = tl.where(top_k > 0, band_count >= top_k, band_mass >= top_p)
+            depth = tl.where(holds & (band_count <= BUFFER), _band_depth(j), depth)
+        if depth < float("inf"):
+            tl.store(stats_ptr + row * 4 + 3, tl.load(stats_ptr + row * 4 + 1) - depth)
+            tl.store(gathered_ptr + row, 0)
+        else:
+            tl.store(redo_ptr + row, 1)
 
 
 @triton.jit
@@ -226,7 +253,7 @@ def _race_rethreshold_kernel(top_k_ptr, top_p_ptr, keys_ptr, stats_ptr, gathered
 def race_first(logits: torch.Tensor, divisor: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                row_keys: torch.Tensor, greedy: torch.Tensor,
                truncating: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """engine/sampling.race_unsynced's tokens in six launches with no top-k selection and no
+    """engine/sampling.race_unsynced's tokens in eight launches with no top-k selection and no
     host sync (see _ABOVE_BUFFER): (tokens int64 [R], redo bool [R]), redo set where a row's
     token must be raced again by the exact path. logits [R, V] any float dtype; divisor fp32
     [R] (1 for greedy rows); top_k int [R] (0: off); top_p fp32 [R]; row_keys int64 [R];
@@ -251,6 +278,7 @@ def race_first(logits: torch.Tensor, divisor: torch.Tensor, top_k: torch.Tensor,
     above_id = torch.empty(rows, _ABOVE_BUFFER, dtype=torch.int32, device=dev)
     token = torch.empty(rows, dtype=torch.int64, device=dev)
     redo = torch.empty(rows, dtype=torch.int8, device=dev)
+    needs_band = torch.empty(rows, dtype=torch.int8, device=dev)
     if rows:
         keys = row_keys.contiguous()
         stride = logits.stride(0)
@@ -258,12 +286,14 @@ def race_first(logits: torch.Tensor, divisor: torch.Tensor, top_k: torch.Tensor,
                                              block_max, block_sum, gathered, vocab, stride, num_blocks, BLOCK=_BLOCK)
         _race_combine_kernel[(rows,)](logits, divisor, best, best_id, block_max, block_sum, winner, stats, stride,
                                       num_blocks, NB=nb)
-        _above_winner_kernel[(rows, num_blocks)](logits, divisor, truncating, stats, mass, count, band_mass, band_count,
-                                                 gathered, above_value, above_id, vocab, stride, num_blocks,
-                                                 BLOCK=_BLOCK, BUFFER=_ABOVE_BUFFER, BANDS=_BANDS)
-        _race_decide_kernel[(rows,)](truncating, top_k, top_p, keys, winner, stats, mass, count, band_mass, band_count,
-                                     gathered, above_value, above_id, token, redo, num_blocks, NB=nb,
-                                     BUFFER=_ABOVE_BUFFER, BANDS=_BANDS)
+        _above_winner_kernel[(rows, num_blocks)](logits, divisor, truncating, stats, mass, count, gathered, above_value,
+                                                 above_id, vocab, stride, num_blocks, BLOCK=_BLOCK, BUFFER=_ABOVE_BUFFER)
+        _race_decide_kernel[(rows,)](truncating, top_k, top_p, keys, winner, stats, mass, count, above_value, above_id,
+                                     token, redo, needs_band, num_blocks, NB=nb, BUFFER=_ABOVE_BUFFER)
+        _band_stats_kernel[(rows, num_blocks)](logits, divisor, needs_band, stats, band_mass, band_count, vocab, stride,
+                                               num_blocks, BLOCK=_BLOCK, BANDS=_BANDS)
+        _band_choice_kernel[(rows,)](top_k, top_p, needs_band, stats, band_mass, band_count, gathered, redo, num_blocks,
+                                     NB=nb, BUFFER=_ABOVE_BUFFER, BANDS=_BANDS)
         _gather_rethreshold_kernel[(rows, num_blocks)](logits, divisor, stats, gathered, above_value, above_id, vocab,
                                                        stride, BLOCK=_BLOCK, BUFFER=_ABOVE_BUFFER)
         _race_rethreshold_kernel[(rows,)](top_k, top_p, keys, stats, gathered, above_value, above_id, token,
