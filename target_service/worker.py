@@ -11,7 +11,7 @@ input, the token step t decides, is taken from the device (`forward_fed`), so th
 step t + 1 while the host reads back and commits step t, instead of idling through it. The
 cache records a placeholder for that input until step t's finish settles it.
 
-A sampled row's token can change at the finish (a top-k / top-p cut outside the race's window
+A sampled row's token can change at the finish (a top-k / top-p cut the device could not settle
 is redone exactly, `race_unsynced`), after the step ahead already ran from the first value.
 The finish then repairs the step ahead for those sequences: it re-runs their input with the
 right token and races again, so what every sequence emits is exactly what step-by-step
@@ -116,7 +116,7 @@ class PendingVerify:
     @property
     def revised(self) -> list[int]:
         """After `result`: the items whose verdicts the finish decided again on the host (a
-        sampled row whose cut lay outside the race's window): their device verdicts were not
+        sampled row whose cut the device could not settle): their device verdicts were not
         final."""
         return self._launched.revised
 
@@ -366,8 +366,8 @@ class TargetWorker:
 
     def _read_verdicts(self, launched: LaunchedVerify) -> tuple[list[int], list[list[int]]]:
         """(the first row's token per sequence as the device first decided it, with repairs;
-        the tokens each sequence emits). Rows whose cut lay outside the window are raced again
-        exactly, then the verdicts are read once more."""
+        the tokens each sequence emits). Rows whose cut the device could not settle (flagged)
+        are raced again exactly, then the verdicts are read once more."""
         rows = launched.packed.tolist()
         width = launched.max_k + 2  # accepted + max_k + 1 tokens, then the flags
         for i, token in launched.overrides.items():
