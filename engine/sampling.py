@@ -138,8 +138,8 @@ def _scaled(logits: torch.Tensor, rows: RowParams) -> torch.Tensor:
     return logits.float() / rows.divisor[:, None]
 
 
-# The exact path (`race`, `truncation_cut`: the CPU's decode steps, and a GPU's redo of the rows
-# race_first flags) finds each row's top-k / top-p cut among the row's CUT_WINDOW largest
+# The exact path (`race`, `truncation_cut`: the CPU's decode steps, and the reference the GPU's
+# race_first is tested against) finds each row's top-k / top-p cut among the row's CUT_WINDOW largest
 # logits: for code at the temperatures users pick the nucleus nearly always lies inside, and a
 # top-k of 256 values costs a fraction of sorting 152k (a full sort took 0.9 of a sampled
 # verification's 3.3 ms of GPU time at batch 8 on an H100). Rows whose cut lies beyond the
@@ -249,17 +249,16 @@ def race_unsynced(logits: torch.Tensor, rows: RowParams,
 
     On a GPU the race runs first and the cut is found only for rows whose winner it might drop
     (kernels/triton_race_first.race_first: 3-8x faster than a top-k selection of each row's
-    window at 1-64 rows on an H100, c1c0375); it flags a row whose cut keeps more than 256
-    tokens (a wide nucleus that its winner fell outside of, a top_k over 256). On the CPU the
-    cut comes from each row's CUT_WINDOW largest logits, flagging any row whose cut lies beyond
-    them (rare for code at T = 0.8).
+    window at 1-64 rows on an H100, c1c0375), and every row exactly: redo is None. On the CPU
+    the cut comes from each row's CUT_WINDOW largest logits, flagging any row whose cut lies
+    beyond them (rare for code at T = 0.8).
     """
     if rows.all_greedy:
         return logits.argmax(dim=-1), None
     if logits.is_cuda:
         from bass.kernels.triton_race_first import race_first
 
-        return race_first(logits, rows.divisor, rows.top_k, rows.top_p, row_keys, rows.greedy, rows.truncating)
+        return race_first(logits, rows.divisor, rows.top_k, rows.top_p, row_keys, rows.greedy, rows.truncating), None
     cut = redo = None
     if rows.any_truncation:
         cut, redo, _ = _windowed_cut(_scaled(logits, rows), rows.top_k, rows.top_p, CUT_WINDOW)
@@ -276,8 +275,7 @@ def draft_race(logits: torch.Tensor, rows: RowParams, row_keys: torch.Tensor | N
     if rows.all_greedy:
         return logits.argmax(dim=-1)
     if logits.is_cuda:
-        # The target's own first pass (race_unsynced); a row it flags keeps its winner, a
-        # proposal like any other.
+        # The target's own race (race_unsynced), exact on a GPU.
         return race_unsynced(logits, rows, row_keys)[0]
     cut = window_cut(_scaled(logits, rows), rows.top_k, rows.top_p, window) if rows.any_truncation else None
     return _race_with_cut(logits, rows, cut, row_keys)

@@ -51,8 +51,9 @@ def stage(params: Sequence[SamplingParams], keys: np.ndarray, bucket: int, rows_
 
 def sampled_verdicts(lm_head, hidden: torch.Tensor, input_ids: torch.Tensor, staged: torch.Tensor, bucket: int,
                      rows_per_seq: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(packed verdicts [bucket, 1 + rows_per_seq + rows_per_seq]: accepted, tokens, redo
-    flags, as TargetWorker reads them; the target's token at every row [bucket * rows_per_seq])
+    """(packed verdicts [bucket, 1 + rows_per_seq], and redo flags [rows_per_seq] after them
+    where the race gives any (not on a GPU), as TargetWorker reads them; the target's token at
+    every row [bucket * rows_per_seq])
     of hidden [bucket * rows_per_seq, H], the forward's input tokens [bucket * q] (each
     sequence's last rows_per_seq - 1 are its drafts) and a vector made by `stage`. lm_head:
     hidden -> fp32 logits."""

@@ -1,4 +1,4 @@
-"""The sampled race first, its top-k / top-p cut only where needed: a step's tokens in eight
+"""The sampled race first, its top-k / top-p cut only where needed: a step's tokens in nine
 launches with no top-k selection over the vocabulary and no host sync (engine/sampling.
 race_unsynced and draft_race on a GPU; the exact path's kernels are in triton_sampling.py).
 
@@ -16,11 +16,13 @@ race again over. A winner from the long tail has thousands of tokens above it, t
 top-k with top-p may keep tokens below w. Those rows alone take two more passes: one measures
 the mass and count above a few thresholds under the most likely token (_BANDS), the next
 gathers the tokens above the highest threshold that is sure to hold every token the cut keeps
-(top-p's mass, or top_k tokens) and fits the buffer. Only a row with no such threshold (a
-nucleus of hundreds of tokens, a top_k beyond the buffer) is flagged for the host's exact path,
-as the windowed cut flags its rows (engine/sampling.race_unsynced). Every row's result depends
-on that row alone: the gathering's order, which atomics decide, changes nothing computed from
-it.
+(top-p's mass, or top_k tokens) and fits the buffer. A row with no such threshold (a nucleus of
+hundreds of tokens, as a flat distribution at T >= 1 has, or a top_k beyond the buffer) gets
+its exact cut from a search over its values, one program and a dozen passes over the row
+(_exact_cut_kernel): slower per row than the buffer, but on the device, where a host redo would
+cost a sync and, in regular decoding, a repair of the step run ahead. So every row is decided
+on the device. Every row's result depends on that row alone: the gathering's order, which
+atomics decide, changes nothing computed from it.
 """
 
 from __future__ import annotations
@@ -30,13 +32,15 @@ import functools
 import torch
 
 # Imported first: it switches Triton to its interpreter on a machine without a GPU (tests).
-from bass.kernels.triton_sampling import _BLOCK, _noise, _scaled_block
+from bass.kernels import triton_attention
+from bass.kernels.triton_sampling import _BLOCK, _noise, _ordered, _scaled_block
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 _ABOVE_BUFFER = 256
 _BANDS = 16  # thresholds 0.54, 1.16, 1.86, ... 5.56 (the 8th), ... 18.24 under the largest scaled logit
+_WAYS = 16  # keys tested per pass of the exact cut's search: 4 bits of a 32-bit key a pass
 
 
 @triton.jit
@@ -146,8 +150,8 @@ def _race_in_buffer(above_value_ptr, above_id_ptr, row, n, lse, top_k, top_p, ke
 
 @triton.jit
 def _race_decide_kernel(truncating_ptr, top_k_ptr, top_p_ptr, keys_ptr, winner_ptr, stats_ptr, mass_ptr,
-                        count_ptr, above_value_ptr, above_id_ptr, token_ptr, redo_ptr, needs_band_ptr, num_blocks,
-                        NB: tl.constexpr, BUFFER: tl.constexpr):
+                        count_ptr, above_value_ptr, above_id_ptr, token_ptr, needs_band_ptr, needs_exact_ptr,
+                        num_blocks, NB: tl.constexpr, BUFFER: tl.constexpr):
     """One program per row: the row's token. The winner where the cut keeps it; else, from the
     gathered tokens above it where they hold all the cut keeps; else the winner for now, the row
     marked for the thresholds (_band_stats_kernel)."""
@@ -175,8 +179,8 @@ def _race_decide_kernel(truncating_ptr, top_k_ptr, top_p_ptr, keys_ptr, winner_p
                 else:
                     needs_band = 1
     tl.store(token_ptr + row, token)
-    tl.store(redo_ptr + row, 0)
     tl.store(needs_band_ptr + row, needs_band)
+    tl.store(needs_exact_ptr + row, 0)
 
 
 @triton.jit
@@ -200,10 +204,10 @@ def _band_stats_kernel(logits_ptr, divisor_ptr, needs_band_ptr, stats_ptr, band_
 
 @triton.jit
 def _band_choice_kernel(top_k_ptr, top_p_ptr, needs_band_ptr, stats_ptr, band_mass_ptr, band_count_ptr, gathered_ptr,
-                        redo_ptr, num_blocks, NB: tl.constexpr, BUFFER: tl.constexpr, BANDS: tl.constexpr):
+                        needs_exact_ptr, num_blocks, NB: tl.constexpr, BUFFER: tl.constexpr, BANDS: tl.constexpr):
     """One program per marked row: the highest threshold sure to hold every token the cut keeps
-    (top-p's mass, or top_k tokens) within the buffer, for the third pass (stats[3]); the row
-    flagged where there is none."""
+    (top-p's mass, or top_k tokens) within the buffer, for the third pass (stats[3]); where
+    there is none, the row is left to the exact search (_exact_cut_kernel)."""
     row = tl.program_id(0)
     if tl.load(needs_band_ptr + row) != 0:
         b = tl.arange(0, NB)
@@ -221,7 +225,7 @@ def _band_choice_kernel(top_k_ptr, top_p_ptr, needs_band_ptr, stats_ptr, band_ma
             tl.store(stats_ptr + row * 4 + 3, tl.load(stats_ptr + row * 4 + 1) - depth)
             tl.store(gathered_ptr + row, 0)
         else:
-            tl.store(redo_ptr + row, 1)
+            tl.store(needs_exact_ptr + row, 1)
 
 
 @triton.jit
@@ -250,14 +254,99 @@ def _race_rethreshold_kernel(top_k_ptr, top_p_ptr, keys_ptr, stats_ptr, gathered
         tl.store(token_ptr + row, token)
 
 
+@triton.jit
+def _keyed_block(logits_ptr, divisor_ptr, row, block, vocab, row_stride, BLOCK: tl.constexpr):
+    """_scaled_block with NaN as -inf (as the race reads it), and each value's key: its fp32
+    bits as an int64 in the values' order."""
+    cols, in_vocab, scaled = _scaled_block(logits_ptr, divisor_ptr, row, block, vocab, row_stride, BLOCK)
+    scaled = tl.where(scaled == scaled, scaled, float("-inf"))
+    return cols, in_vocab, scaled, _ordered(scaled.to(tl.int32, bitcast=True)).to(tl.int64)
+
+
+@triton.jit
+def _above_keys(logits_ptr, divisor_ptr, row, keys, lse, vocab, row_stride, num_blocks, BLOCK: tl.constexpr):
+    """For each key of `keys` [W]: the row's count [W] and probability mass [W] of tokens whose
+    key is greater, in one pass over the row."""
+    count = tl.zeros(keys.shape, tl.int32)
+    mass = tl.zeros(keys.shape, tl.float32)
+    for block in range(num_blocks):
+        cols, in_vocab, scaled, key = _keyed_block(logits_ptr, divisor_ptr, row, block, vocab, row_stride, BLOCK)
+        above = in_vocab[None, :] & (key[None, :] > keys[:, None])
+        count += tl.sum(above.to(tl.int32), axis=1)
+        mass += tl.sum(tl.where(above, tl.exp(scaled - lse)[None, :], 0.0), axis=1)
+    return count, mass
+
+
+@triton.jit
+def _smallest_key_below(logits_ptr, divisor_ptr, row, lo, hi, lse, limit, BY_COUNT: tl.constexpr, vocab, row_stride,
+                        num_blocks, BLOCK: tl.constexpr, WAYS: tl.constexpr):
+    """The smallest key x in [lo, hi] whose count (BY_COUNT) or mass of tokens above it is
+    below `limit`, which hi's is: each pass tests WAYS keys spread over the range and keeps the
+    part between the last that fails and the first that holds (at most 8 passes for 32 bits)."""
+    ways = tl.arange(0, WAYS).to(tl.int64)
+    while lo < hi:
+        tested = lo + ((hi - lo) * ways) // WAYS  # tested[0] == lo
+        count, mass = _above_keys(logits_ptr, divisor_ptr, row, tested, lse, vocab, row_stride, num_blocks, BLOCK)
+        if BY_COUNT:
+            holds = count < limit
+        else:
+            holds = mass < limit
+        hi = tl.min(tl.where(holds, tested, hi), axis=0)
+        lo = tl.max(tl.where(holds, lo, tested + 1), axis=0)
+    return lo
+
+
+@triton.jit
+def _exact_cut_kernel(logits_ptr, divisor_ptr, keys_ptr, top_k_ptr, top_p_ptr, stats_ptr, needs_exact_ptr, token_ptr,
+                      vocab, row_stride, num_blocks, BLOCK: tl.constexpr, WAYS: tl.constexpr):
+    """One program per row the thresholds could not place in the buffer (a nucleus of
+    hundreds of tokens, a top_k beyond the buffer): its exact cut by value, searched over the
+    values' keys with whole passes over the row and no buffer, then the race over the tokens
+    at or above it. The cut is _cut_in_window_reference's over the sorted row: with top_k, the
+    k-th largest value v_k, and the top_k tokens' mass (those above v_k and enough copies of
+    v_k); then the smallest value whose mass above it is below top_p of that mass, if that is
+    above v_k, else v_k. The other rows return at once."""
+    row = tl.program_id(0)
+    if tl.load(needs_exact_ptr + row) != 0:
+        lse = tl.load(stats_ptr + row * 4)
+        hi = _ordered(tl.load(stats_ptr + row * 4 + 1).to(tl.int32, bitcast=True)).to(tl.int64)
+        lo = hi
+        for block in range(num_blocks):
+            cols, in_vocab, scaled, key = _keyed_block(logits_ptr, divisor_ptr, row, block, vocab, row_stride, BLOCK)
+            lo = tl.minimum(lo, tl.min(tl.where(in_vocab, key, hi), axis=0))
+        top_k = tl.minimum(tl.load(top_k_ptr + row), vocab)
+        top_p = tl.load(top_p_ptr + row)
+        kept_mass = top_p * 0.0 + 1.0  # all of it, without top_k
+        if top_k > 0:
+            lo = _smallest_key_below(logits_ptr, divisor_ptr, row, lo, hi, lse, top_k, True, vocab, row_stride,
+                                     num_blocks, BLOCK, WAYS)
+            at_k = tl.full((1,), 0, tl.int64) + lo
+            count, mass = _above_keys(logits_ptr, divisor_ptr, row, at_k, lse, vocab, row_stride, num_blocks, BLOCK)
+            v_k = _ordered(lo.to(tl.int32)).to(tl.float32, bitcast=True)
+            kept_mass = tl.sum(mass, axis=0) + (top_k - tl.sum(count, axis=0)).to(tl.float32) * tl.exp(v_k - lse)
+        if top_p < 1.0:
+            lo = _smallest_key_below(logits_ptr, divisor_ptr, row, lo, hi, lse, top_p * kept_mass, False, vocab,
+                                     row_stride, num_blocks, BLOCK, WAYS)
+        cut = _ordered(lo.to(tl.int32)).to(tl.float32, bitcast=True)
+        noise_key = tl.load(keys_ptr + row).to(tl.uint32)
+        best = tl.full((), float("-inf"), tl.float32)
+        best_id = tl.full((), 0, tl.int64)
+        for block in range(num_blocks):
+            cols, in_vocab, scaled, key = _keyed_block(logits_ptr, divisor_ptr, row, block, vocab, row_stride, BLOCK)
+            score = tl.where(in_vocab & (scaled >= cut), scaled + _noise(noise_key, cols), float("-inf"))
+            block_best = tl.max(score, axis=0)
+            block_id = block * BLOCK + tl.argmax(score, axis=0, tie_break_left=True)
+            best_id = tl.where(block_best > best, block_id.to(tl.int64), best_id)
+            best = tl.maximum(best, block_best)
+        tl.store(token_ptr + row, best_id)
+
+
 def race_first(logits: torch.Tensor, divisor: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-               row_keys: torch.Tensor, greedy: torch.Tensor,
-               truncating: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """engine/sampling.race_unsynced's tokens in eight launches with no top-k selection and no
-    host sync (see _ABOVE_BUFFER): (tokens int64 [R], redo bool [R]), redo set where a row's
-    token must be raced again by the exact path. logits [R, V] any float dtype; divisor fp32
-    [R] (1 for greedy rows); top_k int [R] (0: off); top_p fp32 [R]; row_keys int64 [R];
-    greedy, truncating bool [R] (truncating: a sampled row with top-k or top-p)."""
+               row_keys: torch.Tensor, greedy: torch.Tensor, truncating: torch.Tensor) -> torch.Tensor:
+    """engine/sampling.race's tokens (int64 [R]) in nine launches, with no top-k selection and
+    no host sync. logits [R, V] any float dtype; divisor fp32 [R] (1 for greedy rows); top_k
+    int [R] (0: off); top_p fp32 [R]; row_keys int64 [R]; greedy, truncating bool [R]
+    (truncating: a sampled row with top-k or top-p)."""
     rows, vocab = logits.shape
     logits = logits.contiguous()
     dev = logits.device
@@ -277,9 +366,11 @@ def race_first(logits: torch.Tensor, divisor: torch.Tensor, top_k: torch.Tensor,
     above_value = torch.empty(rows, _ABOVE_BUFFER, dtype=torch.float32, device=dev)
     above_id = torch.empty(rows, _ABOVE_BUFFER, dtype=torch.int32, device=dev)
     token = torch.empty(rows, dtype=torch.int64, device=dev)
-    redo = torch.empty(rows, dtype=torch.int8, device=dev)
     needs_band = torch.empty(rows, dtype=torch.int8, device=dev)
+    needs_exact = torch.empty(rows, dtype=torch.int8, device=dev)
     if rows:
+        if triton_attention._INTERPRETED:  # loop bounds from tensors (the interpreter's NumPy fix)
+            triton_attention._patch_interpreter_index()
         keys = row_keys.contiguous()
         stride = logits.stride(0)
         _race_all_kernel[(rows, num_blocks)](logits, divisor, keys, greedy.to(torch.int8).contiguous(), best, best_id,
@@ -289,13 +380,15 @@ def race_first(logits: torch.Tensor, divisor: torch.Tensor, top_k: torch.Tensor,
         _above_winner_kernel[(rows, num_blocks)](logits, divisor, truncating, stats, mass, count, gathered, above_value,
                                                  above_id, vocab, stride, num_blocks, BLOCK=_BLOCK, BUFFER=_ABOVE_BUFFER)
         _race_decide_kernel[(rows,)](truncating, top_k, top_p, keys, winner, stats, mass, count, above_value, above_id,
-                                     token, redo, needs_band, num_blocks, NB=nb, BUFFER=_ABOVE_BUFFER)
+                                     token, needs_band, needs_exact, num_blocks, NB=nb, BUFFER=_ABOVE_BUFFER)
         _band_stats_kernel[(rows, num_blocks)](logits, divisor, needs_band, stats, band_mass, band_count, vocab, stride,
                                                num_blocks, BLOCK=_BLOCK, BANDS=_BANDS)
-        _band_choice_kernel[(rows,)](top_k, top_p, needs_band, stats, band_mass, band_count, gathered, redo, num_blocks,
-                                     NB=nb, BUFFER=_ABOVE_BUFFER, BANDS=_BANDS)
+        _band_choice_kernel[(rows,)](top_k, top_p, needs_band, stats, band_mass, band_count, gathered, needs_exact,
+                                     num_blocks, NB=nb, BUFFER=_ABOVE_BUFFER, BANDS=_BANDS)
         _gather_rethreshold_kernel[(rows, num_blocks)](logits, divisor, stats, gathered, above_value, above_id, vocab,
                                                        stride, BLOCK=_BLOCK, BUFFER=_ABOVE_BUFFER)
         _race_rethreshold_kernel[(rows,)](top_k, top_p, keys, stats, gathered, above_value, above_id, token,
                                           BUFFER=_ABOVE_BUFFER)
-    return token, redo.bool()
+        _exact_cut_kernel[(rows,)](logits, divisor, keys, top_k, top_p, stats, needs_exact, token, vocab, stride,
+                                   num_blocks, BLOCK=_BLOCK, WAYS=_WAYS, num_warps=8)
+    return token

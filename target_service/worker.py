@@ -11,8 +11,9 @@ input, the token step t decides, is taken from the device (`forward_fed`), so th
 step t + 1 while the host reads back and commits step t, instead of idling through it. The
 cache records a placeholder for that input until step t's finish settles it.
 
-A sampled row's token can change at the finish (a top-k / top-p cut the device could not settle
-is redone exactly, `race_unsynced`), after the step ahead already ran from the first value.
+On the CPU a sampled row's token can change at the finish (a top-k / top-p cut outside the
+window of largest logits is redone exactly, `race_unsynced`; a GPU decides every row on the
+device), after the step ahead already ran from the first value.
 The finish then repairs the step ahead for those sequences: it re-runs their input with the
 right token and races again, so what every sequence emits is exactly what step-by-step
 decoding emits (tests/test_target_run_ahead.py).
@@ -115,9 +116,9 @@ class PendingVerify:
 
     @property
     def revised(self) -> list[int]:
-        """After `result`: the items whose verdicts the finish decided again on the host (a
-        sampled row whose cut the device could not settle): their device verdicts were not
-        final."""
+        """After `result`: the items whose verdicts the finish decided again on the host (on
+        the CPU, a sampled row whose cut lay outside the window): their device verdicts were
+        not final."""
         return self._launched.revised
 
     def ready(self) -> bool:
@@ -252,7 +253,8 @@ class TargetWorker:
             # of the hidden rows (_read_verdicts).
             staged = verify_tail.stage(row_params, keys, runner.graphs.bucket(len(items)), launched.max_k + 1)
             (packed, raced), hidden = runner.run_tail(chunks, staged, fed)
-            launched.hidden = hidden.clone()
+            if packed.shape[1] > launched.max_k + 2:  # redo flags: a redo may read the hidden rows
+                launched.hidden = hidden.clone()
             launched.raced = raced[:len(row_params)].clone()
             packed = packed[:len(items)]
         else:
@@ -366,7 +368,7 @@ class TargetWorker:
 
     def _read_verdicts(self, launched: LaunchedVerify) -> tuple[list[int], list[list[int]]]:
         """(the first row's token per sequence as the device first decided it, with repairs;
-        the tokens each sequence emits). Rows whose cut the device could not settle (flagged)
+        the tokens each sequence emits). Rows whose cut the window did not hold (flagged, CPU)
         are raced again exactly, then the verdicts are read once more."""
         rows = launched.packed.tolist()
         width = launched.max_k + 2  # accepted + max_k + 1 tokens, then the flags

@@ -152,72 +152,76 @@ def _unrestricted_winner(logits, params, keys):
 
 
 def _decided_on_the_device(logits, params, keys):
-    """race_first's tokens, asserted to be the exact race's with no row flagged, and the
-    unrestricted race's winners (CPU tensors)."""
+    """race_first's tokens, asserted to be the exact race's, and the unrestricted race's
+    winners (CPU tensors)."""
     want = race(logits, RowParams.build(params, "cpu"), keys)
-    got, redo = _race_first(logits.to(DEVICE), params, keys)
-    assert not redo.cpu().any()
-    assert torch.equal(got.cpu(), want)
-    return got.cpu(), _unrestricted_winner(logits.to(DEVICE), params, keys).cpu()
+    got = _race_first(logits.to(DEVICE), params, keys).cpu()
+    assert torch.equal(got, want)
+    return got, _unrestricted_winner(logits.to(DEVICE), params, keys).cpu()
 
 
 @pytest.mark.parametrize("vocab", [37, 3000, 9000])  # one partial block; several blocks
-def test_race_first_is_the_reference_race_where_it_does_not_flag(vocab):
-    """Every row race_first decides is the exact race's token: greedy, temperature only, top-p,
-    top-k, both; peaked rows (the winner is the most likely token), flatter ones (the winner is
-    often outside a small nucleus, decided again from the tokens above it)."""
+def test_race_first_is_the_reference_race(vocab):
+    """Every row's token is the exact race's: greedy, temperature only, top-p, top-k, both;
+    peaked rows (the winner is the most likely token), flatter ones (the winner is often
+    outside a small nucleus, decided again from the tokens above it)."""
     torch.manual_seed(vocab)
     params = (SETTINGS + [SamplingParams(temperature=1.0, top_p=0.3), SamplingParams(temperature=0.7, top_k=2)]) * 6
     logits = torch.randn(len(params), vocab) * torch.linspace(0.5, 6, len(params))[:, None]
     keys = noise_keys(range(100, 100 + len(params)), range(len(params)))
-    want = race(logits, RowParams.build(params, "cpu"), keys)
-    got, redo = _race_first(logits.to(DEVICE), params, keys)
-    got, redo = got.cpu(), redo.cpu()
-    assert torch.equal(got[~redo], want[~redo])
-    unrestricted = _unrestricted_winner(logits.to(DEVICE), params, keys).cpu()
-    decided_again = (~redo) & (got != unrestricted)
-    assert decided_again.any(), "some rows' winners lay outside their cut and were raced again on the device"
-    greedy = torch.tensor([p.greedy for p in params])
-    assert not redo[greedy].any()
+    got, unrestricted = _decided_on_the_device(logits, params, keys)
+    assert (got != unrestricted).any(), "some rows' winners lay outside their cut and were raced again"
 
 
-def test_race_first_flags_only_rows_it_cannot_decide_exactly():
-    """Near-uniform rows, so winners fall anywhere: a top-p row is flagged for the exact path
-    exactly where its winner lies outside the nucleus with more tokens above it than the buffer
-    holds, and a top-k + top-p row only there or where the top-p share of the top-k mass is
-    unknown (its winner is among the k largest). Every row not flagged is the reference's token; peaked
-    rows of the same settings are never flagged."""
+def _crowd_above_the_winner(logits, winner):
+    return (logits > logits.gather(1, winner[:, None])).sum(1)
+
+
+def test_race_first_decides_wide_nuclei_on_the_device():
+    """Near-uniform rows, so winners fall anywhere and every cut keeps hundreds of tokens: no
+    threshold holds the cut within the buffer, and the exact search over the row's values
+    decides them (top-p, top-k beyond the buffer, both), the reference's token every time."""
     from bass.kernels.triton_race_first import _ABOVE_BUFFER
 
     vocab = 4 * _ABOVE_BUFFER + 100
     torch.manual_seed(3)
-    flat = SamplingParams(temperature=1.0, top_p=0.05)
-    both = SamplingParams(temperature=1.0, top_k=500, top_p=0.05)
-    params = [flat] * 12 + [both] * 12
+    params = ([SamplingParams(temperature=1.0, top_p=0.05)] * 8 + [SamplingParams(temperature=1.0, top_p=0.95)] * 8
+              + [SamplingParams(temperature=1.0, top_k=500, top_p=0.05)] * 8
+              + [SamplingParams(temperature=1.0, top_k=700)] * 8
+              + [SamplingParams(temperature=1.0, top_k=600, top_p=0.9)] * 8)
     logits = torch.randn(len(params), vocab) * 0.01
     keys = noise_keys(range(len(params)), [5] * len(params))
-    want = race(logits, RowParams.build(params, "cpu"), keys)
-    got, redo = _race_first(logits.to(DEVICE), params, keys)
-    got, redo = got.cpu(), redo.cpu()
-    winner = _unrestricted_winner(logits.to(DEVICE), params, keys).cpu()
-    above = (logits > logits.gather(1, winner[:, None])).sum(1)
-    outside = want != winner
-    assert torch.equal(redo[:12], outside[:12] & (above[:12] > _ABOVE_BUFFER))
-    assert redo[:12].any() and (~redo[:12]).any()
-    flagged = above[12:][redo[12:]]
-    assert ((flagged < 500) | (flagged > _ABOVE_BUFFER)).all() and redo[12:].any()
-    assert torch.equal(got[~redo], want[~redo])
+    got, winner = _decided_on_the_device(logits, params, keys)
+    outside = got != winner
+    assert (outside & (_crowd_above_the_winner(logits, winner) > _ABOVE_BUFFER)).sum() >= 8, \
+        "winners outside the cut with more tokens above them than the buffer holds"
     peaked = logits.clone()
     peaked[:, 7] += 30.0  # one token holds nearly all the mass: the winner, kept by every cut
-    got, redo = _race_first(peaked.to(DEVICE), params, keys)
-    assert not redo.cpu().any() and (got.cpu() == 7).all()
+    assert (_race_first(peaked.to(DEVICE), params, keys).cpu() == 7).all()
+
+
+def test_race_first_keeps_every_token_tied_at_a_wide_cut():
+    """Values on a coarse grid (as bf16 logits are), so hundreds of tokens tie at the cut: the
+    exact search finds the cut's value, and the race runs over every token tied with it."""
+    from bass.kernels.triton_race_first import _ABOVE_BUFFER
+
+    vocab = 3 * _ABOVE_BUFFER
+    torch.manual_seed(17)
+    params = [SamplingParams(temperature=1.0, top_p=0.6)] * 12 + [SamplingParams(temperature=1.0, top_k=400)] * 12
+    logits = (torch.randn(len(params), vocab) * 0.3 / 0.25).round() * 0.25  # a handful of distinct values
+    keys = noise_keys(range(40, 40 + len(params)), [2] * len(params))
+    _decided_on_the_device(logits, params, keys)
+    scaled = logits  # temperature 1
+    cut = truncation_cut(scaled, torch.tensor([p.top_k for p in params]), torch.tensor([p.top_p for p in params]))
+    tied = (scaled == cut[:, None]).sum(1)
+    assert (tied > _ABOVE_BUFFER // 2).all(), "the cut falls on a crowd of tied values"
 
 
 def test_race_first_ties_and_pure_top_k():
     """Ties at the cut keep every tied token, as the reference's cut by value does; a pure top-k
     row whose winner falls outside its k is raced again over the k largest."""
     torch.manual_seed(11)
-    vocab = 250  # fewer tokens than the buffer holds: no row is flagged
+    vocab = 250  # fewer tokens than the buffer holds
     params = [SamplingParams(temperature=1.0, top_p=0.5)] * 16 + [SamplingParams(temperature=1.0, top_k=4)] * 16
     logits = torch.randn(len(params), vocab) * 0.5
     logits[:, :12] = 5.0  # twelve tokens tied at the top hold most of the mass
@@ -255,10 +259,10 @@ def test_race_first_rows_do_not_depend_on_the_batch():
     params = SETTINGS + [SamplingParams(temperature=1.0, top_p=0.3)]
     logits = (torch.randn(len(params), 3000) * 1.5).to(DEVICE)
     keys = noise_keys(range(len(params)), [9] * len(params))
-    together, flags = _race_first(logits, params, keys)
+    together = _race_first(logits, params, keys)
     for i in range(len(params)):
-        alone, flag = _race_first(logits[i:i + 1], params[i:i + 1], keys[i:i + 1])
-        assert alone.item() == together[i].item() and flag.item() == flags[i].item()
+        alone = _race_first(logits[i:i + 1], params[i:i + 1], keys[i:i + 1])
+        assert alone.item() == together[i].item()
 
 
 def test_race_first_answers_a_token_id_for_rows_of_nan():
@@ -269,9 +273,9 @@ def test_race_first_answers_a_token_id_for_rows_of_nan():
     params = [SamplingParams(), SamplingParams(temperature=0.8, top_p=0.95), SamplingParams(temperature=1.0, top_k=4)]
     logits = torch.full((len(params), vocab), float("nan"))
     keys = noise_keys(range(len(params)), [1] * len(params))
-    got, _ = _race_first(logits.to(DEVICE), params, keys)
+    got = _race_first(logits.to(DEVICE), params, keys)
     assert ((got >= 0) & (got < vocab)).all()
     partly = torch.randn(len(params), vocab)
     partly[:, 5:] = float("nan")
-    got, _ = _race_first(partly.to(DEVICE), params, keys)
+    got = _race_first(partly.to(DEVICE), params, keys)
     assert ((got >= 0) & (got < vocab)).all()

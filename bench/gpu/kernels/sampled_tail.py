@@ -4,7 +4,9 @@ argmax against the sampled race (temperature 0.8, top-p 0.95, keyed Gumbel noise
 from each row's top-256 window (the path before race_first; its stages too) and with the race
 first (kernels/triton_race_first.race_first, what `race_unsynced` runs since). Logits shaped like
 a code model's (a few dozen plausible tokens, a light tail), and rows with a heavier tail
-(their winner is outside the nucleus more often, from deep in the tail). Also checks race_first's tokens against the exact race.
+(their winner is outside the nucleus more often, from deep in the tail), and flat rows whose
+nucleus holds thousands of tokens (race_first's exact search, _exact_cut_kernel, decides a row
+whose winner falls outside it). Also checks race_first's tokens against the exact race.
 
     python bench/gpu/kernels/sampled_tail.py OUT.json [ROWS]     # ROWS e.g. 1,8,32,64,256
 """
@@ -50,10 +52,15 @@ def main() -> None:
     batches = [int(r) for r in (sys.argv[2] if len(sys.argv) > 2 else "1,8,32,64,256").split(",")]
     device = torch.device("cuda")
     results = {"environment": describe("cuda"), "vocab": VOCAB, "rows": {}}
+    cases = [(flatter, 0.95) for flatter in (0, None)] + [("wide", 0.95), ("wide", 0.5)]
     for rows in batches:
-        for flatter in (0, max(1, rows // 4)):
-            logits = logits_like_code(rows, flatter, device)
-            params = RowParams.build([SamplingParams(temperature=0.8, top_p=0.95)] * rows, device)
+        for flatter, top_p in cases:
+            if flatter == "wide":  # flat rows: nuclei of thousands of tokens, the exact search's rows
+                logits = torch.randn(rows, VOCAB, device=device, generator=torch.Generator(device=device).manual_seed(rows))
+            else:
+                flatter = max(1, rows // 4) if flatter is None else flatter
+                logits = logits_like_code(rows, flatter, device)
+            params = RowParams.build([SamplingParams(temperature=0.8, top_p=top_p)] * rows, device)
             keys = noise_keys(range(1000, 1000 + rows), list(range(rows))).to(device)
             scaled = sampling._scaled(logits, params)
             first = lambda: race_first(logits, params.divisor, params.top_k, params.top_p, keys,  # noqa: E731
@@ -70,14 +77,14 @@ def main() -> None:
             }
             row = {name: round(graph_us(fn), 1) for name, fn in stages.items()}
             exact = sampling.race(logits, params, keys)
-            tokens, redo = first()
+            tokens = first()
             old, _ = windowed(logits, params, keys)
             winner = sampling._race_with_cut(logits, params, torch.full_like(params.divisor, float("-inf")), keys)
             row["race_first == exact race (rows)"] = int((tokens == exact).sum())
             row["windowed == exact race (rows)"] = int((old == exact).sum())
-            row["race_first flagged"] = int(redo.sum())
             row["winner outside the cut (rows)"] = int((winner != exact).sum())
-            key = f"{rows}" + (f" ({flatter} flatter)" if flatter else "")
+            key = f"{rows}" + (f" (wide, top-p {top_p})" if flatter == "wide" else f" ({flatter} flatter)" if flatter
+                               else "")
             results["rows"][key] = row
             print(key, json.dumps(row), flush=True)
     with open(out, "w") as fh:
