@@ -41,6 +41,9 @@ import triton.language as tl  # noqa: E402
 _ABOVE_BUFFER = 256
 _BANDS = 16  # thresholds 0.54, 1.16, 1.86, ... 5.56 (the 8th), ... 18.24 under the largest scaled logit
 _WAYS = 16  # keys tested per pass of the exact cut's search: 4 bits of a 32-bit key a pass
+# Races above the last winner before the search takes over: each lands in a nucleus with at
+# least top_p's chance, so 8 leave (1 - top_p)^8 of such rows to the search (0.4% at top-p 0.5).
+_ROUNDS = 8
 
 
 @triton.jit
@@ -297,48 +300,92 @@ def _smallest_key_below(logits_ptr, divisor_ptr, row, lo, hi, lse, limit, BY_COU
 
 
 @triton.jit
+def _race_above(logits_ptr, divisor_ptr, row, floor, noise_key, vocab, row_stride, num_blocks, BLOCK: tl.constexpr):
+    """The race over the row's tokens whose scaled logit is above `floor`: (winner id, its
+    scaled logit), in one pass (ties to the lowest id, as torch's argmax)."""
+    best = tl.full((), float("-inf"), tl.float32)
+    best_id = tl.full((), 0, tl.int64)
+    best_value = tl.full((), float("-inf"), tl.float32)
+    for block in range(num_blocks):
+        cols, in_vocab, scaled, key = _keyed_block(logits_ptr, divisor_ptr, row, block, vocab, row_stride, BLOCK)
+        score = tl.where(in_vocab & (scaled > floor), scaled + _noise(noise_key, cols), float("-inf"))
+        block_best = tl.max(score, axis=0)
+        at = tl.argmax(score, axis=0, tie_break_left=True)
+        better = block_best > best
+        best_id = tl.where(better, (block * BLOCK + at).to(tl.int64), best_id)
+        best_value = tl.where(better, tl.max(tl.where(cols == block * BLOCK + at, scaled, float("-inf")), axis=0),
+                              best_value)
+        best = tl.maximum(best, block_best)
+    return best_id, best_value
+
+
+@triton.jit
 def _exact_cut_kernel(logits_ptr, divisor_ptr, keys_ptr, top_k_ptr, top_p_ptr, stats_ptr, needs_exact_ptr, token_ptr,
-                      vocab, row_stride, num_blocks, BLOCK: tl.constexpr, WAYS: tl.constexpr):
+                      vocab, row_stride, num_blocks, BLOCK: tl.constexpr, WAYS: tl.constexpr, ROUNDS: tl.constexpr):
     """One program per row the thresholds could not place in the buffer (a nucleus of
-    hundreds of tokens, a top_k beyond the buffer): its exact cut by value, searched over the
-    values' keys with whole passes over the row and no buffer, then the race over the tokens
-    at or above it. The cut is _cut_in_window_reference's over the sorted row: with top_k, the
-    k-th largest value v_k, and the top_k tokens' mass (those above v_k and enough copies of
-    v_k); then the smallest value whose mass above it is below top_p of that mass, if that is
-    above v_k, else v_k. The other rows return at once."""
+    hundreds of tokens, a top_k beyond the buffer), whose race winner w the cut drops; the
+    other rows return at once. Every token a nucleus keeps lies above w, so the race over the
+    tokens above w alone has the row's token as its winner whenever the cut keeps that winner,
+    which the mass above it tells; if not, the same again above the new winner. Each round is
+    two passes over the row and lands in the cut with at least top_p's chance (the cut's share
+    of what is left), so a nucleus takes 1 / top_p rounds on average (the cut's exact value is
+    never needed). With top_k (rare here: more than the buffer holds) the k-th largest value
+    v_k comes first, from a search over the values' keys (_smallest_key_below), and with it
+    the top_k tokens' mass that top_p is a share of."""
     row = tl.program_id(0)
     if tl.load(needs_exact_ptr + row) != 0:
         lse = tl.load(stats_ptr + row * 4)
-        hi = _ordered(tl.load(stats_ptr + row * 4 + 1).to(tl.int32, bitcast=True)).to(tl.int64)
-        lo = hi
-        for block in range(num_blocks):
-            cols, in_vocab, scaled, key = _keyed_block(logits_ptr, divisor_ptr, row, block, vocab, row_stride, BLOCK)
-            lo = tl.minimum(lo, tl.min(tl.where(in_vocab, key, hi), axis=0))
+        floor = tl.load(stats_ptr + row * 4 + 2)  # the winner's scaled logit: a nucleus lies above it
         top_k = tl.minimum(tl.load(top_k_ptr + row), vocab)
         top_p = tl.load(top_p_ptr + row)
-        kept_mass = top_p * 0.0 + 1.0  # all of it, without top_k
-        if top_k > 0:
-            lo = _smallest_key_below(logits_ptr, divisor_ptr, row, lo, hi, lse, top_k, True, vocab, row_stride,
-                                     num_blocks, BLOCK, WAYS)
-            at_k = tl.full((1,), 0, tl.int64) + lo
-            count, mass = _above_keys(logits_ptr, divisor_ptr, row, at_k, lse, vocab, row_stride, num_blocks, BLOCK)
-            v_k = _ordered(lo.to(tl.int32)).to(tl.float32, bitcast=True)
-            kept_mass = tl.sum(mass, axis=0) + (top_k - tl.sum(count, axis=0)).to(tl.float32) * tl.exp(v_k - lse)
-        if top_p < 1.0:
-            lo = _smallest_key_below(logits_ptr, divisor_ptr, row, lo, hi, lse, top_p * kept_mass, False, vocab,
-                                     row_stride, num_blocks, BLOCK, WAYS)
-        cut = _ordered(lo.to(tl.int32)).to(tl.float32, bitcast=True)
         noise_key = tl.load(keys_ptr + row).to(tl.uint32)
-        best = tl.full((), float("-inf"), tl.float32)
-        best_id = tl.full((), 0, tl.int64)
-        for block in range(num_blocks):
-            cols, in_vocab, scaled, key = _keyed_block(logits_ptr, divisor_ptr, row, block, vocab, row_stride, BLOCK)
-            score = tl.where(in_vocab & (scaled >= cut), scaled + _noise(noise_key, cols), float("-inf"))
-            block_best = tl.max(score, axis=0)
-            block_id = block * BLOCK + tl.argmax(score, axis=0, tie_break_left=True)
-            best_id = tl.where(block_best > best, block_id.to(tl.int64), best_id)
-            best = tl.maximum(best, block_best)
-        tl.store(token_ptr + row, best_id)
+        share = top_p  # of the mass top_k keeps: all of it, without top_k
+        v_k = tl.full((), float("-inf"), tl.float32)
+        if top_k > 0:
+            hi = _ordered(tl.load(stats_ptr + row * 4 + 1).to(tl.int32, bitcast=True)).to(tl.int64)
+            lo = hi
+            for block in range(num_blocks):
+                cols, in_vocab, scaled, key = _keyed_block(logits_ptr, divisor_ptr, row, block, vocab, row_stride,
+                                                           BLOCK)
+                lo = tl.minimum(lo, tl.min(tl.where(in_vocab, key, hi), axis=0))
+            at_k = _smallest_key_below(logits_ptr, divisor_ptr, row, lo, hi, lse, top_k, True, vocab, row_stride,
+                                       num_blocks, BLOCK, WAYS)
+            count, mass = _above_keys(logits_ptr, divisor_ptr, row, tl.full((1,), 0, tl.int64) + at_k, lse, vocab,
+                                      row_stride, num_blocks, BLOCK)
+            v_k = _ordered(at_k.to(tl.int32)).to(tl.float32, bitcast=True)
+            share = top_p * (tl.sum(mass, axis=0) + (top_k - tl.sum(count, axis=0)).to(tl.float32) * tl.exp(v_k - lse))
+            # The race over the tokens at or above v_k: above the next value down. (Not above
+            # w: with top_k, _race_decide_kernel may drop a winner the cut keeps, its share of
+            # the top_k mass then unknown.)
+            below = _ordered((at_k - 1).to(tl.int32)).to(tl.float32, bitcast=True)
+            floor = tl.where(v_k > float("-inf"), below, float("-inf"))
+        token, value = _race_above(logits_ptr, divisor_ptr, row, floor, noise_key, vocab, row_stride, num_blocks,
+                                   BLOCK)
+        done = (top_p >= 1.0).to(tl.int32)
+        for _ in range(ROUNDS):
+            if done == 0:
+                # The mass above the winner: the cut keeps it where that is below top_p's share.
+                at = tl.full((1,), 0, tl.int64) + _ordered(value.to(tl.int32, bitcast=True)).to(tl.int64)
+                count, mass = _above_keys(logits_ptr, divisor_ptr, row, at, lse, vocab, row_stride, num_blocks, BLOCK)
+                if tl.sum(mass, axis=0) < share:
+                    done = 1
+                else:  # the cut lies above this winner too
+                    floor = value
+                    token, value = _race_above(logits_ptr, divisor_ptr, row, floor, noise_key, vocab, row_stride,
+                                               num_blocks, BLOCK)
+        if done == 0:
+            # Rounds used up (a cut holding a small share of what lies above the winners, or NaN
+            # logits): the cut's value from a search between the floor (below the cut: the last
+            # winner it dropped, or v_k's next value down) and the top, then the race at or
+            # above it. Bounded, and exact.
+            hi = _ordered(tl.load(stats_ptr + row * 4 + 1).to(tl.int32, bitcast=True)).to(tl.int64)
+            lo = tl.minimum(_ordered(floor.to(tl.int32, bitcast=True)).to(tl.int64) + 1, hi)
+            cut = _smallest_key_below(logits_ptr, divisor_ptr, row, lo, hi, lse, share, False, vocab, row_stride,
+                                      num_blocks, BLOCK, WAYS)
+            below = _ordered((cut - 1).to(tl.int32)).to(tl.float32, bitcast=True)
+            token, value = _race_above(logits_ptr, divisor_ptr, row, below, noise_key, vocab, row_stride, num_blocks,
+                                       BLOCK)
+        tl.store(token_ptr + row, token)
 
 
 def race_first(logits: torch.Tensor, divisor: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
@@ -390,5 +437,5 @@ def race_first(logits: torch.Tensor, divisor: torch.Tensor, top_k: torch.Tensor,
         _race_rethreshold_kernel[(rows,)](top_k, top_p, keys, stats, gathered, above_value, above_id, token,
                                           BUFFER=_ABOVE_BUFFER)
         _exact_cut_kernel[(rows,)](logits, divisor, keys, top_k, top_p, stats, needs_exact, token, vocab, stride,
-                                   num_blocks, BLOCK=_BLOCK, WAYS=_WAYS, num_warps=8)
+                                   num_blocks, BLOCK=_BLOCK, WAYS=_WAYS, ROUNDS=_ROUNDS, num_warps=8)
     return token

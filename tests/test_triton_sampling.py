@@ -177,11 +177,16 @@ def _crowd_above_the_winner(logits, winner):
     return (logits > logits.gather(1, winner[:, None])).sum(1)
 
 
-def test_race_first_decides_wide_nuclei_on_the_device():
+@pytest.mark.parametrize("rounds", [8, 1, 0])
+def test_race_first_decides_wide_nuclei_on_the_device(rounds, monkeypatch):
     """Near-uniform rows, so winners fall anywhere and every cut keeps hundreds of tokens: no
-    threshold holds the cut within the buffer, and the exact search over the row's values
-    decides them (top-p, top-k beyond the buffer, both), the reference's token every time."""
+    threshold holds the cut within the buffer, and races above the winners the cut drops decide
+    them (top-p, top-k beyond the buffer, both), or, once `rounds` are used up, a search for the
+    cut's value: the reference's token every time."""
+    from bass.kernels import triton_race_first
     from bass.kernels.triton_race_first import _ABOVE_BUFFER
+
+    monkeypatch.setattr(triton_race_first, "_ROUNDS", rounds)
 
     vocab = 4 * _ABOVE_BUFFER + 100
     torch.manual_seed(3)
