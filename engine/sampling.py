@@ -275,8 +275,12 @@ def draft_race(logits: torch.Tensor, rows: RowParams, row_keys: torch.Tensor | N
     if rows.all_greedy:
         return logits.argmax(dim=-1)
     if logits.is_cuda:
-        # The target's own race (race_unsynced), exact on a GPU.
-        return race_unsynced(logits, rows, row_keys)[0]
+        # The target's race, less its exact search for the rare row the buffer cannot settle
+        # (a nucleus of hundreds of tokens): that row proposes its race winner.
+        from bass.kernels.triton_race_first import race_first
+
+        return race_first(logits, rows.divisor, rows.top_k, rows.top_p, row_keys, rows.greedy, rows.truncating,
+                          exact=False)
     cut = window_cut(_scaled(logits, rows), rows.top_k, rows.top_p, window) if rows.any_truncation else None
     return _race_with_cut(logits, rows, cut, row_keys)
 

@@ -21,7 +21,8 @@ hundreds of tokens, as a flat distribution at T >= 1 has, or a top_k beyond the 
 its exact cut from a search over its values, one program and a dozen passes over the row
 (_exact_cut_kernel): slower per row than the buffer, but on the device, where a host redo would
 cost a sync and, in regular decoding, a repair of the step run ahead. So every row is decided
-on the device. Every row's result depends on that row alone: the gathering's order, which
+on the device. (A draft's proposal skips that search, exact=False: such a row proposes its
+race winner, which the target may reject; a proposal need only be close.) Every row's result depends on that row alone: the gathering's order, which
 atomics decide, changes nothing computed from it.
 """
 
@@ -389,11 +390,14 @@ def _exact_cut_kernel(logits_ptr, divisor_ptr, keys_ptr, top_k_ptr, top_p_ptr, s
 
 
 def race_first(logits: torch.Tensor, divisor: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-               row_keys: torch.Tensor, greedy: torch.Tensor, truncating: torch.Tensor) -> torch.Tensor:
+               row_keys: torch.Tensor, greedy: torch.Tensor, truncating: torch.Tensor,
+               exact: bool = True) -> torch.Tensor:
     """engine/sampling.race's tokens (int64 [R]) in nine launches, with no top-k selection and
     no host sync. logits [R, V] any float dtype; divisor fp32 [R] (1 for greedy rows); top_k
     int [R] (0: off); top_p fp32 [R]; row_keys int64 [R]; greedy, truncating bool [R]
-    (truncating: a sampled row with top-k or top-p)."""
+    (truncating: a sampled row with top-k or top-p). exact=False (a draft's proposals, which
+    need only be close): the rows the buffer cannot settle keep their race winner instead of
+    the exact search, and the ninth launch is left out."""
     rows, vocab = logits.shape
     logits = logits.contiguous()
     dev = logits.device
@@ -436,6 +440,7 @@ def race_first(logits: torch.Tensor, divisor: torch.Tensor, top_k: torch.Tensor,
                                                        stride, BLOCK=_BLOCK, BUFFER=_ABOVE_BUFFER)
         _race_rethreshold_kernel[(rows,)](top_k, top_p, keys, stats, gathered, above_value, above_id, token,
                                           BUFFER=_ABOVE_BUFFER)
-        _exact_cut_kernel[(rows,)](logits, divisor, keys, top_k, top_p, stats, needs_exact, token, vocab, stride,
-                                   num_blocks, BLOCK=_BLOCK, WAYS=_WAYS, ROUNDS=_ROUNDS, num_warps=8)
+        if exact:
+            _exact_cut_kernel[(rows,)](logits, divisor, keys, top_k, top_p, stats, needs_exact, token, vocab, stride,
+                                       num_blocks, BLOCK=_BLOCK, WAYS=_WAYS, ROUNDS=_ROUNDS, num_warps=8)
     return token

@@ -205,6 +205,29 @@ def test_race_first_decides_wide_nuclei_on_the_device(rounds, monkeypatch):
     assert (_race_first(peaked.to(DEVICE), params, keys).cpu() == 7).all()
 
 
+def test_a_drafts_race_first_leaves_wide_nuclei_to_their_winner():
+    """exact=False (the draft's proposals): a row only the exact search would settle keeps its
+    race winner; every other row is the exact race's token."""
+    from bass.kernels.triton_race_first import race_first
+
+    torch.manual_seed(4)
+    params = [SamplingParams(temperature=1.0, top_p=0.5)] * 16 + [SamplingParams(temperature=0.8, top_p=0.95)] * 4
+    logits = torch.randn(len(params), 1200) * 0.01
+    logits[16:, :5] += 8.0  # peaked rows: settled without the search
+    keys = noise_keys(range(60, 60 + len(params)), [1] * len(params))
+    temperature, _, dev_keys, greedy = kernel_inputs(logits.to(DEVICE), params, keys)
+    top_k = torch.zeros(len(params), dtype=torch.int64, device=DEVICE)
+    top_p = torch.tensor([p.top_p for p in params], device=DEVICE)
+    truncating = torch.ones(len(params), dtype=torch.bool, device=DEVICE)
+    proposed = race_first(logits.to(DEVICE), temperature, top_k, top_p, dev_keys, greedy, truncating,
+                          exact=False).cpu()
+    exact, winner = _decided_on_the_device(logits, params, keys)
+    differs = proposed != exact
+    assert differs.any(), "some rows needed the exact search"
+    assert torch.equal(proposed[differs], winner[differs])
+    assert not differs[16:].any()
+
+
 def test_race_first_keeps_every_token_tied_at_a_wide_cut():
     """Values on a coarse grid (as bf16 logits are), so hundreds of tokens tie at the cut: the
     exact search finds the cut's value, and the race runs over every token tied with it."""
