@@ -9,7 +9,10 @@ proposal keeps its winner (exact=False). This counts, with the real pair in fp32
 often each path decides a row: the target samples each HumanEval prompt (T, top-p), one forward
 of each model over prompt and output gives its distribution at every generated position, and
 each position is raced under `--draws` independent noises (the race's keys are uniform, so the
-paths' shares are those of the product's steps).
+paths' shares are those of the product's steps). A verification also computes rows past a draft
+the target rejects, conditioned on that wrong token (discarded, but raced all the same): with
+`--after-rejections`, at each position where the draft's first draw differs from the target's
+token, the target's row after the draft's token is classified too ("target after a rejection").
 
     .venv/bin/python bench/cpu/wide_cut_rate.py [--problems 0:8] [--new 128] [--out FILE]
     (after `make models`; ~5 min on 2 cores)
@@ -71,6 +74,11 @@ def classify(scaled: torch.Tensor, top_p: float, noise: torch.Tensor) -> tuple[l
     return paths, rounds
 
 
+def gumbel(draws: int, shape) -> torch.Tensor:
+    u = torch.rand(draws, *shape).clamp_(1e-12, 1 - 1e-7)
+    return -torch.log(-torch.log(u))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--problems", default="0:8")
@@ -78,13 +86,16 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--top-p", type=float, default=0.95)
     parser.add_argument("--draws", type=int, default=8)
+    parser.add_argument("--after-rejections", action="store_true")
     parser.add_argument("--out")
     args = parser.parse_args()
     torch.manual_seed(0)
     codec = load_codec(f"{MODELS}/qwen2.5-coder-1.5b-instruct")
     models = {"target": load("qwen2.5-coder-1.5b-instruct"), "draft": load("qwen2.5-coder-0.5b-instruct")}
-    counts = {name: dict.fromkeys(PATHS, 0) for name in models}
-    rounds: dict[str, list[int]] = {name: [] for name in models}
+    kinds = list(models) + (["target after a rejection"] if args.after_rejections else [])
+    counts = {name: dict.fromkeys(PATHS, 0) for name in kinds}
+    rounds: dict[str, list[int]] = {name: [] for name in kinds}
+    rows_of = dict.fromkeys(kinds, 0)
     started, positions = time.perf_counter(), 0
     for problem in select(load_problems(), args.problems):
         prompt = codec.encode(problem["prompt"])
@@ -96,20 +107,34 @@ def main() -> None:
             generated = out.shape[1] - len(prompt)
             positions += generated
             noise = None
+            drafted = None
             for name, model in models.items():
                 logits = model(out).logits[0, len(prompt) - 1:len(prompt) - 1 + generated].float()
                 if noise is None:
-                    u = torch.rand(args.draws, *logits.shape).clamp_(1e-12, 1 - 1e-7)
-                    noise = -torch.log(-torch.log(u))
+                    noise = gumbel(args.draws, logits.shape)
                 paths, n = classify(logits / args.temperature, args.top_p, noise)
                 for path in paths:
                     counts[name][path] += 1
                 rounds[name] += n
+                rows_of[name] += len(paths)
+                if name == "draft":  # its first draw's proposals (no cut: close enough for this)
+                    drafted = (logits / args.temperature + noise[0]).argmax(dim=-1)
+            if args.after_rejections:
+                name = "target after a rejection"
+                taken = out[0, len(prompt):]
+                for i in (drafted != taken).nonzero().flatten().tolist():
+                    wrong = torch.cat([out[0, :len(prompt) + i], drafted[i:i + 1]])[None]
+                    row = models["target"](wrong).logits[0, -1:].float()
+                    paths, n = classify(row / args.temperature, args.top_p, gumbel(args.draws, row.shape))
+                    for path in paths:
+                        counts[name][path] += 1
+                    rounds[name] += n
+                    rows_of[name] += len(paths)
         print(f"{problem['task_id']}: {generated} tokens, {json.dumps(counts)}", flush=True)
-    rows = positions * args.draws
     result = {"benchmark": "wide_cut_rate", "problems": args.problems, "new_tokens": args.new,
               "temperature": args.temperature, "top_p": args.top_p, "positions": positions, "draws": args.draws,
-              "share_of_rows": {name: {path: round(c / rows, 5) for path, c in by_path.items()}
+              "rows": rows_of,
+              "share_of_rows": {name: {path: round(c / max(1, rows_of[name]), 5) for path, c in by_path.items()}
                                 for name, by_path in counts.items()},
               "exact_rounds_mean": {name: round(sum(r) / len(r), 2) if r else None for name, r in rounds.items()},
               "exact_rounds_max": {name: max(r, default=0) for name, r in rounds.items()},
