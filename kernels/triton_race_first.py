@@ -17,13 +17,15 @@ top-k with top-p may keep tokens below w. Those rows alone take two more passes:
 the mass and count above a few thresholds under the most likely token (_BANDS), the next
 gathers the tokens above the highest threshold that is sure to hold every token the cut keeps
 (top-p's mass, or top_k tokens) and fits the buffer. A row with no such threshold (a nucleus of
-hundreds of tokens, as a flat distribution at T >= 1 has, or a top_k beyond the buffer) gets
-its exact cut from a search over its values, one program and a dozen passes over the row
-(_exact_cut_kernel): slower per row than the buffer, but on the device, where a host redo would
-cost a sync and, in regular decoding, a repair of the step run ahead. So every row is decided
-on the device. (A draft's proposal skips that search, exact=False: such a row proposes its
-race winner, which the target may reject; a proposal need only be close.) Every row's result depends on that row alone: the gathering's order, which
-atomics decide, changes nothing computed from it.
+hundreds of tokens, as a flat distribution at T >= 1 has, or a top_k beyond the buffer) is
+settled by one program that races again above each winner the cut drops, until the mass above
+the new winner says the cut keeps it (_exact_cut_kernel: two passes over the row a round,
+1 / top_p rounds on average, ~0.25 ms a round on an H100). That is slower per row than the
+buffer, but on the device, where a host redo would cost a sync and, in regular decoding, a
+repair of the step run ahead; so every row is decided on the device. A draft's proposal skips
+it (exact=False): such a row proposes its race winner, which the target may reject, as a
+proposal need only be close. Every row's result depends on that row alone: the gathering's
+order, which atomics decide, changes nothing computed from it.
 """
 
 from __future__ import annotations
