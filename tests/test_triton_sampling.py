@@ -307,3 +307,28 @@ def test_race_first_answers_a_token_id_for_rows_of_nan():
     partly[:, 5:] = float("nan")
     got = _race_first(partly.to(DEVICE), params, keys)
     assert ((got >= 0) & (got < vocab)).all()
+
+
+@pytest.mark.parametrize("top_k", [0, 600])
+def test_the_exact_rounds_end_where_masses_are_nan(top_k):
+    """The exact rounds run a bounded number of passes whatever the row holds: with a NaN
+    log-sum-exp (masses NaN, so no round finds its winner kept, and the search's tests all
+    fail) the kernel still ends, with a token id. A loop that never ended would hang a CUDA
+    graph; a token past the vocabulary, a later embedding."""
+    from bass.kernels import triton_attention, triton_race_first as rf
+
+    if triton_attention._INTERPRETED:  # loop bounds from tensors (race_first applies it too)
+        triton_attention._patch_interpreter_index()
+    vocab = 1000
+    logits = (torch.randn(2, vocab) * 0.01).to(DEVICE)
+    stats = torch.tensor([[float("nan"), float(logits[i].max()), float(logits[i].min()), float("inf")]
+                          for i in range(2)], device=DEVICE)
+    token = torch.full((2,), -1, dtype=torch.int64, device=DEVICE)
+    rf._exact_cut_kernel[(2,)](logits, torch.ones(2, device=DEVICE), torch.tensor([5, 6], device=DEVICE),
+                               torch.tensor([top_k, top_k], device=DEVICE), torch.tensor([0.5, 0.5], device=DEVICE),
+                               stats, torch.tensor([1, 0], dtype=torch.int8, device=DEVICE), token, vocab,
+                               logits.stride(0), -(-vocab // rf._BLOCK), BLOCK=rf._BLOCK, WAYS=rf._WAYS,
+                               ROUNDS=rf._ROUNDS)
+    token = token.cpu()
+    assert 0 <= token[0] < vocab
+    assert token[1] == -1, "a row not marked is left alone"
