@@ -165,15 +165,15 @@ class DecodeGraphs:
         return self.eligible(chunks) and self._key(chunks) in self.tails
 
     def run_tail(self, chunks: list[SequenceChunk], staged: np.ndarray,
-                 fed: torch.Tensor | None = None) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+                 fed: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
         """The forward of `run` and then its shape's tail on `staged` (made for the bucket):
-        (the tail's static outputs, the forward's hidden rows [len(chunks) * logit_rows, H]).
-        Both are overwritten by the next replay of this shape: keep copies of what must last."""
+        the tail's static outputs, overwritten by the next replay of this shape (keep copies
+        of what must last)."""
         tail = self.tails[self._key(chunks)]
-        hidden = self._replay(chunks, fed)
+        self._replay(chunks, fed)
         tail.staging.load(torch.from_numpy(staged))
         tail.graph.replay()
-        return tail.outputs, hidden
+        return tail.outputs
 
     def _key(self, chunks: list[SequenceChunk]) -> tuple[int, int, int]:
         return self.bucket(len(chunks)), len(chunks[0].tokens), chunks[0].logit_rows

@@ -256,9 +256,7 @@ def race_unsynced(logits: torch.Tensor, rows: RowParams,
     if rows.all_greedy:
         return logits.argmax(dim=-1), None
     if logits.is_cuda:
-        from bass.kernels.triton_race_first import race_first
-
-        return race_first(logits, rows.divisor, rows.top_k, rows.top_p, row_keys, rows.greedy, rows.truncating), None
+        return _race_first(logits, rows, row_keys, exact=True), None
     cut = redo = None
     if rows.any_truncation:
         cut, redo, _ = _windowed_cut(_scaled(logits, rows), rows.top_k, rows.top_p, CUT_WINDOW)
@@ -277,12 +275,17 @@ def draft_race(logits: torch.Tensor, rows: RowParams, row_keys: torch.Tensor | N
     if logits.is_cuda:
         # The target's race, less its exact search for the rare row the buffer cannot settle
         # (a nucleus of hundreds of tokens): that row proposes its race winner.
-        from bass.kernels.triton_race_first import race_first
-
-        return race_first(logits, rows.divisor, rows.top_k, rows.top_p, row_keys, rows.greedy, rows.truncating,
-                          exact=False)
+        return _race_first(logits, rows, row_keys, exact=False)
     cut = window_cut(_scaled(logits, rows), rows.top_k, rows.top_p, window) if rows.any_truncation else None
     return _race_with_cut(logits, rows, cut, row_keys)
+
+
+def _race_first(logits: torch.Tensor, rows: RowParams, row_keys: torch.Tensor | None, exact: bool) -> torch.Tensor:
+    """kernels/triton_race_first.race_first over these rows (a GPU's race)."""
+    from bass.kernels.triton_race_first import race_first
+
+    return race_first(logits, rows.divisor, rows.top_k, rows.top_p, row_keys, rows.greedy, rows.truncating,
+                      exact=exact)
 
 
 def window_cut(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, window: int) -> torch.Tensor:

@@ -261,11 +261,16 @@ def _race_rethreshold_kernel(top_k_ptr, top_p_ptr, keys_ptr, stats_ptr, gathered
 
 
 @triton.jit
-def _keyed_block(logits_ptr, divisor_ptr, row, block, vocab, row_stride, BLOCK: tl.constexpr):
-    """_scaled_block with NaN as -inf (as the race reads it), and each value's key: its fp32
-    bits as an int64 in the values' order."""
+def _finite_block(logits_ptr, divisor_ptr, row, block, vocab, row_stride, BLOCK: tl.constexpr):
+    """_scaled_block with NaN as -inf, as the race reads it."""
     cols, in_vocab, scaled = _scaled_block(logits_ptr, divisor_ptr, row, block, vocab, row_stride, BLOCK)
-    scaled = tl.where(scaled == scaled, scaled, float("-inf"))
+    return cols, in_vocab, tl.where(scaled == scaled, scaled, float("-inf"))
+
+
+@triton.jit
+def _keyed_block(logits_ptr, divisor_ptr, row, block, vocab, row_stride, BLOCK: tl.constexpr):
+    """_finite_block, and each value's key: its fp32 bits as an int64 in the values' order."""
+    cols, in_vocab, scaled = _finite_block(logits_ptr, divisor_ptr, row, block, vocab, row_stride, BLOCK)
     return cols, in_vocab, scaled, _ordered(scaled.to(tl.int32, bitcast=True)).to(tl.int64)
 
 
@@ -310,7 +315,7 @@ def _race_above(logits_ptr, divisor_ptr, row, floor, noise_key, vocab, row_strid
     best_id = tl.full((), 0, tl.int64)
     best_value = tl.full((), float("-inf"), tl.float32)
     for block in range(num_blocks):
-        cols, in_vocab, scaled, key = _keyed_block(logits_ptr, divisor_ptr, row, block, vocab, row_stride, BLOCK)
+        cols, in_vocab, scaled = _finite_block(logits_ptr, divisor_ptr, row, block, vocab, row_stride, BLOCK)
         score = tl.where(in_vocab & (scaled > floor), scaled + _noise(noise_key, cols), float("-inf"))
         block_best = tl.max(score, axis=0)
         at = tl.argmax(score, axis=0, tie_break_left=True)

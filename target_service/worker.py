@@ -60,7 +60,6 @@ class LaunchedVerify:
     rows_per_seq: list[int]
     max_k: int
     logits: torch.Tensor | None = None  # [rows, vocab] fp32, kept for the exact race of flagged rows
-    hidden: torch.Tensor | None = None  # [rows, H] instead, where the tail ran as a graph
     # Host values of the sampling inputs: (row SamplingParams, noise keys, padded drafts, draft counts).
     exact_inputs: tuple | None = None
     row_params: RowParams | None = None
@@ -249,12 +248,10 @@ class TargetWorker:
         launched.exact_inputs = (row_params, keys, drafts, counts)
         if tail:
             # The sampled tail replays as a graph (engine/verify_tail.py): one launch for what
-            # is eagerly some sixty. A redo's logits (flagged rows) are recomputed from a copy
-            # of the hidden rows (_read_verdicts).
+            # is eagerly some sixty. Graphs run on a GPU, whose race decides every row on the
+            # device: no redo flags, so no logits are kept for one.
             staged = verify_tail.stage(row_params, keys, runner.graphs.bucket(len(items)), launched.max_k + 1)
-            (packed, raced), hidden = runner.run_tail(chunks, staged, fed)
-            if packed.shape[1] > launched.max_k + 2:  # redo flags: a redo may read the hidden rows
-                launched.hidden = hidden.clone()
+            packed, raced = runner.run_tail(chunks, staged, fed)
             launched.raced = raced[:len(row_params)].clone()
             packed = packed[:len(items)]
         else:
@@ -364,7 +361,7 @@ class TargetWorker:
         launched.worker_s += time.perf_counter() - started
         launched.response = VerifyResponse(verdicts=verdicts, compute_s=launched.worker_s)
         # The call's device memory goes with it.
-        launched.logits = launched.hidden = launched.keys = launched.verdicts = None
+        launched.logits = launched.keys = launched.verdicts = None
 
     def _read_verdicts(self, launched: LaunchedVerify) -> tuple[list[int], list[list[int]]]:
         """(the first row's token per sequence as the device first decided it, with repairs;
@@ -386,8 +383,6 @@ class TargetWorker:
                 offset += n
         if flagged:
             self._exact_inputs(launched)
-            if launched.logits is None:  # a graph-replayed tail kept only the hidden rows
-                launched.logits = self.runner.model.logits(launched.hidden)
             index = to_device(flagged, torch.int64, launched.raced.device)
             launched.raced[index] = race(launched.logits[index], launched.row_params.take(index), launched.keys[index])
             rows = self._verdict_columns(launched, None).tolist()
