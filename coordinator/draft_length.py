@@ -485,10 +485,11 @@ class MeasuredCost:
                  probe_every: int = 16, regular_probe_every: int = 2048, max_probe_every: int = 16384, window: int = 16,
                  margin: float = 0.05, regular_steps_in_flight: int = 1):
         self.initial, self.max_length, self.decay = initial, max_length, decay
-        # A regular step is timed only when sent behind another and committed behind the next
-        # (Scheduler._commit_regular): with n steps kept in flight, the first of a run and the
-        # n committed as speculation resumes are not, so a k = 0 probe is n + 2 regular steps.
-        self.regular_probe_steps = regular_steps_in_flight + 2
+        # A regular step is timed only when sent behind another and committed behind the next,
+        # and priced by two such steps in a row (Scheduler._commit_regular, PairedPeriods): with
+        # n steps kept in flight, the first of a run and the n committed as speculation resumes
+        # are not timed, so a k = 0 probe is n + 3 regular steps.
+        self.regular_probe_steps = regular_steps_in_flight + 3
         self.probe_every, self.max_probe_every, self.window = probe_every, max_probe_every, window
         self.regular_probe_every = regular_probe_every
         self.margin = margin
@@ -635,8 +636,9 @@ class MeasuredCost:
         if model is not None and model.ready and len(model.verify.get(0, ())) < MIN_TIMED_STEPS:
             # Measure regular decoding at this batch size before choosing: a line through
             # k >= 1 misjudges it (below), and the draft skips only a few tokens. Only a
-            # regular step sent behind another and committed behind the next is timed
-            # (Scheduler._commit_regular), so this takes MIN_TIMED_STEPS + regular_probe_steps - 1.
+            # regular step sent behind another and committed behind the next is timed, and priced
+            # with the one before it (Scheduler._commit_regular), so this takes MIN_TIMED_STEPS +
+            # regular_probe_steps - 1.
             return [0] * len(seq_ids)
         best = self.best_length(len(seq_ids), seq_ids, join)
         floor = MIN_EXPLORED_SEQUENCE_STEPS_SMALL_BATCH if len(seq_ids) <= SMALL_BATCH else MIN_EXPLORED_SEQUENCE_STEPS

@@ -26,7 +26,7 @@ from typing import Callable, Iterable
 
 from bass.coordinator.draft_length import Join, make_policy
 from bass.coordinator.incremental_text import IncrementalText
-from bass.coordinator.regular_pipeline import Answered, RegularPipeline
+from bass.coordinator.regular_pipeline import Answered, PairedPeriods, RegularPipeline
 from bass.coordinator.requests import FinishReason, GenerationRequest, GenerationResult, SequenceOutput
 from bass.coordinator.sequences import PrefillBudget, RequestRun, SequenceRun, sequence_seed_key
 from bass.coordinator.speculative_step import SpeculativeStep, StepOutcome, StepPlan
@@ -63,6 +63,7 @@ class Scheduler:
         self.policy = self._new_policy()
         # The executors: regular steps kept in flight, and speculative steps.
         self.regular = RegularPipeline(target, self._depth, clock)
+        self._regular_prices = PairedPeriods()  # what the policy is told a regular step costs
         self.speculative = SpeculativeStep(target, draft, clock, self._draft_failed)
         stream = config.draft_stream
         self.streamed = (StreamedStep(target, clock, stream.block, stream.wait_ms / 1000, lookup=stream.lookup)
@@ -420,7 +421,7 @@ class Scheduler:
         finished = self._commit(answered.batch, [()] * len(answered.batch), answered.verified, 0, 0.0,
                                 answered.verify_s, timed=answered.verify_s if answered.steady else None)
         period = self._period() if answered.steady else None  # the whole step, as for speculative steps
-        self.policy.observe_costs(len(answered.batch), 0, 0.0, 0, period)
+        self.policy.observe_costs(len(answered.batch), 0, 0.0, 0, self._regular_prices.add(period))
         if counted:
             self.step_stats.add_step(self.clock() - step_started + self._uncounted_step_s)
             self._uncounted_step_s = 0.0

@@ -476,15 +476,15 @@ def _speculation_ahead_by(pol, batch, lead):
 
 
 @pytest.mark.parametrize("in_flight", [1, 2])
-def test_measured_cost_probes_regular_decoding_with_enough_steps_for_one_to_be_timed(in_flight):
+def test_measured_cost_probes_regular_decoding_with_enough_steps_for_one_price(in_flight):
     """Only a regular step sent behind another and committed behind the next is timed (a lone
     one, or the first of a run, waits out its whole step; the ones still in flight when
-    speculation resumes are committed with nothing behind them), so with n regular steps kept
-    in flight a k = 0 probe while speculating is n + 2 regular steps: three in-process, four
-    through the services."""
+    speculation resumes are committed with nothing behind them), and a price takes two such
+    steps in a row (PairedPeriods), so with n regular steps kept in flight a k = 0 probe while
+    speculating is n + 3 regular steps: four in-process, five through the services."""
     from bass.coordinator.draft_length import MeasuredCost
 
-    run = in_flight + 2
+    run = in_flight + 3
     pol = MeasuredCost(probe_every=8, regular_steps_in_flight=in_flight)
     _speculation_ahead_by(pol, 8, 0.10)
     chosen = [pol.lengths(list(range(8)))[0] for _ in range(64)]
@@ -543,11 +543,12 @@ def test_measured_cost_probes_regular_decoding_where_speculation_leads_thinly():
     assert max(set(settled), key=settled.count) == 3 and {2, 4} <= set(settled), chosen
 
 
-def test_a_regular_step_is_timed_only_between_two_regular_steps(llama_target, llama_draft):
+def test_a_regular_step_is_priced_only_by_two_steady_steps_in_a_row(llama_target, llama_draft):
     """Scheduler._commit_regular: the cost of a regular step committed alone (the last of a run
     before speculation resumes) is not reported to the policy, nor is the first of a run (sent
     to an idle GPU, it waits out its whole latency); one sent while the step before it was in
-    flight and committed after the next was sent is."""
+    flight and committed after the next was sent is steady, and the policy is given the mean of
+    two such steps in a row (PairedPeriods), never one alone."""
     from conftest import build_scheduler
     from bass.coordinator.requests import GenerationRequest
 
@@ -557,7 +558,7 @@ def test_a_regular_step_is_timed_only_between_two_regular_steps(llama_target, ll
 
         def lengths(self, seq_ids, join=None):
             self.step += 1
-            return [0 if self.step in (3, 6, 7, 8) else 2] * len(seq_ids)
+            return [0 if self.step in (3, 6, 7, 8, 11, 12, 13, 14, 15) else 2] * len(seq_ids)
 
         def observe(self, *args):
             pass
@@ -571,11 +572,24 @@ def test_a_regular_step_is_timed_only_between_two_regular_steps(llama_target, ll
 
     s = build_scheduler(llama_target, llama_draft, "2")
     s.policy = policy = Scripted()
-    s.generate([GenerationRequest(prompt_ids=(5, 6, 7), max_new_tokens=30, ignore_eos=True)])
-    # step 3 alone: untimed; steps 6-8: 6 first of its run, 8 last, only 7 timed
-    assert len(policy.costs) == 4
-    assert policy.costs[0] is None and policy.costs[1] is None and policy.costs[3] is None
-    assert policy.costs[2] is not None
+    s.generate([GenerationRequest(prompt_ids=(5, 6, 7), max_new_tokens=40, ignore_eos=True)])
+    # step 3 alone; steps 6-8: 6 first of its run, 8 last, 7 steady but alone: none priced.
+    # Steps 11-15: 12, 13 and 14 steady: priced at 13 (12 and 13) and 14 (13 and 14).
+    assert len(policy.costs) == 9
+    priced = [i for i, cost in enumerate(policy.costs) if cost is not None]
+    assert priced == [6, 7], policy.costs
+
+
+def test_paired_periods_cancel_an_uneven_pair_and_restart_after_an_unsteady_step():
+    from bass.coordinator.regular_pipeline import PairedPeriods
+
+    prices = PairedPeriods()
+    assert prices.add(0.71e-3) is None  # one steady step alone is not a price
+    assert prices.add(3.82e-3) == pytest.approx(2.265e-3)
+    assert prices.add(0.71e-3) == pytest.approx(2.265e-3)
+    assert prices.add(None) is None  # not steady: the run ends
+    assert prices.add(2.0e-3) is None
+    assert prices.add(2.2e-3) == pytest.approx(2.1e-3)
 
 
 def test_a_speculative_step_is_timed_only_after_a_step_of_the_same_length(llama_target, llama_draft):
