@@ -212,7 +212,14 @@ SEQUENCE_PRIOR_STEPS = 4.0
 # 1.782 / 1.820 / 2.184 -> 1.721 / 1.773 / 2.138 ms a token (fixed k = 4 1.717 / 1.756 / 2.066),
 # greedy 1.492 / 1.464 / 1.909 -> 1.446 / 1.448 / 1.855; unchanged at 1, 2 and 64 sequences,
 # where one mode leads by far more. On the H100 (A/B at T = 0.8, both orders) level or better at
-# 4 and 8 sequences by the rounds' means.
+# 4 and 8 sequences by the rounds' means. A probe first makes the draft run every token it
+# skipped (a join), and at 64 sequences on an H100 that outweighed all it could find: with a
+# regular step priced right (PairedPeriods), k = 4 scored within the lead, a probe came every
+# 24 steps, each after a join of ~1,500 tokens (~7 ms), and auto ran 3.28-3.44 ms a token where
+# regular decoding ran 2.68-2.69 (bench/results/2026-11-28-h100-paired-prices). So a thin probe
+# waits while its join costs more than the lead's share of THIN_PROBE_EVERY regular steps: at
+# 8 sequences ~0.8 ms of join against ~3.8, at 64 ~7 against ~4.3 (the first probe after
+# leaving speculation, after THIN_FIRST_PROBE_AFTER steps, still fits).
 THIN_REGULAR_LEAD = 0.08
 THIN_PROBE_STEPS = 4
 THIN_PROBE_EVERY = 24
@@ -621,6 +628,15 @@ class MeasuredCost:
         return model.measured(k) or (batch <= SHORTER_TRUSTED_MAX_BATCH
                                      and any(j > k and model.measured(j) for j in model.draft))
 
+    def _thin_probe_affordable(self, scores: list[float], join: JoinEstimate | None) -> bool:
+        """Whether a thin probe's join (the draft catching up on the tokens it skipped) costs
+        at most what the probe could win back before the next one: THIN_REGULAR_LEAD of
+        THIN_PROBE_EVERY regular steps (see THIN_REGULAR_LEAD)."""
+        rate = self.join_seconds_per_token()
+        if rate is None or join is None:
+            return True
+        return join().tokens * rate <= THIN_REGULAR_LEAD * THIN_PROBE_EVERY / scores[0]
+
     def _paying_back(self, winners: list[int], scores: list[float], join: Join) -> list[int]:
         """The lengths whose time saved over regular decoding, over the join's horizon, exceeds
         the join's own time."""
@@ -657,7 +673,8 @@ class MeasuredCost:
                 self.thin_probe_left -= 1
                 k = self.thin_probe_k
             elif (scores is not None and self.steps >= self.next_thin_probe
-                  and max(scores[1:]) >= (1 - THIN_REGULAR_LEAD) * scores[0]):
+                  and max(scores[1:]) >= (1 - THIN_REGULAR_LEAD) * scores[0]
+                  and self._thin_probe_affordable(scores, join)):
                 # Regular decoding leads by a hair: the batch's pace that decided it may be a
                 # few unlucky steps, and regular steps never correct it. Draft the best length
                 # for a few steps, so that its yield and the sequences' paces are measured again.

@@ -858,3 +858,32 @@ def test_measured_cost_keeps_drafting_a_few_steps_where_regular_decoding_leads_b
     assert all(r == list(range(r[0], r[0] + THIN_PROBE_STEPS)) for r in runs), chosen
     assert {chosen[step - 1] for step in drafted} == {best}
     assert pol.describe()["thin_probes"] == len(runs)
+
+
+@pytest.mark.parametrize("expensive", [False, True])
+def test_a_thin_probe_waits_while_its_join_costs_more_than_it_could_win(expensive):
+    """A thin probe first makes the draft run every token it skipped. It goes ahead only while
+    that join costs at most THIN_REGULAR_LEAD of THIN_PROBE_EVERY regular steps (at 64
+    sequences on an H100 the joins made auto ~25% slower than regular decoding). Here a join
+    grows with the regular steps since the last drafted one: cheap, the probes keep their
+    schedule; dear enough that only the first one (THIN_FIRST_PROBE_AFTER steps in) fits,
+    one probe runs and no other."""
+    from bass.coordinator.draft_length import (THIN_FIRST_PROBE_AFTER, THIN_PROBE_EVERY, THIN_PROBE_STEPS,
+                                               THIN_REGULAR_LEAD, Join, MeasuredCost)
+
+    pol = MeasuredCost()
+    _regular_ahead_by(pol, 8, 0.03)
+    rate = 5e-6
+    pol.joins = [200 * rate, 200]
+    fits = THIN_REGULAR_LEAD * THIN_PROBE_EVERY / (pol.scores(8, list(range(8)))[0] * rate)  # tokens
+    per_step = fits / 18 if expensive else fits / 1000
+    chosen, since_drafted = [], 0
+    for _ in range(100):
+        k = pol.lengths(list(range(8)), join=lambda: Join(tokens=int(per_step * since_drafted), horizon=1000))[0]
+        since_drafted = 0 if k else since_drafted + 1
+        chosen.append(k)
+    starts = [step for step in range(1, 101) if chosen[step - 1] and (step == 1 or not chosen[step - 2])]
+    if expensive:
+        assert starts == [THIN_FIRST_PROBE_AFTER] and sum(map(bool, chosen)) == THIN_PROBE_STEPS, chosen
+    else:
+        assert starts == list(range(THIN_FIRST_PROBE_AFTER, 101 - THIN_PROBE_STEPS, THIN_PROBE_EVERY)), chosen
