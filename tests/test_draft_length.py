@@ -887,3 +887,25 @@ def test_a_thin_probe_waits_while_its_join_costs_more_than_it_could_win(expensiv
         assert starts == [THIN_FIRST_PROBE_AFTER] and sum(map(bool, chosen)) == THIN_PROBE_STEPS, chosen
     else:
         assert starts == list(range(THIN_FIRST_PROBE_AFTER, 101 - THIN_PROBE_STEPS, THIN_PROBE_EVERY)), chosen
+
+
+def test_the_batch_pace_is_computed_again_only_after_a_change():
+    """gain_share, asked before every step, answers from its last pass while the sequences and
+    their paces are the same, and passes over them again after any change."""
+    from bass.coordinator.draft_length import _SequencePace
+
+    pace = _SequencePace(0.9)
+    for seq_id, tokens in [(1, 4), (2, 2), (1, 3), (2, 1)]:
+        pace.add(seq_id, tokens)
+    passes = []
+    original = pace._gain_share
+    pace._gain_share = lambda seq_ids: passes.append(tuple(seq_ids)) or original(seq_ids)
+    first = pace.gain_share([1, 2])
+    assert pace.gain_share([1, 2]) == first and passes == [(1, 2)]
+    pace.add(2, 4)  # the slowest sequence caught up
+    after = pace.gain_share([1, 2])
+    assert passes == [(1, 2), (1, 2)] and after[0] > first[0]
+    pace.gain_share([1])
+    pace.forget(1)
+    pace.gain_share([1])
+    assert passes[2:] == [(1,), (1,)]
