@@ -16,6 +16,8 @@ draft_service/stream.py with the step costs measured on two H200s (bench/results
   the forward it is in and drafts again from the committed text;
 - `hedge`: the draft also drafts from its second choice at each unverified position, so a wrong
   token whose rank is 1 costs the step its remaining drafts but not the draft's chain;
+  `hedge_rows`: only at positions it drafted fewer than this many tokens past the commits it had
+  heard of (a branch row per such position; None: at every position);
 - `queued`: a contradiction also waits for the call the loop keeps queued behind the one in flight;
 - `wait_ms`: a step whose sequence holds no draft waits up to this long for one;
 - `lag_ms`: a step verifies the drafts that had arrived this long before it starts (its Verify
@@ -46,6 +48,7 @@ class Costs:
     block: int = 6
     lookahead: int = 8
     hedge: bool = False
+    hedge_rows: int | None = None
     queued: bool = False
     wait_ms: float = 0.0
     lag_ms: float = 0.0
@@ -54,12 +57,15 @@ class Costs:
 def simulate(ranks: list[int], c: Costs) -> dict:
     """One sequence decoding len(ranks) tokens."""
     n, inf = len(ranks), float("inf")
+    # Per drafted position, whether a branch was drafted from its second choice (hedge_rows);
+    # a position never drafted counts as covered: the draft hears its commit before it gets there.
+    branched: dict[int, bool] = {}
 
     def breaks(anchor: int) -> int:
         """Where a chain drafted from `anchor` leaves the target's text: its first wrong token
         that no hedge covers (every token after it is drafted from a wrong prefix)."""
         p = anchor
-        while p < n and (ranks[p] == 0 or (c.hedge and ranks[p] == 1)):
+        while p < n and (ranks[p] == 0 or (c.hedge and ranks[p] == 1 and branched.get(p, True))):
             p += 1
         return p
 
@@ -88,6 +94,7 @@ def simulate(ranks: list[int], c: Costs) -> dict:
                     free_at = max(free_at, when)  # it waited at the lookahead
                 continue
             free_at = next_token
+            branched[position] = c.hedge_rows is None or position - heard < c.hedge_rows
             arrivals.append(next_token + c.link_ms)
 
     def holds_draft(t: float) -> bool:
@@ -138,14 +145,17 @@ def main() -> None:
                              "choice is right with this probability (the GPU's bf16 pair agrees less than fp32)")
     parser.add_argument("--second", type=float, default=0.6,
                         help="with --agreement: where the first choice is wrong, how often the second is right")
-    parser.add_argument("--cases", choices=["levers", "restart", "one-gpu", "h100-ca7633b"], default="levers",
+    parser.add_argument("--cases", choices=["levers", "restart", "one-gpu", "h100-ca7633b", "hedge-rows"],
+                        default="levers",
                         help="levers: the streamed session's (hedging, a faster draft, the round trip); restart: "
                              "the seventh session's (a queued call, waiting, a pipelined Verify), at stream4's "
                              "3.26 ms step; one-gpu: both models streaming on one GPU in one process (the "
                              "in-process profile's 1.80 ms verification and 0.71 ms draft token, both slowed "
                              "by a factor s while they share the GPU); h100-ca7633b: the levers at the H100's "
                              "forwards of ca7633b (a target forward of 7 rows ~1.75 ms of GPU time, fused; a "
-                             "draft token 0.60 ms), the Verify round trip and coordinator as run 3 measured")
+                             "draft token 0.60 ms), the Verify round trip and coordinator as run 3 measured; "
+                             "hedge-rows: hedging at those costs with a branch row only at the first 1, 2, 3, 4 or "
+                             "8 positions past the commits the draft has heard of")
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.ranks is None and args.agreement is None:
@@ -173,6 +183,16 @@ def main() -> None:
             "hedged + round trip gone (target and coordinator in one process, no GIL cost)":
                 replace(now, hedge=True, step_ms=1.75 + 0.1, link_ms=0.15),
         }
+    elif args.cases == "hedge-rows":
+        # How many branch rows a sequence needs for hedging to pay: a branch at each unverified
+        # position (the 2026-11-27 sketch) costs up to `lookahead` rows a sequence and a new row
+        # every drafted token, which the draft loop's on-device extension cannot follow.
+        now = Costs(step_ms=1.75 + 1.05, draft_ms=0.60)
+        cases = {"streamed K = 6, no hedge": now}
+        cases.update({f"hedged at the first {rows} position(s) past the commits heard": replace(now, hedge=True,
+                                                                                               hedge_rows=rows)
+                      for rows in (1, 2, 3, 4, 6)})
+        cases["hedged at every position"] = replace(now, hedge=True)
     elif args.cases == "restart":
         base = Costs(step_ms=3.26, block=4)
         pipelined = replace(base, step_ms=base.step_ms - 0.9, lag_ms=1.7)
