@@ -643,6 +643,18 @@ class MeasuredCost:
         return model.measured(k) or (batch <= SHORTER_TRUSTED_MAX_BATCH
                                      and any(j > k and model.measured(j) for j in model.draft))
 
+    def _thin_probe_due(self, scores: list[float] | None, join: JoinEstimate | None) -> bool:
+        """Whether a thin probe starts now (see THIN_REGULAR_LEAD). One whose join is too dear is
+        put off THIN_PROBE_EVERY steps: while the batch decodes regularly its join only grows, and
+        pricing it (a pass over the batch) before every step would buy nothing."""
+        if (scores is None or self.steps < self.next_thin_probe
+                or max(scores[1:]) < (1 - THIN_REGULAR_LEAD) * scores[0]):
+            return False
+        if self._thin_probe_affordable(scores, join):
+            return True
+        self.next_thin_probe = self.steps + THIN_PROBE_EVERY
+        return False
+
     def _thin_probe_affordable(self, scores: list[float], join: JoinEstimate | None) -> bool:
         """Whether a thin probe's join (the draft catching up on the tokens it skipped) costs
         at most what the probe could win back before the next one: THIN_REGULAR_LEAD of
@@ -687,9 +699,7 @@ class MeasuredCost:
             if self.thin_probe_left:
                 self.thin_probe_left -= 1
                 k = self.thin_probe_k
-            elif (scores is not None and self.steps >= self.next_thin_probe
-                  and max(scores[1:]) >= (1 - THIN_REGULAR_LEAD) * scores[0]
-                  and self._thin_probe_affordable(scores, join)):
+            elif self._thin_probe_due(scores, join):
                 # Regular decoding leads by a hair: the batch's pace that decided it may be a
                 # few unlucky steps, and regular steps never correct it. Draft the best length
                 # for a few steps, so that its yield and the sequences' paces are measured again.

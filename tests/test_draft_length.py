@@ -877,11 +877,19 @@ def test_a_thin_probe_waits_while_its_join_costs_more_than_it_could_win(expensiv
     pol.joins = [200 * rate, 200]
     fits = THIN_REGULAR_LEAD * THIN_PROBE_EVERY / (pol.scores(8, list(range(8)))[0] * rate)  # tokens
     per_step = fits / 18 if expensive else fits / 1000
-    chosen, since_drafted = [], 0
+    chosen, since_drafted, priced = [], 0, []
+
+    def join():
+        priced.append(len(chosen))
+        return Join(tokens=int(per_step * since_drafted), horizon=1000)
+
     for _ in range(100):
-        k = pol.lengths(list(range(8)), join=lambda: Join(tokens=int(per_step * since_drafted), horizon=1000))[0]
+        k = pol.lengths(list(range(8)), join=join)[0]
         since_drafted = 0 if k else since_drafted + 1
         chosen.append(k)
+    # A join is priced only where a probe is due (it is a pass over the batch): once put off, the
+    # probe waits THIN_PROBE_EVERY steps before it is priced again.
+    assert len(priced) <= 100 // THIN_PROBE_EVERY + 1, priced
     starts = [step for step in range(1, 101) if chosen[step - 1] and (step == 1 or not chosen[step - 2])]
     if expensive:
         assert starts == [THIN_FIRST_PROBE_AFTER] and sum(map(bool, chosen)) == THIN_PROBE_STEPS, chosen
