@@ -22,6 +22,8 @@ import argparse
 import json
 import statistics
 
+from bass.coordinator.draft_length import MeasuredCost
+
 SHORT_RUN = 6  # a bucket's first measurement or a k = 0 probe is at most this many steps
 
 
@@ -81,7 +83,7 @@ def main() -> None:
                   "ms_per_token_per_sequence": row["ms_per_token_per_sequence"], **summary(trace)}
         state = row.get("policy_state")
         if state:
-            bucket = 1 << max(0, row["batch"] - 1).bit_length()
+            bucket = MeasuredCost.bucket(row["batch"])
             report["auto_price_ms"] = state["buckets"].get(str(bucket), {}).get("verify", {}).get("0")
         print(json.dumps(report))
 
