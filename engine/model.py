@@ -180,12 +180,11 @@ class Transformer:
 
             few_row_kernel = load_skinny_gemm(weights.embed.device, programmatic=programmatic_launch)
         self.fused_layers = few_row_kernel is not None and fuse_layers and fused_layers.can_fuse(config)
+        self.folded_norms = False
         if self.fused_layers:
             log.info("decode steps of up to %d tokens run fused layers (engine/fused_layers.py)",
                      fused_layers.MAX_FUSED_ROWS)
-            fused_layers.prepare_weights(weights, config)
-            self.silu_mul = functools.partial(self.silu_mul, paired=True)
-            self.rope_into_cache = functools.partial(self.rope_into_cache, paired=True)
+            self.fold_norms()
         if self.int8_weights:
             from bass.kernels.triton_int8 import Int8Linear, Int8Weight
 
@@ -202,6 +201,17 @@ class Transformer:
         freqs = torch.outer(positions, rope_inv_freq(config).to(device))
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos, self.sin = emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def fold_norms(self) -> None:
+        """Change the weights to the fused layers' layout (engine/fused_layers.prepare_weights:
+        the norms folded into the projections, gate|up and the rotary halves paired), before
+        any quantization. Steps the fused products do not take then run _folded_hidden. Called
+        at build where the few-row kernel fuses layers; tests call it on the CPU, where no step
+        is fused."""
+        fused_layers.prepare_weights(self.weights, self.config)
+        self.silu_mul = functools.partial(self.silu_mul, paired=True)
+        self.rope_into_cache = functools.partial(self.rope_into_cache, paired=True)
+        self.folded_norms = True
 
     def _plan_few_row_products(self, kernel, weights: "TransformerWeights") -> None:
         from bass.kernels.skinny_linear import SkinnyLinear, plan_products
@@ -250,6 +260,8 @@ class Transformer:
         residual add is fused with the norm that follows it."""
         if self.fused_layers and batch.input_ids.shape[0] <= fused_layers.MAX_FUSED_ROWS:
             return self._fused_hidden(batch, cache)
+        if self.folded_norms:
+            return self._folded_hidden(batch, cache)
         c, layers, eps = self.config, self.weights.layers, self.config.rms_norm_eps
         q_size = c.num_heads * c.head_dim
         cos, sin = self.cos[batch.positions], self.sin[batch.positions]
@@ -287,3 +299,35 @@ class Transformer:
         rows = batch.logit_rows
         h, _ = self.add_norm(x[rows], None, self.weights.final_norm, eps)
         return h
+
+    def _folded_hidden(self, batch: RaggedBatch, cache: KVCache) -> torch.Tensor:
+        """hidden() over folded weights (fold_norms) for a step the fused products do not take
+        (more than 16 tokens: a verification of many sequences, a draft's catch-up, a prefill).
+        Seven launches a layer instead of nine: each product reads the un-normed residual
+        stream x, the kernel after it scales its rows by 1 / rms(x) (and adds q|k|v's bias),
+        and the o and down products add into x in place, so no norm or residual-add kernel
+        runs between them."""
+        c, layers, eps = self.config, self.weights.layers, self.config.rms_norm_eps
+        q_size = c.num_heads * c.head_dim
+        cos, sin = self.cos[batch.positions], self.sin[batch.positions]
+        x = self.weights.embed[batch.input_ids]
+        for i, layer in enumerate(layers):
+            q = self.rope_into_cache(self.linear(x, layer.qkv), cos, sin, cache.k[i], cache.v[i], batch.token_slots,
+                                     batch.positions, c.num_heads, c.num_kv_heads, norm_of=x, eps=eps,
+                                     bias=layer.qkv_bias)
+            attn = self.attend(q, cache.k[i], cache.v[i], batch, self.scale)
+            self._add_product(x, attn.reshape(-1, q_size), layer.o, layer.o_bias)
+            self._add_product(x, self.silu_mul(self.linear(x, layer.gate_up), norm_of=x, eps=eps), layer.down, None)
+        rows = batch.logit_rows
+        h, _ = self.add_norm(x[rows], None, self.weights.final_norm, eps)
+        return h
+
+    def _add_product(self, x: torch.Tensor, a: torch.Tensor, weight, bias: torch.Tensor | None) -> None:
+        """x += a @ weight.T (+ bias), in place. A plain weight's product adds x itself (the
+        GEMM's beta = 1: one rounding, no kernel of its own); an int8 weight's product is added."""
+        if isinstance(weight, torch.Tensor):
+            x.addmm_(a, weight.t())
+            if bias is not None:
+                x.add_(bias)
+        else:
+            x.add_(self.linear(a, weight, bias))

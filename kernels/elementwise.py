@@ -13,13 +13,33 @@ def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor | None, weigh
                            eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual) * weight, x + residual); residual None means x alone."""
     summed = x if residual is None else x + residual
-    h = summed.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    h = summed.float() * inverse_rms(summed, eps)
     return weight * h.to(x.dtype), summed
 
 
-def silu_mul_reference(gate_up: torch.Tensor, paired: bool = False) -> torch.Tensor:
-    """paired: gate|up columns in groups of 8 gates and their 8 ups (engine/fused_layers.py)."""
+def inverse_rms(rows: torch.Tensor, eps: float) -> torch.Tensor:
+    """1 / rms of each row, fp32 [rows, 1]."""
+    h = rows.float()
+    return torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def scale_rows(product: torch.Tensor, norm_of: torch.Tensor, eps: float,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+    """What a product of normed rows is, from the product of the rows un-normed (the norm's
+    weight folded into the product's weight, engine/fused_layers.py): each row scaled by
+    1 / rms(its norm_of row), biased, rounded once to the product's dtype."""
+    scaled = product.float() * inverse_rms(norm_of, eps)
+    if bias is not None:
+        scaled = scaled + bias.float()
+    return scaled.to(product.dtype)
+
+
+def silu_mul_reference(gate_up: torch.Tensor, paired: bool = False, norm_of: torch.Tensor | None = None,
+                       eps: float = 0.0) -> torch.Tensor:
+    """paired: gate|up columns in groups of 8 gates and their 8 ups (engine/fused_layers.py).
+    norm_of: gate|up is the product of these rows un-normed (scale_rows)."""
+    if norm_of is not None:
+        gate_up = scale_rows(gate_up, norm_of, eps)
     if paired:
         groups = gate_up.unflatten(-1, (-1, 2, 8))
         gate, up = groups[..., 0, :].flatten(-2), groups[..., 1, :].flatten(-2)
@@ -46,11 +66,17 @@ def rope_pair_order(head_dim: int) -> torch.Tensor:
 
 def rope_into_cache_reference(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                               v_cache: torch.Tensor, token_slots: torch.Tensor, positions: torch.Tensor,
-                              heads: int, kv_heads: int, paired: bool = False) -> torch.Tensor:
+                              heads: int, kv_heads: int, paired: bool = False, norm_of: torch.Tensor | None = None,
+                              eps: float = 0.0, bias: torch.Tensor | None = None) -> torch.Tensor:
     """The attention block's step between the q|k|v projection and attention: rotate q and k,
     write k and v into one layer's cache ([slots, max_seq_len, kv_heads, D]) at each token's
     (slot, position), return the rotated q [T, heads, D]. paired: the query and key heads'
-    columns in rope_pair_order."""
+    columns in rope_pair_order. norm_of, eps, bias: qkv is the product of these rows un-normed,
+    without its bias (scale_rows)."""
+    if bias is not None and norm_of is None:
+        raise ValueError("a bias is added here only to an un-normed product (norm_of)")
+    if norm_of is not None:
+        qkv = scale_rows(qkv, norm_of, eps, bias)
     dim = cos.shape[-1]
     if paired:
         rotated = qkv[:, :(heads + kv_heads) * dim].unflatten(-1, (-1, dim))

@@ -35,7 +35,16 @@ def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, n_cols, eps,
     tl.store(out_ptr + row * n_cols + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, n_cols, BLOCK: tl.constexpr, PAIRED: tl.constexpr):
+def _inverse_rms(norm_ptr, row, n_hidden, eps, NORM_BLOCK: tl.constexpr):
+    """1 / rms of row `row` of a [rows, n_hidden] matrix, in fp32."""
+    cols = tl.arange(0, NORM_BLOCK)
+    x = tl.load(norm_ptr + row * n_hidden + cols, mask=cols < n_hidden, other=0.0).to(tl.float32)
+    return tl.rsqrt(tl.sum(x * x, axis=0) / n_hidden + eps)
+
+
+@triton.jit
+def _silu_mul_kernel(gu_ptr, out_ptr, norm_ptr, n_cols, n_hidden, eps, BLOCK: tl.constexpr, PAIRED: tl.constexpr,
+                     HAS_NORM: tl.constexpr, NORM_BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -47,31 +56,52 @@ def _silu_mul_kernel(gu_ptr, out_ptr, n_cols, BLOCK: tl.constexpr, PAIRED: tl.co
         up_col = n_cols + cols
     g = tl.load(gu_ptr + row * 2 * n_cols + gate_col, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(gu_ptr + row * 2 * n_cols + up_col, mask=mask, other=0.0).to(tl.float32)
-    s = (g / (1.0 + tl.exp(-g))).to(out_ptr.dtype.element_ty).to(tl.float32)
-    tl.store(out_ptr + row * n_cols + cols, (s * u).to(out_ptr.dtype.element_ty), mask=mask)
+    dt = out_ptr.dtype.element_ty
+    if HAS_NORM:  # gate|up of the un-normed row: scaled here, rounded as a product's output is
+        inv = _inverse_rms(norm_ptr, row, n_hidden, eps, NORM_BLOCK)
+        g = (g * inv).to(dt).to(tl.float32)
+        u = (u * inv).to(dt).to(tl.float32)
+    s = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
+    tl.store(out_ptr + row * n_cols + cols, (s * u).to(dt), mask=mask)
+
 
 @triton.jit
 def _rope_into_cache_kernel(qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, slots_ptr, pos_ptr,
-                            qkv_stride, slot_stride, pos_stride, heads, kv_heads, HALF: tl.constexpr,
-                            PAIRED: tl.constexpr):
+                            norm_ptr, bias_ptr, qkv_stride, slot_stride, pos_stride, heads, kv_heads, n_hidden, eps,
+                            HALF: tl.constexpr, PAIRED: tl.constexpr, HAS_NORM: tl.constexpr,
+                            HAS_BIAS: tl.constexpr, NORM_BLOCK: tl.constexpr):
     """One program per (token, head): heads [0, heads) are query heads, rotated into q_out;
     heads [heads, heads + kv_heads) are key/value heads, the key rotated and both written to
-    the cache at the token's (slot, position). In q|k|v, head h's input starts at h * D."""
+    the cache at the token's (slot, position). In q|k|v, head h's input starts at h * D.
+    HAS_NORM: q|k|v is the product of the un-normed row (weights with the norm folded in), so
+    each value is first scaled by 1 / rms(norm row) and, with HAS_BIAS, biased."""
     token = tl.program_id(0)
     head = tl.program_id(1)
     d = tl.arange(0, HALF)
+    dt = q_out_ptr.dtype.element_ty
     src = qkv_ptr + token * qkv_stride + head * 2 * HALF
     if PAIRED:  # a head's columns in groups of 16: 8 first-half dims, then their 8 partners
-        x1 = tl.load(src + (d // 8) * 16 + d % 8).to(tl.float32)
-        x2 = tl.load(src + (d // 8) * 16 + d % 8 + 8).to(tl.float32)
+        c1_at = (d // 8) * 16 + d % 8
+        c2_at = c1_at + 8
     else:
-        x1 = tl.load(src + d).to(tl.float32)
-        x2 = tl.load(src + HALF + d).to(tl.float32)
+        c1_at = d
+        c2_at = HALF + d
+    x1 = tl.load(src + c1_at).to(tl.float32)
+    x2 = tl.load(src + c2_at).to(tl.float32)
+    inv = 1.0
+    if HAS_NORM:
+        inv = _inverse_rms(norm_ptr, token, n_hidden, eps, NORM_BLOCK)
+        x1 = x1 * inv
+        x2 = x2 * inv
+        if HAS_BIAS:
+            x1 += tl.load(bias_ptr + head * 2 * HALF + c1_at).to(tl.float32)
+            x2 += tl.load(bias_ptr + head * 2 * HALF + c2_at).to(tl.float32)
+        x1 = x1.to(dt).to(tl.float32)  # rounded as the product's output would be
+        x2 = x2.to(dt).to(tl.float32)
     c1 = tl.load(cos_ptr + token * 2 * HALF + d).to(tl.float32)
     c2 = tl.load(cos_ptr + token * 2 * HALF + HALF + d).to(tl.float32)
     s1 = tl.load(sin_ptr + token * 2 * HALF + d).to(tl.float32)
     s2 = tl.load(sin_ptr + token * 2 * HALF + HALF + d).to(tl.float32)
-    dt = q_out_ptr.dtype.element_ty
     # reference: x * cos + rotate_half(x) * sin, each product and the sum rounded to dtype
     o1 = ((x1 * c1).to(dt).to(tl.float32) + (-x2 * s1).to(dt).to(tl.float32)).to(dt)
     o2 = ((x2 * c2).to(dt).to(tl.float32) + (x1 * s2).to(dt).to(tl.float32)).to(dt)
@@ -86,8 +116,17 @@ def _rope_into_cache_kernel(qkv_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_pt
         tl.store(k_cache_ptr + offset + d, o1)
         tl.store(k_cache_ptr + offset + HALF + d, o2)
         v_src = src + kv_heads * 2 * HALF
-        tl.store(v_cache_ptr + offset + d, tl.load(v_src + d))
-        tl.store(v_cache_ptr + offset + HALF + d, tl.load(v_src + HALF + d))
+        v1 = tl.load(v_src + d)
+        v2 = tl.load(v_src + HALF + d)
+        if HAS_NORM:
+            v1 = v1.to(tl.float32) * inv
+            v2 = v2.to(tl.float32) * inv
+            if HAS_BIAS:
+                v_bias = bias_ptr + (head + kv_heads) * 2 * HALF
+                v1 += tl.load(v_bias + d).to(tl.float32)
+                v2 += tl.load(v_bias + HALF + d).to(tl.float32)
+        tl.store(v_cache_ptr + offset + d, v1.to(dt))
+        tl.store(v_cache_ptr + offset + HALF + d, v2.to(dt))
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
@@ -100,25 +139,37 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     return out, summed
 
 
-def silu_mul(gate_up: torch.Tensor, paired: bool = False) -> torch.Tensor:
-    """paired: gate|up columns in groups of 8 gates and their 8 ups (engine/fused_layers.py)."""
+def silu_mul(gate_up: torch.Tensor, paired: bool = False, norm_of: torch.Tensor | None = None,
+             eps: float = 0.0) -> torch.Tensor:
+    """paired: gate|up columns in groups of 8 gates and their 8 ups (engine/fused_layers.py).
+    norm_of: gate|up is the product of these rows un-normed (kernels/elementwise.py's reference)."""
     rows, cols = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty((rows, cols), dtype=gate_up.dtype, device=gate_up.device)
     block = 1024
-    _silu_mul_kernel[(rows, triton.cdiv(cols, block))](gate_up, out, cols, BLOCK=block, PAIRED=paired)
+    hidden = norm_of.shape[1] if norm_of is not None else 1
+    _silu_mul_kernel[(rows, triton.cdiv(cols, block))](
+        gate_up, out, norm_of if norm_of is not None else gate_up, cols, hidden, eps, BLOCK=block, PAIRED=paired,
+        HAS_NORM=norm_of is not None, NORM_BLOCK=triton.next_power_of_2(hidden))
     return out
 
 
 def rope_into_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, token_slots: torch.Tensor, positions: torch.Tensor, heads: int,
-                    kv_heads: int, paired: bool = False) -> torch.Tensor:
+                    kv_heads: int, paired: bool = False, norm_of: torch.Tensor | None = None, eps: float = 0.0,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
     """kernels/elementwise.rope_into_cache_reference in one launch (instead of two RoPEs and
     two indexed cache writes): qkv [T, (heads + 2 kv_heads) D] rows, caches of one layer
     [slots, max_seq_len, kv_heads, D], contiguous. paired: the query and key heads' columns in
-    the order of kernels/elementwise.rope_pair_order."""
+    the order of kernels/elementwise.rope_pair_order. norm_of, eps, bias: qkv is the product of
+    these rows un-normed, without its bias (the reference says how they are applied)."""
     tokens, dim = qkv.shape[0], cos.shape[-1]
+    if bias is not None and norm_of is None:
+        raise ValueError("a bias is added here only to an un-normed product (norm_of)")
     q = torch.empty((tokens, heads, dim), dtype=qkv.dtype, device=qkv.device)
+    hidden = norm_of.shape[1] if norm_of is not None else 1
     _rope_into_cache_kernel[(tokens, heads + kv_heads)](
-        qkv, q, k_cache, v_cache, cos, sin, token_slots, positions, qkv.stride(0), k_cache.stride(0),
-        k_cache.stride(1), heads, kv_heads, HALF=dim // 2, PAIRED=paired)
+        qkv, q, k_cache, v_cache, cos, sin, token_slots, positions, norm_of if norm_of is not None else qkv,
+        bias if bias is not None else qkv, qkv.stride(0), k_cache.stride(0), k_cache.stride(1), heads, kv_heads,
+        hidden, eps, HALF=dim // 2, PAIRED=paired, HAS_NORM=norm_of is not None, HAS_BIAS=bias is not None,
+        NORM_BLOCK=triton.next_power_of_2(hidden))
     return q

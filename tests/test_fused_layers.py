@@ -65,6 +65,54 @@ def test_prepared_weights_compute_the_same_logits_on_the_unfused_path(qwen_wide_
     torch.testing.assert_close(logits[1], logits[0], rtol=1e-4, atol=1e-4)
 
 
+def _with_moved_norms(weights):
+    """Norm weights away from 1 and a q|k|v bias away from 0, so that folding them is tested."""
+    gen = torch.Generator().manual_seed(5)
+    for layer in weights.layers:
+        for name, base in (("input_norm", 1), ("post_norm", 1), ("qkv_bias", 0)):
+            t = getattr(layer, name)
+            setattr(layer, name, base + 0.3 * torch.randn(t.shape, generator=gen))
+    return weights
+
+
+@pytest.mark.parametrize("attention", ["pad", "triton"])
+def test_folded_layers_compute_the_original_function(qwen_wide_heads, attention):
+    """A model whose norms are folded (Transformer.fold_norms) runs every step the fused products
+    do not take through _folded_hidden: un-normed products, the norm applied by the kernel after
+    each, residual adds in the o and down products. Its logits, its KV cache and its greedy tokens
+    are the original weights' on the unfused path: for a prefill and for a ragged step of three
+    sequences (1, 4 and 9 tokens)."""
+    if attention == "triton":
+        pytest.importorskip("triton")
+    from bass.core.config import RunnerConfig
+    from bass.core.worker_api import AddSequence
+    from bass.engine.runner import ModelRunner
+
+    config = load_config(qwen_wide_heads)
+    results = []
+    for fold in (False, True):
+        weights = _with_moved_norms(load_weights(qwen_wide_heads, config, dtype="float32", device="cpu"))
+        model = Transformer(config, weights, max_seq_len=64, attention=attention)
+        if fold:
+            model.fold_norms()
+        calls = []
+        original_hidden = model._folded_hidden
+        model._folded_hidden = lambda *a: calls.append(1) or original_hidden(*a)
+        runner = ModelRunner(RunnerConfig(model_dir=qwen_wide_heads, num_slots=3, max_seq_len=64,
+                                          attention=attention), model=model)
+        runner.add([AddSequence(s, tuple(range(3 + s, 20 + 2 * s))) for s in range(3)])
+        states = [runner.get(s) for s in range(3)]
+        step = [(states[0], [7]), (states[1], [8, 9, 10, 11]), (states[2], list(range(40, 49)))]
+        logits = runner.forward(step, [1, 4, 9])
+        assert bool(calls) == fold  # the folded path ran, and only for the folded model
+        results.append((logits, runner.cache.k.clone(), runner.cache.v.clone()))
+    (want, want_k, want_v), (got, got_k, got_v) = results
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got_k, want_k, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got_v, want_v, rtol=1e-4, atol=1e-4)
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
 def test_only_shapes_the_kernel_takes_are_fused(qwen_wide_heads):
     from dataclasses import replace
 

@@ -112,6 +112,57 @@ def test_rope_into_cache_from_paired_columns(dtype):
     assert torch.equal(caches[3], caches[1])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul_of_an_unnormed_product(dtype):
+    """norm_of: gate|up computed from un-normed rows x is scaled by 1 / rms(x) first, so the
+    result is silu_mul of the normed rows' product."""
+    from bass.kernels.elementwise import inverse_rms
+
+    torch.manual_seed(4)
+    x = (4 * torch.randn(5, 96, device=DEVICE)).to(dtype)
+    w = torch.randn(2 * 1504, 96, device=DEVICE).to(dtype)
+    unnormed = x @ w.T
+    normed = (x.float() * inverse_rms(x, 1e-6)).to(dtype) @ w.T
+    ref = silu_mul_reference(unnormed, paired=True, norm_of=x, eps=1e-6)
+    close(ref, silu_mul_reference(normed, paired=True), dtype if dtype != torch.float32 else torch.float16)
+    close(silu_mul(unnormed, paired=True, norm_of=x, eps=1e-6), ref, dtype)
+    assert not torch.allclose(silu_mul(unnormed, paired=True).float(), ref.float(), atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_rope_into_cache_of_an_unnormed_product(dtype, with_bias):
+    """norm_of / bias: q|k|v of un-normed rows is scaled by 1 / rms(x) and biased before the
+    rotation, for the queries, the keys and the values written to the cache."""
+    from bass.kernels.elementwise import scale_rows
+
+    torch.manual_seed(5)
+    tokens, heads, kv_heads, dim, slots, max_len = 4, 4, 2, 32, 2, 8
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, device=DEVICE).to(dtype)
+    x = (3 * torch.randn(tokens, 80, device=DEVICE)).to(dtype)  # 80: not a power of two
+    bias = torch.randn(qkv.shape[1], device=DEVICE).to(dtype) if with_bias else None
+    angles = torch.randn(tokens, dim // 2, device=DEVICE)
+    cos = torch.cat([angles.cos()] * 2, -1).to(dtype)
+    sin = torch.cat([angles.sin()] * 2, -1).to(dtype)
+    token_slots = torch.tensor([1, 0, 1, 0], device=DEVICE)
+    positions = torch.tensor([2, 5, 3, 0], device=DEVICE)
+    caches = [torch.zeros(slots, max_len, kv_heads, dim, device=DEVICE).to(dtype) for _ in range(6)]
+    scaled = scale_rows(qkv, x, 1e-6, bias)
+    want = rope_into_cache_reference(scaled, cos, sin, caches[0], caches[1], token_slots, positions, heads,
+                                     kv_heads, paired=True)
+    ref = rope_into_cache_reference(qkv, cos, sin, caches[2], caches[3], token_slots, positions, heads, kv_heads,
+                                    paired=True, norm_of=x, eps=1e-6, bias=bias)
+    assert torch.equal(ref, want) and torch.equal(caches[2], caches[0]) and torch.equal(caches[3], caches[1])
+    q = rope_into_cache(qkv, cos, sin, caches[4], caches[5], token_slots, positions, heads, kv_heads, paired=True,
+                        norm_of=x, eps=1e-6, bias=bias)
+    close(q, want, dtype)
+    close(caches[4], caches[0], dtype)
+    close(caches[5], caches[1], dtype)
+    assert caches[5].abs().sum() > 0
+    with pytest.raises(ValueError, match="un-normed"):
+        rope_into_cache(qkv, cos, sin, caches[4], caches[5], token_slots, positions, heads, kv_heads, bias=qkv[0])
+
+
 def test_model_on_the_fused_path_matches_transformers(llama_target, qwen_target):
     from transformers import AutoModelForCausalLM
 
