@@ -71,7 +71,7 @@ def _with_moved_norms(weights):
     for layer in weights.layers:
         for name, base in (("input_norm", 1), ("post_norm", 1), ("qkv_bias", 0)):
             t = getattr(layer, name)
-            setattr(layer, name, base + 0.3 * torch.randn(t.shape, generator=gen))
+            setattr(layer, name, base + 0.3 * torch.randn(t.shape, generator=gen).to(t.device))
     return weights
 
 
@@ -88,10 +88,11 @@ def test_folded_layers_compute_the_original_function(qwen_wide_heads, attention)
     from bass.core.worker_api import AddSequence
     from bass.engine.runner import ModelRunner
 
+    device = "cuda" if attention == "triton" and torch.cuda.is_available() else "cpu"  # Triton: GPU or interpreter
     config = load_config(qwen_wide_heads)
     results = []
     for fold in (False, True):
-        weights = _with_moved_norms(load_weights(qwen_wide_heads, config, dtype="float32", device="cpu"))
+        weights = _with_moved_norms(load_weights(qwen_wide_heads, config, dtype="float32", device=device))
         model = Transformer(config, weights, max_seq_len=64, attention=attention)
         if fold:
             model.fold_norms()
@@ -99,13 +100,13 @@ def test_folded_layers_compute_the_original_function(qwen_wide_heads, attention)
         original_hidden = model._folded_hidden
         model._folded_hidden = lambda *a: calls.append(1) or original_hidden(*a)
         runner = ModelRunner(RunnerConfig(model_dir=qwen_wide_heads, num_slots=3, max_seq_len=64,
-                                          attention=attention), model=model)
+                                          attention=attention, device=device, cuda_graphs=False), model=model)
         runner.add([AddSequence(s, tuple(range(3 + s, 20 + 2 * s))) for s in range(3)])
         states = [runner.get(s) for s in range(3)]
         step = [(states[0], [7]), (states[1], [8, 9, 10, 11]), (states[2], list(range(40, 49)))]
         logits = runner.forward(step, [1, 4, 9])
         assert bool(calls) == fold  # the folded path ran, and only for the folded model
-        results.append((logits, runner.cache.k.clone(), runner.cache.v.clone()))
+        results.append((logits.cpu(), runner.cache.k.cpu(), runner.cache.v.cpu()))
     (want, want_k, want_v), (got, got_k, got_v) = results
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(got_k, want_k, rtol=1e-4, atol=1e-4)
