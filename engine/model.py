@@ -133,8 +133,9 @@ class Transformer:
         this GPU, timed here over the model's own weights (kernels/skinny_linear.py).
         fuse_layers (with the few-row CUDA kernel): steps of up to 16 tokens run each layer in
         five launches instead of nine (int8 or bf16 weights), the norms, RoPE and cache writes,
-        residual adds and SiLU * up in the products' epilogues (engine/fused_layers.py; changes
-        the weights' layout and the values' rounding).
+        residual adds and SiLU * up in the products' epilogues, and longer steps in seven
+        (_folded_hidden) (engine/fused_layers.py; changes the weights' layout and the values'
+        rounding).
         programmatic_launch (Hopper and newer; ignored elsewhere): the attention kernel and the
         few-row products launch as programmatic dependent launches, each started while the
         kernel before it runs (a product loads its first weights meanwhile) and waiting for it
