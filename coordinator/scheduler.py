@@ -473,6 +473,7 @@ class Scheduler:
         st.draft_s += draft_wait_s
         st.verify_s += verify_s
         st.verify_compute_s += verified.compute_s
+        st.verify_device_wait_s += verified.device_wait_s
         if st.trace is not None:
             per_sequence = [(seq.seq_id, len(verdict.tokens)) for seq, verdict in zip(batch, verdicts)]
             st.trace.append((k, len(batch), committed, draft_s, timed, per_sequence, self.clock()))

@@ -22,6 +22,9 @@ class StepStats:
     draft_compute_s: float = 0.0  # inside the draft worker
     verify_s: float = 0.0  # Verify calls, transport included
     verify_compute_s: float = 0.0  # inside the target worker
+    # Of verify_compute_s, blocked on the device's answer: the rest is the worker's host work
+    # (staging, launches, the commit), which the GPU waits through where it outlasts a step.
+    verify_device_wait_s: float = 0.0
     # Steps by the step's draft length (its longest draft; 0 = regular): what a policy such as
     # `auto` chose, probes included, which the means above hide.
     steps_by_length: dict[int, int] = field(default_factory=dict)
@@ -50,12 +53,15 @@ class StepStats:
         self.slowest_step_s = max(self.slowest_step_s, seconds)
 
     def breakdown(self) -> dict:
-        """Mean milliseconds per step: draft and verify compute, transport (RPC), and the
+        """Mean milliseconds per step: draft and verify compute (of which verify_host_ms is the
+        target worker's host work, the rest its wait on the device), transport (RPC), and the
         coordinator's own work (scheduling, stop checks, bookkeeping)."""
         n = max(self.steps, 1)
         transport = (self.draft_s - self.draft_compute_s) + (self.verify_s - self.verify_compute_s)
         return {"step_ms": 1000 * self.step_s / n, "draft_ms": 1000 * self.draft_compute_s / n,
-                "verify_ms": 1000 * self.verify_compute_s / n, "rpc_ms": 1000 * transport / n,
+                "verify_ms": 1000 * self.verify_compute_s / n,
+                "verify_host_ms": 1000 * (self.verify_compute_s - self.verify_device_wait_s) / n,
+                "rpc_ms": 1000 * transport / n,
                 "coordinator_ms": 1000 * (self.step_s - self.draft_s - self.verify_s) / n}
 
     def to_dict(self) -> dict:

@@ -83,6 +83,7 @@ class LaunchedVerify:
     overrides: dict[int, int] = field(default_factory=dict)
     response: VerifyResponse | None = None
     worker_s: float = 0.0  # host time inside the worker, launch and finish
+    device_wait_s: float = 0.0  # of worker_s, blocked on the verdicts' copy from the device
 
     @property
     def regular(self) -> bool:
@@ -359,7 +360,8 @@ class TargetWorker:
             self._deferred_release = [seq_id for seq_id in self._deferred_release if seq_id in held]
             runner.release(free)
         launched.worker_s += time.perf_counter() - started
-        launched.response = VerifyResponse(verdicts=verdicts, compute_s=launched.worker_s)
+        launched.response = VerifyResponse(verdicts=verdicts, compute_s=launched.worker_s,
+                                           device_wait_s=launched.device_wait_s)
         # The call's device memory goes with it.
         launched.logits = launched.keys = launched.verdicts = None
 
@@ -367,7 +369,9 @@ class TargetWorker:
         """(the first row's token per sequence as the device first decided it, with repairs;
         the tokens each sequence emits). Rows whose cut the window did not hold (flagged, CPU)
         are raced again exactly, then the verdicts are read once more."""
+        waited = time.perf_counter()
         rows = launched.packed.tolist()
+        launched.device_wait_s += time.perf_counter() - waited
         width = launched.max_k + 2  # accepted + max_k + 1 tokens, then the flags
         for i, token in launched.overrides.items():
             rows[i] = [0, token] + [0] * (len(rows[i]) - 2)  # a regular step: no drafts, no flags

@@ -44,7 +44,7 @@ def test_verify_round_trip():
                         add=[AddSequence(2, (1,))], release=[2])
     back = wire.verify_request_from_proto(wire.verify_request_to_proto(req))
     assert back.items == req.items and back.add == req.add and back.release == [2]
-    resp = VerifyResponse(verdicts=[Verdict(2, [4, 5, 9]), Verdict(0, [3])], compute_s=0.5)
+    resp = VerifyResponse(verdicts=[Verdict(2, [4, 5, 9]), Verdict(0, [3])], compute_s=0.5, device_wait_s=0.25)
     assert wire.verify_response_from_proto(wire.verify_response_to_proto(resp)) == resp
 
 

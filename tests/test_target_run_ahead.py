@@ -182,3 +182,30 @@ def test_through_the_services_the_target_runs_regular_steps_ahead(llama_target, 
         assert counter.ahead > 0, (counter.ahead, counter.launches)
     finally:
         services.stop()
+
+
+def test_a_step_reports_the_workers_wait_on_the_device_apart_from_its_host_work(llama_target, monkeypatch):
+    """VerifyResponse.device_wait_s is the part of the worker's time blocked on the verdicts'
+    copy from the device; the step breakdown's verify_host_ms is the rest. A copy made to take
+    5 ms shows as at least 5 ms of wait a step, inside the worker's time and out of its host
+    work."""
+    import time
+
+    from bass.engine.transfer import HostCopy
+
+    def run(delay_s: float):
+        scheduler = build_scheduler(llama_target, None, "0")
+        original = HostCopy.tolist
+        monkeypatch.setattr(HostCopy, "tolist", lambda self: time.sleep(delay_s) or original(self))
+        scheduler.generate([GenerationRequest(prompt_ids=(5, 17, 33), max_new_tokens=12, ignore_eos=True)])
+        monkeypatch.setattr(HostCopy, "tolist", original)
+        return scheduler.step_stats
+
+    slow, fast = run(0.005), run(0.0)
+    assert slow.verify_device_wait_s >= 0.005 * slow.steps
+    assert slow.verify_device_wait_s <= slow.verify_compute_s
+    assert fast.verify_device_wait_s < 0.005 * fast.steps
+    breakdown = slow.breakdown()
+    assert breakdown["verify_host_ms"] == pytest.approx(
+        breakdown["verify_ms"] - 1000 * slow.verify_device_wait_s / slow.steps)
+    assert breakdown["verify_host_ms"] < breakdown["verify_ms"] - 4.5

@@ -129,6 +129,9 @@ class Verdict:
 class VerifyResponse:
     verdicts: list[Verdict]  # per item, in request order
     compute_s: float = 0.0  # time spent inside the worker
+    # Of compute_s, the time blocked on the device's answer (the verdicts' copy to the host): the
+    # rest is the worker's host work, which a GPU step must outlast for the GPU not to idle.
+    device_wait_s: float = 0.0
 
 
 @dataclass(frozen=True)

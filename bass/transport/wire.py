@@ -141,13 +141,15 @@ def verify_request_from_proto(m: pb.VerifyRequest) -> VerifyRequest:
 def verify_response_to_proto(r: VerifyResponse) -> pb.VerifyResponse:
     verdicts = r.verdicts
     return pb.VerifyResponse(accepted=[v.accepted for v in verdicts], counts=[len(v.tokens) for v in verdicts],
-                             tokens=[t for v in verdicts for t in v.tokens], compute_s=r.compute_s)
+                             tokens=[t for v in verdicts for t in v.tokens], compute_s=r.compute_s,
+                             device_wait_s=r.device_wait_s)
 
 
 def verify_response_from_proto(m: pb.VerifyResponse) -> VerifyResponse:
     _require_lengths("accepted", len(m.counts), m.accepted)
     tokens = _split(m.tokens, m.counts, "tokens")
-    return VerifyResponse(verdicts=[Verdict(a, list(t)) for a, t in zip(m.accepted, tokens)], compute_s=m.compute_s)
+    return VerifyResponse(verdicts=[Verdict(a, list(t)) for a, t in zip(m.accepted, tokens)], compute_s=m.compute_s,
+                          device_wait_s=m.device_wait_s)
 
 
 # -- speculate (a co-located draft and target) --------------------------------------------------------
