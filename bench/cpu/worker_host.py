@@ -100,9 +100,11 @@ def main() -> None:
         model_dir = Path(args.model) if args.model else make_model(Path(tmp) / "target")
         batches = [int(b) for b in args.batches.split(",")]
         for batch in batches:
+            # One worker for every pass and the profile (on a GPU each loads a model and captures
+            # graphs); its caches have room for all their steps.
+            worker, step = make_worker(model_dir, batch, 40 + (args.passes + 1) * (args.steps + 20), args.device)
             steps, waits = [], []
-            for _ in range(args.passes):  # a fresh worker each pass; its caches have room for every step
-                worker, step = make_worker(model_dir, batch, 64 + args.steps + 32, args.device)
+            for _ in range(args.passes):
                 time_steps(worker, step, 20)  # warm-up
                 times, waited = time_steps(worker, step, args.steps)
                 steps.append(1e6 * statistics.median(times))
@@ -112,7 +114,6 @@ def main() -> None:
                      "device_wait_us_median_per_pass": [round(m, 1) for m in waits],
                      "host_us_per_step": round(statistics.median(steps) - statistics.median(waits), 1)}
             if args.profile and batch == max(batches):
-                worker, step = make_worker(model_dir, batch, 64 + args.steps + 32, args.device)
                 profiler = cProfile.Profile()
                 profiler.enable()
                 time_steps(worker, step, args.steps)
