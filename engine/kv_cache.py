@@ -78,6 +78,34 @@ class KVCache:
         cached.extend(tokens)
         return start
 
+    def append_each(self, slots: list[int], token: int) -> list[int]:
+        """append(slot, [token]) for each slot (a step's one input a sequence), all or none:
+        their positions. One pass: regular decoding does this for every sequence every step."""
+        held, limit, starts = self._tokens, self.max_seq_len, []
+        try:
+            for slot in slots:
+                cached = held[slot] if 0 <= slot < self.num_slots else None
+                if cached is None:
+                    self._check(slot)  # raises
+                if len(cached) >= limit:
+                    self.append(slot, [token])  # raises SequenceTooLongError
+                starts.append(len(cached))
+                cached.append(token)
+        except (ValueError, SequenceTooLongError):
+            for slot, start in zip(slots, starts):
+                del held[slot][start:]
+            raise
+        return starts
+
+    def settle_each(self, slots: list[int], positions: list[int], tokens: list[int]) -> None:
+        """settle(slot, position, [token]) for each triple, in one pass."""
+        held = self._tokens
+        for slot, position, token in zip(slots, positions, tokens):
+            cached = held[slot] if 0 <= slot < self.num_slots else None
+            if cached is None or not 0 <= position < len(cached):
+                self.settle(slot, position, [token])  # raises
+            cached[position] = token
+
     def settle(self, slot: int, start: int, tokens: list[int]) -> None:
         """Record the values of tokens that were appended as placeholders (their ids lived on
         the device when they ran) at positions start.. ."""

@@ -242,11 +242,22 @@ class ModelRunner:
 
     def stage_fed(self, states: list[SequenceState]) -> list[SequenceChunk]:
         """What `forward_fed` runs, without running it: a placeholder position per sequence."""
-        chunks = []
-        for state in states:
-            start = self.reserve(state, 1)
-            chunks.append(SequenceChunk(slot=state.slot, start=start, tokens=[PLACEHOLDER], logit_rows=1))
-        return chunks
+        starts = self.cache.append_each([state.slot for state in states], PLACEHOLDER)
+        return [SequenceChunk(slot=state.slot, start=start, tokens=[PLACEHOLDER], logit_rows=1)
+                for state, start in zip(states, starts)]
+
+    def commit_fed(self, states: list[SequenceState], positions: list[int], tokens: list[int]) -> bool:
+        """Commit one token a sequence where a step run ahead already took it as its input from
+        the device (a placeholder at positions[i], `forward_fed`): settle and commit in one pass,
+        the steady state of regular decoding. The tokens are the worker's own (its race's), so
+        not checked against the vocabulary. False, with nothing changed, where some position is
+        not the sequence's next one (the caller then settles and commits one by one)."""
+        if any(position != len(state.committed) for state, position in zip(states, positions)):
+            return False
+        self.cache.settle_each([state.slot for state in states], positions, tokens)
+        for state, token in zip(states, tokens):
+            state.committed.append(token)  # the cache holds it at that position: nothing to drop
+        return True
 
     def settle(self, state: SequenceState, start: int, tokens: Sequence[int]) -> None:
         """The values of placeholder tokens run by forward_fed, from cache position `start`."""

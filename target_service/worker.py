@@ -229,8 +229,8 @@ class TargetWorker:
             # with its own keyed noise, so a position is decided the same way whatever k was.
             decided = [len(s.committed) + j for s, n in zip(states, rows_per_seq) for j in range(n)]
         else:
-            launched.fed_at = [runner.cached(s) for s in states]
             chunks = runner.stage_fed(states)
+            launched.fed_at = [c.start for c in chunks]  # each input's position: the cache's length before it
             fed = self._inputs_from(previous, launched.seq_ids).view(-1, 1)
             decided = [p + 1 for p in launched.fed_at]
         sampled = not all(it.sampling.params.greedy for it in items)
@@ -300,14 +300,19 @@ class TargetWorker:
         if not self._unfinished or request.add or not request.items:
             return None
         previous = self._unfinished[0]
-        held = set(previous.seq_ids)
-        if not previous.regular or any(it.draft_tokens or it.seq_id not in held for it in request.items):
-            return None
-        if len({it.seq_id for it in request.items}) != len(request.items):
+        seq_ids = [it.seq_id for it in request.items]
+        if not previous.regular or any(it.draft_tokens for it in request.items) or len(set(seq_ids)) != len(seq_ids):
             return None
         runner = self.runner
+        if seq_ids == previous.seq_ids:  # the steady state: the same sequences as the step before
+            states = previous.states
+        else:
+            held = set(previous.seq_ids)
+            if any(seq_id not in held for seq_id in seq_ids):
+                return None
+            states = [runner.get(seq_id) for seq_id in seq_ids]
         room = runner.cache.max_seq_len
-        return previous if all(runner.cached(runner.get(it.seq_id)) < room for it in request.items) else None
+        return previous if all(runner.cached(state) < room for state in states) else None
 
     def _inputs_from(self, previous: LaunchedVerify, seq_ids: list[int]) -> torch.Tensor:
         """The tokens `previous` decides for these sequences, on the device."""
@@ -335,23 +340,31 @@ class TargetWorker:
         first_pass, tokens = self._read_verdicts(launched)
         runner = self.runner
         stale = []
-        if following is not None:
-            # Its inputs were this call's first-pass tokens: settle their placeholders with the
-            # final ones; where the two differ it ran from a wrong token and is repaired below.
-            index = {seq_id: i for i, seq_id in enumerate(launched.seq_ids)}
-            for j, (seq_id, state, position) in enumerate(zip(following.seq_ids, following.states, following.fed_at)):
-                i = index[seq_id]
-                runner.settle(state, position, [tokens[i][0]])
-                if first_pass[i] != tokens[i][0]:
-                    stale.append(j)
-        verdicts = []
-        for j, (state, emitted) in enumerate(zip(launched.states, tokens)):
-            if launched.drafts_at is not None:
-                # The accepted drafts are the emitted tokens; a rejected one stays a placeholder,
-                # which no committed token equals, so the commit drops it from the cache.
-                runner.settle(state, launched.drafts_at[j], emitted[:-1])
-            runner.commit(state, emitted)
-            verdicts.append(Verdict(accepted=len(emitted) - 1, tokens=emitted))
+        if (following is not None and launched.regular and following.seq_ids == launched.seq_ids
+                and runner.commit_fed(launched.states, following.fed_at, [emitted[0] for emitted in tokens])):
+            # The steady state of regular decoding: the following call ran from these very
+            # sequences' tokens, which are settled as its inputs and committed in one pass.
+            stale = [i for i, (first, emitted) in enumerate(zip(first_pass, tokens)) if first != emitted[0]]
+            verdicts = [Verdict(accepted=0, tokens=emitted) for emitted in tokens]
+        else:
+            if following is not None:
+                # Its inputs were this call's first-pass tokens: settle their placeholders with the
+                # final ones; where the two differ it ran from a wrong token and is repaired below.
+                index = {seq_id: i for i, seq_id in enumerate(launched.seq_ids)}
+                for j, (seq_id, state, position) in enumerate(zip(following.seq_ids, following.states,
+                                                                  following.fed_at)):
+                    i = index[seq_id]
+                    runner.settle(state, position, [tokens[i][0]])
+                    if first_pass[i] != tokens[i][0]:
+                        stale.append(j)
+            verdicts = []
+            for j, (state, emitted) in enumerate(zip(launched.states, tokens)):
+                if launched.drafts_at is not None:
+                    # The accepted drafts are the emitted tokens; a rejected one stays a placeholder,
+                    # which no committed token equals, so the commit drops it from the cache.
+                    runner.settle(state, launched.drafts_at[j], emitted[:-1])
+                runner.commit(state, emitted)
+                verdicts.append(Verdict(accepted=len(emitted) - 1, tokens=emitted))
         if stale:
             self._repair(following, stale)
         if self._deferred_release:

@@ -63,3 +63,23 @@ def test_sequence_too_long_is_refused_without_side_effects():
     with pytest.raises(SequenceTooLongError, match="max_seq_len=4"):
         cache.append(s, [4, 5])
     assert cache.tokens(s) == [1, 2, 3]
+
+
+def test_one_token_appended_and_settled_in_many_slots_at_once():
+    """append_each / settle_each: what append and settle do slot by slot, all or nothing."""
+    cache = make_cache(slots=4, max_len=4)
+    a, b, c = cache.allocate(), cache.allocate(), cache.allocate()
+    cache.append(a, [1, 2])
+    cache.append(b, [3])
+    assert cache.append_each([a, b, c], -1) == [2, 1, 0]
+    assert cache.tokens(a) == [1, 2, -1] and cache.tokens(b) == [3, -1] and cache.tokens(c) == [-1]
+    cache.settle_each([a, c], [2, 0], [7, 8])
+    assert cache.tokens(a) == [1, 2, 7] and cache.tokens(c) == [8]
+    with pytest.raises(ValueError):
+        cache.settle_each([b], [2], [9])  # past the slot's length
+    cache.append(a, [4])  # a is full now
+    with pytest.raises(SequenceTooLongError):
+        cache.append_each([b, a], -1)
+    with pytest.raises(ValueError, match="not allocated"):
+        cache.append_each([c, 3], -1)
+    assert cache.tokens(b) == [3, -1] and cache.tokens(c) == [8]  # nothing of a refused call stays

@@ -117,3 +117,23 @@ def test_draft_tokens_fed_from_the_device_are_settled_in_the_cache(runner, tempe
         runner.cache.truncate(state.slot, len(state.committed) - 1)
         step = worker.propose(ProposeRequest(items=[ProposeItem(seq_id, 1, (), sampling)])).tokens[0]
         assert step == d[:1]
+
+
+def test_tokens_a_step_ahead_ran_from_the_device_are_settled_and_committed_in_one_pass(runner):
+    """commit_fed: each sequence's input placeholder (stage_fed) becomes its committed token, as
+    settle then commit would make it; a position that is not a sequence's next one changes
+    nothing and says so, for the caller's one-by-one path."""
+    from bass.engine.runner import PLACEHOLDER
+
+    runner.add([AddSequence(1, (5, 6, 7)), AddSequence(2, (9, 3))])
+    states = [runner.get(1), runner.get(2)]
+    runner.forward([(s, []) for s in states], [1, 1])  # the pending last prompt tokens
+    chunks = runner.stage_fed(states)
+    positions = [c.start for c in chunks]
+    assert positions == [3, 2] and [runner.cache.tokens(s.slot)[-1] for s in states] == [PLACEHOLDER] * 2
+    assert runner.commit_fed(states, positions, [11, 12])
+    assert states[0].committed == [5, 6, 7, 11] and states[1].committed == [9, 3, 12]
+    assert runner.cache.tokens(states[0].slot) == [5, 6, 7, 11] and runner.cache.tokens(states[1].slot) == [9, 3, 12]
+    runner.stage_fed(states)
+    assert not runner.commit_fed(states, [3, 3], [13, 14])  # 3 is not sequence 1's next position (4)
+    assert states[0].committed == [5, 6, 7, 11] and runner.cache.tokens(states[0].slot) == [5, 6, 7, 11, PLACEHOLDER]
