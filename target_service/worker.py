@@ -290,6 +290,10 @@ class TargetWorker:
         launched.row_params = RowParams.build(row_params, device)
         if keys is not None:
             launched.keys = to_device(torch.from_numpy(keys), torch.int64, device)
+        if launched.max_k == 0:  # a regular step: no drafts to compare, none to copy to the device
+            launched.drafts = torch.empty((len(counts), 0), dtype=torch.int64, device=device)
+            launched.draft_lens = torch.zeros(len(counts), dtype=torch.int64, device=device)
+            return
         launched.drafts = drafts if isinstance(drafts, torch.Tensor) else \
             to_device(drafts, torch.int64, device).view(len(drafts), launched.max_k)
         launched.draft_lens = to_device(counts, torch.int64, device)
