@@ -61,6 +61,9 @@ class CoordinatorMetrics:
         self.verify_seconds = Counter("bass_verify_seconds", "Time in Verify calls, transport included", registry=r)
         self.verify_compute_seconds = Counter("bass_verify_compute_seconds", "Time inside the target worker",
                                               registry=r)
+        self.verify_device_wait_seconds = Counter("bass_verify_device_wait_seconds", "Of the time inside the "
+                                                  "target worker, waiting on its device (the rest is its host "
+                                                  "work)", registry=r)
         # Streamed speculation (two GPUs): whether the draft keeps the target fed.
         self.stream_drafts = Counter("bass_stream_drafts", "Draft tokens that arrived from the draft stream, "
                                      "by fate: kept (they continued the committed text) or contradicted (the "
@@ -95,6 +98,7 @@ class CoordinatorMetrics:
         self.draft_compute_seconds.inc(d["draft_compute_s"])
         self.verify_seconds.inc(d["verify_s"])
         self.verify_compute_seconds.inc(d["verify_compute_s"])
+        self.verify_device_wait_seconds.inc(d["verify_device_wait_s"])
         if d["stream_arrived"]:
             self.stream_drafts.labels("kept").inc(d["stream_kept"])
             self.stream_drafts.labels("contradicted").inc(d["stream_arrived"] - d["stream_kept"])

@@ -90,6 +90,7 @@ def test_services_export_requests_tokens_and_acceptance(llama_target, llama_draf
     assert values[("bass_draft_available", ())] == 1 and values[("bass_target_available", ())] == 1
     assert values[("bass_running_sequences", ())] == 0
     assert 0 < values[("bass_verify_compute_seconds_total", ())] <= values[("bass_verify_seconds_total", ())]
+    assert 0 <= values[("bass_verify_device_wait_seconds_total", ())] <= values[("bass_verify_compute_seconds_total", ())]
 
 
 def test_a_taken_metrics_port_is_a_clear_error(llama_target):
