@@ -155,11 +155,30 @@ def test_running_ahead_on_the_gpu_through_cuda_graphs(llama_target, sampling):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the services would run on the GPU in bf16, the reference in fp32")
-def test_through_the_services_the_target_runs_regular_steps_ahead(llama_target, llama_draft):
+def test_through_the_services_the_target_runs_regular_steps_ahead(llama_target, llama_draft, monkeypatch):
     """The coordinator's pipelined Verify frames (WorkerCall.pipelined) let the target service
     launch step t + 1 before it answers step t; requests from several clients at once, greedy
-    and seeded sampling, give step-by-step decoding's tokens."""
+    and seeded sampling, give step-by-step decoding's tokens.
+
+    On the CPU a launched step is done at once (its forward ran inside the launch), and the
+    session answers a done call unless the next frame is already there: whether any step runs
+    ahead would be a race with the coordinator. Here a step's verdicts are ready only 5 ms after
+    its launch, as on a GPU, so the next frame comes first."""
+    import time
     from concurrent.futures import ThreadPoolExecutor
+
+    from bass.engine import transfer
+    from bass.target_service import worker as target_worker
+
+    class GpuPacedCopy(transfer.HostCopy):
+        def __init__(self, values):
+            super().__init__(values)
+            self.ready_at = time.perf_counter() + 0.005
+
+        def ready(self) -> bool:
+            return time.perf_counter() >= self.ready_at and super().ready()
+
+    monkeypatch.setattr(target_worker, "HostCopy", GpuPacedCopy)
 
     from bass.app.client import FINISH_REASON_NAMES, BassClient
     from services import start_services
