@@ -60,7 +60,8 @@ class LaunchedVerify:
     rows_per_seq: list[int]
     max_k: int
     logits: torch.Tensor | None = None  # [rows, vocab] fp32, kept for the exact race of flagged rows
-    # Host values of the sampling inputs: (row SamplingParams, noise keys, padded drafts, draft counts).
+    # Host values of the sampling inputs: (row SamplingParams, noise keys, padded drafts (None in a
+    # regular step), draft counts).
     exact_inputs: tuple | None = None
     row_params: RowParams | None = None
     keys: torch.Tensor | None = None
@@ -244,7 +245,7 @@ class TargetWorker:
         if sampled:
             keys = noise_keys([it.sampling.seed_key for it, n in zip(items, rows_per_seq) for _ in range(n)],
                               decided).numpy()
-        drafts = fed_drafts if fed_drafts is not None else \
+        drafts = fed_drafts if fed_drafts is not None or not launched.max_k else \
             [list(it.draft_tokens) + [0] * (launched.max_k - c) for it, c in zip(items, counts)]
         launched.exact_inputs = (row_params, keys, drafts, counts)
         if tail:
