@@ -101,6 +101,7 @@ if triton is not None:
         UPCAST: tl.constexpr,  # fp32 operands for tl.dot (interpreter: its bf16 dot is wrong)
         MASK_EVERY_TILE: tl.constexpr,  # batch-invariant mode: one code path for every tile
         PDL: tl.constexpr,  # launched as a programmatic dependent launch (see attend_triton)
+        MERGE_SPLITS: tl.constexpr = 8,  # splits whose partials the merge loads at once
     ):
         if PDL:
             # Nothing here may be read before the kernel that wrote q and the cache has finished.
@@ -227,25 +228,37 @@ if triton is not None:
             tl.debug_barrier()
             counter = Arrivals + (seq * NUM_KV_HEADS + kv_head) * tl.num_programs(0) + pid_m
             if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == num_active - 1:
+                # The merge reads every split's partials at once, not split by split: a loop whose
+                # step t + 1 loads only after step t's sums would put one L2 round trip per split
+                # on the step's critical path (8 splits in a decode step's graph). First the
+                # rows' largest log2-sum-exp over all splits, then each split's weight from it,
+                # added in split order (the same bits whatever the grid's other programs did).
+                row_off = (q_start + tok) * stride_lt + head * stride_lh
+                part_off = ((q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh
+                            + offs_d[None, :] * stride_od)
+                offs_c = tl.arange(0, MERGE_SPLITS)
                 m_f = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+                for base in range(0, num_active, MERGE_SPLITS):
+                    s_c = base + offs_c
+                    # split s holds keys of a row only if it starts at or before the row's position
+                    has_c = ((s_c[:, None] < num_active) & row_ok[None, :]
+                             & ((s_c * split_size)[:, None] <= pos[None, :]))
+                    lse_c = tl.load(Lse + s_c.to(tl.int64)[:, None] * stride_ls + row_off[None, :], mask=has_c,
+                                    other=-1.0e30, cache_modifier=".cg")
+                    m_f = tl.maximum(m_f, tl.max(lse_c, 0))
                 l_f = tl.zeros([BLOCK_M], dtype=tl.float32)
                 acc_f = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-                lse_ptrs = Lse + (q_start + tok) * stride_lt + head * stride_lh
-                part_ptrs = (Out + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh
-                             + offs_d[None, :] * stride_od)
-                for s_idx in range(0, num_active):
-                    has_keys = row_ok & (s_idx * split_size <= pos)  # the split starts at or before pos
-                    lse_s = tl.load(lse_ptrs, mask=has_keys, other=float("-inf"), cache_modifier=".cg")
-                    o_s = tl.load(part_ptrs, mask=has_keys[:, None] & d_ok[None, :], other=0.0,
-                                  cache_modifier=".cg")
-                    m_new = tl.maximum(m_f, lse_s)
-                    alpha = tl.exp2(m_f - m_new)
-                    w = tl.exp2(lse_s - m_new)
-                    l_f = l_f * alpha + w
-                    acc_f = acc_f * alpha[:, None] + o_s * w[:, None]
-                    m_f = m_new
-                    lse_ptrs += stride_ls  # pointer arithmetic: 64-bit
-                    part_ptrs += stride_os
+                for base in range(0, num_active, MERGE_SPLITS):
+                    for c in tl.static_range(MERGE_SPLITS):  # unrolled: the loads are independent
+                        s_idx = base + c
+                        has_keys = row_ok & (s_idx < num_active) & (s_idx * split_size <= pos)
+                        lse_s = tl.load(Lse + s_idx.to(tl.int64) * stride_ls + row_off, mask=has_keys,
+                                        other=float("-inf"), cache_modifier=".cg")
+                        o_s = tl.load(Out + s_idx.to(tl.int64) * stride_os + part_off,
+                                      mask=has_keys[:, None] & d_ok[None, :], other=0.0, cache_modifier=".cg")
+                        w = tl.exp2(lse_s - m_f)
+                        l_f += w
+                        acc_f += o_s * w[:, None]
                 tl.store(counter, 0)  # every split of the block has arrived: leave the counter zeroed
                 final = acc_f / tl.where(l_f > 0.0, l_f, 1.0)[:, None]
                 f_ptrs = (Final + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh

@@ -108,6 +108,17 @@ def test_split_kv_matches(shape, num_splits):
     torch.testing.assert_close(got, reference(q, k_cache, v_cache, batch, 0.25), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("num_splits", [13, 26])
+def test_split_kv_merges_more_splits_than_it_loads_at_once(num_splits):
+    """The last split to arrive reads the partials 8 splits at a time (MERGE_SPLITS): a context cut
+    into more runs than that, beside one that has keys in only two of them, merges them all."""
+    q, k_cache, v_cache, batch = make_case([(1, 400), (4, 20), (2, 150)], 6, 2, 16, seed=5)
+    plan = plan_launch(batch.q_lens_list, batch.ctx_lens_list, 3, 2, 16, 8, block_n=16, num_splits=num_splits)
+    assert plan.num_splits == num_splits
+    got = attend_triton(q, k_cache, v_cache, batch, 0.25, block_n=16, num_splits=num_splits)
+    torch.testing.assert_close(got, reference(q, k_cache, v_cache, batch, 0.25), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("num_splits", [None, 4])
 @pytest.mark.parametrize("shape", [[(1, 90), (1, 7), (1, 0)], [(5, 60), (5, 3), (5, 200)]], ids=["decode", "verify"])
 def test_split_kv_sized_on_device(shape, num_splits):
