@@ -112,15 +112,13 @@ if triton is not None:
         kv_head = pid_hs % NUM_KV_HEADS
         split = pid_hs // NUM_KV_HEADS
 
-        # The sequence's four numbers in one round trip (the exit below would otherwise wait for
-        # q_len before the others are even asked for).
         q_len = tl.load(QLens + seq).to(tl.int32)
-        ctx = tl.load(CtxLens + seq).to(tl.int32)
-        q_start = tl.load(QStarts + seq)  # int64
-        slot = tl.load(Slots + seq)  # int64
         row0 = pid_m * BLOCK_M
         if row0 >= q_len * GROUP:  # this sequence has fewer query rows than the grid's widest
             return
+        ctx = tl.load(CtxLens + seq).to(tl.int32)
+        q_start = tl.load(QStarts + seq)  # int64
+        slot = tl.load(Slots + seq)  # int64
 
         prefix = ctx - q_len  # position of the sequence's first query token
         tok_lo = row0 // GROUP
