@@ -45,6 +45,13 @@ VARIANTS = {
     "inv16-split64": dict(block_m=16, split_keys=64, mask_every_tile=True),
     "inv16-split128": dict(block_m=16, split_keys=128, mask_every_tile=True),
     "invariant": dict(batch_invariant=True),  # the mode's plan
+    # Split counts for bound contexts (the graphs' plan takes 8): since f68a38e the merge loads
+    # all splits' partials at once, so its cost no longer grows with their number.
+    "splits2": dict(num_splits=2),
+    "splits4": dict(num_splits=4),
+    "splits16": dict(num_splits=16),
+    "n32": dict(block_n=32),
+    "n32-splits16": dict(block_n=32, num_splits=16),
 }
 CAPACITY = 2048  # the cache length a graph is captured for (its contexts' bound)
 
