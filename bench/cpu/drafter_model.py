@@ -17,6 +17,16 @@ Policies:
   recur, else a draft step of K for all.
 - `tailK.M`: a draft step of K, its drafts followed by up to M lookup tokens continued from
   them (verified in the same pass).
+- `selfK.L[.F]`: the draft checks lookup tokens itself. Each draft forward feeds the chain's last
+  token and up to L lookup tokens continued from the chain, and keeps those the draft would
+  have drafted (its own choice at each position, exactly as drafting them one by one): a
+  forward yields 1 + the run of lookup tokens it confirmed. The proposals are the draft's own
+  chain, so the target accepts what `draftK` would; only the number of draft forwards changes.
+  Without F every sequence drafts K (the step takes the most forwards any sequence needs);
+  with F the step runs F forwards and each sequence proposes what it has by then (up to K).
+  A lookup token counts as confirmed only where the draft agrees with the target (rank 0), so
+  past a sequence's first miss each forward yields one token (the draft's own text there is
+  not in the file): a lower bound on the forwards saved.
 
     .venv/bin/python bench/cpu/drafter_model.py RANKS.json [--batches 1,8] [--out FILE]
 """
@@ -36,6 +46,11 @@ from bass.core.config import LOOKUP_WINDOW
 # (bench/results/2026-11-27-h200x2-one-gpu-stream-and-lookup/bench-steps-verify-rows-445470b.json,
 # random weights, CUDA graphs): regular 1.80 / 1.87 at 1 / 8 sequences; verifying 1 and 8 drafts
 # 1.83 and 1.85 at 1 sequence, 1.95 and 2.15 at 8.
+# A draft forward of more than 16 rows against one of 1-16 (the fused few-row path's limit): an
+# assumption, not a measurement (a target verification of 32 rows cost 1.13x one of 8 in kernel
+# time on an H100, 2026-11-28; the draft's small products gain more from the fused path).
+WIDE_DRAFT_FACTOR = 1.3
+
 COSTS = {
     "draft_forward": {1: 0.71, 8: 0.74},
     "regular": {1: 1.80, 8: 1.87},
@@ -84,6 +99,30 @@ class Sequence:
             taken += 1
         return n, taken
 
+    def confirmed(self, at: int, count: int) -> int:
+        """Of `count` lookup tokens continued from the target's text up to `at` tokens past the
+        commit, how many a draft forward confirms: the run that equals the target's text where
+        the draft drafts it too (rank 0)."""
+        _, taken = self.lookup(count, after=at)
+        run = 0
+        while run < taken and self.ranks[self.done + at + run] == 0:
+            run += 1
+        return run
+
+    def self_drafted(self, k: int, lookups: int, forwards: int | None = None) -> tuple[int, int]:
+        """(draft forwards, draft tokens) of a `self` step: until k tokens are drafted, or the
+        tokens drafted in `forwards` forwards (at most k)."""
+        drafted = spent = 0
+        on_text = True  # every token drafted so far is the target's (rank 0)
+        while drafted < k and (forwards is None or spent < forwards):
+            spent += 1
+            at = self.done + drafted
+            extra = self.confirmed(drafted, lookups) if on_text and at < len(self.generated) else 0
+            # the forward's last token, after the confirmed ones, is the draft's own choice
+            on_text = on_text and at + extra < len(self.generated) and self.ranks[at + extra] == 0
+            drafted = min(k, drafted + 1 + extra)
+        return spent, drafted
+
     def advance(self, tokens: int) -> None:
         tokens = min(tokens, len(self.generated) - self.done)
         self.index.extend(self.generated[self.done:self.done + tokens])
@@ -91,7 +130,7 @@ class Sequence:
 
 
 def parse(policy: str) -> tuple[str, list[int]]:
-    for name in ("regular", "draft", "lookup", "hybrid", "tail"):
+    for name in ("regular", "draft", "lookup", "hybrid", "tail", "self"):
         if policy.startswith(name):
             rest = policy[len(name):]
             args = [int(x.lstrip("n")) for x in rest.split(".") if x]
@@ -130,6 +169,17 @@ def step(kind: str, args: list[int], live: list[Sequence]) -> tuple[float, list[
             extra = s.lookup(m, after=k)[1] if run == k else 0
             tokens.append(run + extra + 1)
         return k * forward + regular + per_row * (k + m) * b, tokens
+    if kind == "self":
+        k, lookups = args[0], args[1]
+        fixed = args[2] if len(args) > 2 else None
+        drafted = [s.self_drafted(k, lookups, fixed) for s in live]
+        forwards = fixed if fixed is not None else max(f for f, _ in drafted)
+        # A forward of 1 + L rows a sequence: the same as one row up to the fused path's 16
+        # rows, WIDE_DRAFT_FACTOR beyond (cuBLAS).
+        wide = WIDE_DRAFT_FACTOR if b * (1 + lookups) > 16 else 1.0
+        rows = sum(n for _, n in drafted)
+        return (forwards * forward * wide + regular + per_row * rows,
+                [s.draft_run(n) + 1 for s, (_, n) in zip(live, drafted)])
     raise ValueError(kind)
 
 
