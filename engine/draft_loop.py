@@ -47,8 +47,31 @@ CHAINED_FIRST_TOKENS = 2  # q0 of a proposal chained behind a verification (run_
 # ...plus one a lookup token the target verified after the drafts (engine/lookup_tail.py): the
 # draft never ran those, and the target may accept them all.
 CHAINED_WINDOWS = tuple(CHAINED_FIRST_TOKENS + m for m in range(MAX_LOOKUP_TAIL + 1))
-CAPTURED_FIRST_TOKENS = tuple(sorted(set(FIRST_STEP_TOKENS) | set(CHAINED_WINDOWS)))
+# A chained forward after lookup tokens runs only where the bucket's rows stay within this many:
+# past 16 it leaves the draft's fused few-row path (H200, 8 sequences x 4 rows through the
+# services: +0.87 ms a step, which 14% fewer steps did not pay back;
+# bench/results/2026-11-27-h200-lookup-tail/). Wider windows are not captured there at all.
+CHAINED_MAX_ROWS = 16
 MODES = ("greedy", "sampled")
+
+
+def first_windows(bucket: int) -> tuple[int, ...]:
+    """The first graph's token counts captured for a batch bucket: a proposal's own (q0 = 2, 3)
+    and, within CHAINED_MAX_ROWS, a chained proposal's after lookup tokens."""
+    chained = (w for w in CHAINED_WINDOWS if w == CHAINED_FIRST_TOKENS or bucket * w <= CHAINED_MAX_ROWS)
+    return tuple(sorted(set(FIRST_STEP_TOKENS) | set(chained)))
+
+
+def max_lookup_tail(num_seqs: int) -> int:
+    """The most lookup tokens a target may append for num_seqs sequences so that the proposal
+    chained behind them (which re-runs 2 + that many tokens a sequence) replays a captured graph
+    within CHAINED_MAX_ROWS: 6 at one or two sequences, 2 at three or four, none past."""
+    bucket = DecodeGraphs.bucket(num_seqs)
+    if bucket is None:
+        return 0
+    fits = [w - CHAINED_FIRST_TOKENS for w in first_windows(bucket)
+            if w in CHAINED_WINDOWS and bucket * w <= CHAINED_MAX_ROWS]
+    return max(fits, default=0)
 
 # tokens = sample(logits [R, V] fp32, rows, noise keys [R] or None for greedy rows only)
 Sampler = Callable[[torch.Tensor, RowParams, "torch.Tensor | None"], torch.Tensor]
@@ -137,7 +160,7 @@ class DraftLoopGraphs:
         key_window (sampled mode, host int64 [len(chunks), w']): the noise keys of the w'
         positions after the chunk's last committed one; draft step m takes column j + m."""
         if len(chunks[0].tokens) not in CHAINED_WINDOWS:
-            raise ValueError(f"a chained proposal's first forward runs {CHAINED_WINDOWS} tokens per sequence")
+            raise ValueError(f"a chained proposal's first forward runs one of {CHAINED_WINDOWS} tokens per sequence")
         return self._launch(chunks, k, params, key_window, verdicts)
 
     def _launch(self, chunks: list[SequenceChunk], k: int, params: Sequence[SamplingParams] | None,
@@ -207,7 +230,7 @@ class DraftLoopGraphs:
             buffers = self.buffers[bucket]
             for mode in MODES:
                 nxt = functools.partial(self._next_step, buffers, mode)
-                for q0 in CAPTURED_FIRST_TOKENS:
+                for q0 in first_windows(bucket):
                     inputs = StaticInputs(bucket, q0, 1, self.scratch_slot, self.cache.max_seq_len, device)
                     first = functools.partial(self._first_step, inputs, buffers, mode)
                     self.first[(bucket, q0, mode)] = _First(inputs, self._compile(first, lambda f=first: (f(), nxt())))

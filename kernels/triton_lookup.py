@@ -26,9 +26,9 @@ import triton.language as tl  # noqa: E402
 
 PAD = tl.constexpr(-1)  # the staged text's left padding (engine/lookup_tail.PAD); a constexpr for the kernels
 # The block sizes of the one variant: up to this many drafts (graph_max_draft's bound) and lookup
-# tokens (core.config.MAX_LOOKUP_TAIL); larger calls compile one of their own.
+# tokens (a power of two >= core.config.MAX_LOOKUP_TAIL); larger calls compile one of their own.
 MAX_DRAFTS = 32
-MAX_M = 2
+MAX_M = 8
 
 
 @triton.jit

@@ -37,18 +37,12 @@ import torch
 from bass.core.config import LOOKUP_WINDOW
 from bass.core.worker_api import Verdict, VerifyRequest, VerifyResponse, WorkerInfo
 from bass.engine import verify_tail
-from bass.engine.draft_loop import CHAINED_FIRST_TOKENS
+from bass.engine.draft_loop import max_lookup_tail
 from bass.engine.lookup_tail import PAD, lookup_tail, stage_text
 from bass.engine.runner import PLACEHOLDER, ModelRunner, SequenceState
 from bass.engine.sampling import RowParams, noise_keys, race, race_unsynced
 from bass.engine.transfer import HostCopy, to_device
 from bass.engine.verification import verdict_columns
-
-# Lookup tokens are appended only while a proposal chained behind them, which re-runs 2 + tail
-# tokens a sequence, stays within this many rows: past 16 its first forward leaves the draft's
-# fused few-row path (H200, 8 sequences x 4 rows through the services: +0.87 ms a step, which
-# 14% fewer steps did not pay back; bench/results/2026-11-27-h200-lookup-tail/).
-TAIL_MAX_ROWS = 16
 
 
 @dataclass
@@ -267,15 +261,16 @@ class TargetWorker:
 
     def _append_lookup(self, states: list[SequenceState], drafts: torch.Tensor) -> tuple[torch.Tensor, int]:
         """The draft's tokens [B, k] followed by up to `lookup_tail` lookup tokens a sequence
-        (engine/lookup_tail.py), and how many were appended: none where the chained proposal's
-        re-run would pass TAIL_MAX_ROWS, past the verification graphs, where a cache has no room
-        for them, or where a sequence is shorter than the tokens a chained proposal re-runs."""
+        (engine/lookup_tail.py), and how many were appended: no more than the proposal chained
+        behind them can re-run at this batch (draft_loop.max_lookup_tail: within the draft's
+        few-row path) or the verification graphs take, and none where a cache has no room for
+        them or a sequence is shorter than the tokens a chained proposal re-runs."""
         config = self.runner.config
         k = drafts.shape[1]
-        m = min(config.lookup_tail, config.graph_max_draft - k)
+        m = min(config.lookup_tail, config.graph_max_draft - k, max_lookup_tail(len(states)))
         # A proposal chained behind this call re-runs the last m + 1 committed tokens: a
         # sequence must have them (a prompt of one or two tokens, before any output).
-        if (m <= 0 or len(states) * (CHAINED_FIRST_TOKENS + m) > TAIL_MAX_ROWS
+        if (m <= 0
                 or any(len(s.committed) + k + m > config.max_seq_len or len(s.committed) < m + 1 for s in states)):
             return drafts, 0
         text = to_device(stage_text([s.committed for s in states]), torch.int64, drafts.device)

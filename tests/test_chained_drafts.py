@@ -225,6 +225,55 @@ def test_a_chained_proposal_after_lookup_tokens_is_the_proposal_after_committing
         emit=lambda d: [[(d[0][0] + 1) % 200], d[1] + [17], d[2] + [30, 31], d[3] + [40, 41, 42]], tail=2, seed=80)
 
 
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+@pytest.mark.parametrize("mode", ["greedy", "sampled"])
+@pytest.mark.parametrize("prompts,tail", [
+    ([(5, 6, 7, 8, 9, 10, 11, 12)], 6),
+    ([(5, 6, 7, 8, 9, 10, 11, 12), (30, 31, 32, 33, 34, 35, 36, 37, 38)], 4),
+], ids=["one-sequence-tail-6", "two-sequences-tail-4"])
+def test_a_chained_proposal_after_a_long_lookup_tail(llama_draft, mode, device, prompts, tail):
+    """At one or two sequences a target may verify up to 6 lookup tokens after the drafts
+    (draft_loop.max_lookup_tail): the chained first forward re-runs up to 8 committed tokens a
+    sequence. Verdicts taking every lookup token, and taking some of them."""
+    k = 2 if tail == 6 else 3
+    emit = {6: lambda d: [d[0] + [50, 51, 52, 53, 54, 55, 56]],
+            4: lambda d: [d[0] + [60, 61, 62], d[1] + [70, 71, 72, 73, 74]]}[tail]
+    chain_after_verdicts(llama_draft, device, mode, prompts, K=k, k2=3, emit=emit, tail=tail, seed=90)
+
+
+def test_long_lookup_tails_fit_the_draft_s_captured_windows():
+    """The target's cap on lookup tokens (max_lookup_tail) and the draft's captured first
+    forwards (first_windows) agree at every batch size: whatever the target appends, the
+    proposal chained behind it replays a graph within the few-row path's 16 rows."""
+    from bass.core.config import MAX_LOOKUP_TAIL
+    from bass.engine.draft_loop import CHAINED_FIRST_TOKENS, first_windows, max_lookup_tail
+    from bass.engine.graphs import BATCH_BUCKETS, DecodeGraphs
+
+    assert [max_lookup_tail(n) for n in (1, 2, 3, 4, 5, 8, 64)] == [6, 6, 2, 2, 0, 0, 0]
+    assert MAX_LOOKUP_TAIL == 6
+    for n in range(1, BATCH_BUCKETS[-1] + 1):
+        bucket, m = DecodeGraphs.bucket(n), max_lookup_tail(n)
+        windows = first_windows(bucket)
+        assert {2, 3} <= set(windows), "a proposal's own first forwards are captured at every bucket"
+        assert all(CHAINED_FIRST_TOKENS + t in windows for t in range(m + 1))
+        assert bucket * (CHAINED_FIRST_TOKENS + m) <= 16 or m == 0
+    # Windows past 3 are captured only where they stay within 16 rows.
+    assert first_windows(8) == (2, 3) and first_windows(4) == (2, 3, 4) and first_windows(1)[-1] == 8
+
+
+def test_a_long_lookup_tail_keeps_the_text_and_the_chain(llama_target, llama_draft):
+    """lookup_tail = 6 in-process, each repetitive request alone (one and two sequences, where up
+    to 5 lookup tokens follow k = 3 drafts within the verification graphs' 8): the text is
+    regular decoding's, and proposals are chained behind verifications with 5 lookup tokens."""
+    for request in REPETITIVE:
+        want = texts(build_scheduler(llama_target, None, "0").generate([request]))
+        s = with_eager_loop(build_scheduler(llama_target, llama_draft, "3", lookup_tail=6))
+        s.draft = CheckedDraft(s.draft)
+        assert texts(s.generate([request])) == want
+        assert 5 in s.draft.tails, s.draft.tails
+        assert s.draft.kept >= s.draft.chained // 2, (s.draft.kept, s.draft.chained)
+
+
 def test_lookup_tokens_the_target_verifies_keep_the_text_and_the_chain(llama_target, llama_draft):
     """In-process with the target's lookup_tail: after each proposal the target verifies 2
     lookup tokens too; the text is regular decoding's (greedy and sampled), the target takes

@@ -227,19 +227,30 @@ def test_a_draft_that_answers_late_is_paired_once_it_does(llama_target, llama_dr
 
 
 
-def test_lookup_tokens_after_a_colocated_drafts_proposal_keep_the_text(llama_target, llama_draft, monkeypatch):
+@pytest.mark.parametrize("tail,alone", [(2, False), (6, True)], ids=["tail-2", "tail-6-one-sequence"])
+def test_lookup_tokens_after_a_colocated_drafts_proposal_keep_the_text(llama_target, llama_draft, monkeypatch,
+                                                                       tail, alone):
     """`bass serve --lookup-tail 2`'s path: the target process appends lookup tokens to the
     draft's proposal it verifies and chains the next proposal behind them; the coordinator
-    sees longer verdicts only. The text is regular decoding's; the target takes some lookups."""
+    sees longer verdicts only. The text is regular decoding's; the target takes some lookups.
+    With --lookup-tail 6 and one sequence, up to 5 follow k = 3 drafts."""
     from test_chained_drafts import REPETITIVE
 
-    want = texts(build_scheduler(llama_target, None, "0").generate(REPETITIVE))
+    from bass.target_service import worker as target_worker
+
+    requests = REPETITIVE[:1] if alone else REPETITIVE
+    want = texts(build_scheduler(llama_target, None, "0").generate(requests))
+    appended = []  # lookup tokens a verification appended a sequence
+    real_lookup = target_worker.lookup_tail
+    monkeypatch.setattr(target_worker, "lookup_tail", lambda text, drafts, m: appended.append(m) or real_lookup(
+        text, drafts, m))
     calls = Recorder(monkeypatch)
-    scheduler, server = colocated_scheduler(llama_target, llama_draft, "3", lookup_tail=2)
+    scheduler, server = colocated_scheduler(llama_target, llama_draft, "3", lookup_tail=tail)
     try:
-        got = scheduler.generate(REPETITIVE)
+        got = scheduler.generate(requests)
     finally:
         server.stop(0)
     assert texts(got) == want
     assert scheduler.step_stats.lookup_tail_kept > 0
     assert calls.chained >= 3 and calls.used_chain >= 3, vars(calls)
+    assert max(appended) == min(tail, 8 - 3), appended  # within graph_max_draft after k = 3

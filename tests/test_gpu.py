@@ -112,7 +112,6 @@ def test_warm_up_captures_every_serving_shape(llama_target, llama_draft):
     from bass.coordinator.scheduler import Scheduler
     from bass.core.config import DraftLengthConfig, RunnerConfig, SchedulerConfig
     from bass.draft_service.worker import CATCH_UP_TOKENS
-    from bass.engine.draft_loop import CAPTURED_FIRST_TOKENS
     from bass.engine.graphs import BATCH_BUCKETS
 
     cfg = dict(device="cuda", dtype="float32", num_slots=8, max_seq_len=256, attention="triton", graph_max_draft=4)
@@ -124,9 +123,10 @@ def test_warm_up_captures_every_serving_shape(llama_target, llama_draft):
     assert set(draft.graphs) == {(b, q, 1) for b in buckets for q in (1, 2, 3) + CATCH_UP_TOKENS}
     loop = s.draft.loop  # the self-feeding proposal graphs
     # A proposal's first forward runs two or three pending tokens, a chained one two plus the
-    # lookup tokens the target took after the drafts (up to MAX_LOOKUP_TAIL).
-    assert CAPTURED_FIRST_TOKENS == (2, 3, 4)
-    assert set(loop.first) == {(b, q0, m) for b in buckets for q0 in CAPTURED_FIRST_TOKENS for m in ("greedy", "sampled")}
+    # lookup tokens the target took after the drafts: up to 6 at buckets 1 and 2, 2 at 4, none at
+    # 8 (within 16 rows).
+    windows = {1: range(2, 9), 2: range(2, 9), 4: (2, 3, 4), 8: (2, 3)}
+    assert set(loop.first) == {(b, q0, m) for b in buckets for q0 in windows[b] for m in ("greedy", "sampled")}
     assert set(loop.next) == {(b, m) for b in buckets for m in ("greedy", "sampled")}
     hidden = s.target.runner.model_config.hidden_size
     assert all(g.hidden.shape[-1] == hidden for g in target.graphs.values())

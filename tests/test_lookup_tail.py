@@ -57,7 +57,7 @@ def test_without_drafts_it_looks_up_the_texts_own_end():
 @pytest.mark.parametrize("seed", range(6))
 def test_random_rows_agree_with_the_scan(seed):
     rng = random.Random(seed)
-    window, k, m = 24, rng.choice([0, 1, 3, 4]), rng.choice([1, 2, 3])
+    window, k, m = 24, rng.choice([0, 1, 3, 4]), rng.choice([1, 2, 3, 6])
     texts = [[rng.randrange(5) for _ in range(rng.randrange(1, 40))] for _ in range(7)]
     drafts = [[rng.randrange(5) for _ in range(k)] for _ in texts]
     got = run(texts, drafts, m, window)
@@ -72,7 +72,7 @@ def test_the_triton_kernel_agrees_with_the_reference(seed):
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rng = random.Random(100 + seed)
-    window, k, m = 32, [0, 1, 3, 5][seed], [1, 2, 2, 3][seed]
+    window, k, m = 32, [0, 1, 3, 5][seed], [1, 2, 6, 3][seed]
     texts = [[rng.randrange(6) for _ in range(rng.randrange(1, 50))] for _ in range(9)]
     staged = stage_text(texts, window).to(device)
     drafts = torch.tensor([[rng.randrange(6) for _ in range(k)] for _ in texts], dtype=torch.int64,

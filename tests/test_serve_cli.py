@@ -182,5 +182,5 @@ def test_the_lookup_tail_reaches_the_target(llama_target, llama_draft, tmp_path)
     config.write_text("[target]\nlookup_tail = 1\n")
     assert serve_config(serve.make_context("serve", [*base, "--config", str(config)])).target.lookup_tail == 1
     assert serve_config(serve.make_context("serve", base)).target.lookup_tail == 2
-    with pytest.raises(InvalidRequestError, match="lookup_tail.*got 3"):
-        serve_config(serve.make_context("serve", [*base, "--lookup-tail", "3"]))
+    with pytest.raises(InvalidRequestError, match="lookup_tail.*got 7"):
+        serve_config(serve.make_context("serve", [*base, "--lookup-tail", "7"]))

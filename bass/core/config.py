@@ -89,8 +89,15 @@ def resolve_dtype(dtype: str, device: str) -> str:
 GRAPH_MAX_DRAFT = 8
 # The most lookup tokens a target appends to a draft's proposal (engine/lookup_tail.py): the
 # draft's chained forward re-runs this many more tokens (engine/draft_loop.py), whose graphs it
-# captures at start.
-MAX_LOOKUP_TAIL = 2
+# captures at start, for the batch buckets where that forward stays within the fused few-row
+# path (draft_loop.CHAINED_MAX_ROWS: up to 6 at one and two sequences, 2 at three or four).
+MAX_LOOKUP_TAIL = 6
+# The default: measured on an H200 through the services, 4-5% faster at 1-4 sequences
+# (bench/results/2026-11-27-h200-lookup-tail/). Longer tails are modelled to pay more at one and
+# two sequences (bench/cpu/drafter_model.py: 4 drafts then 4 lookup tokens 3.6% faster than
+# then 2 at one sequence, 2.6% at two; 2026-11-28-cpu-drafter-model-self-lookup-*.json) and
+# are not yet measured.
+DEFAULT_LOOKUP_TAIL = 2
 # Lookups (prompt lookup: coordinator/lookup_drafts.py for streamed steps' stand-ins,
 # engine/lookup_tail.py for the target's tail) search a sequence's last this many tokens: what
 # recurs is mostly recent, and the host's indexing costs ~0.6 us a token (2-core CPU). On
@@ -142,9 +149,9 @@ class RunnerConfig:
     # A target's option: after the draft's tokens of a proposal verified on the device (a draft
     # in the target's process), verify this many more, continued from the sequence's own text
     # (engine/lookup_tail.py; 0 = off; unused otherwise). Never changes the output. On an H200
-    # through the services, 4-5% faster at 1-4 sequences; not applied at more (see
-    # target_service/worker.TAIL_MAX_ROWS).
-    lookup_tail: int = MAX_LOOKUP_TAIL
+    # through the services, 4-5% faster at 1-4 sequences; not applied at more, and cut to what
+    # the draft's chained forward takes at the batch (engine/draft_loop.max_lookup_tail).
+    lookup_tail: int = DEFAULT_LOOKUP_TAIL
     # Launch the attention kernel and the few-row products as programmatic dependent launches on
     # Hopper and newer GPUs (ignored elsewhere): each may start while the kernel before it still
     # runs, loading its weights, and waits for it only before reading its outputs. Never changes a
@@ -327,7 +334,7 @@ class WorkerServiceConfig:
     batch_invariant: bool = False  # target service: rows computed the same way whatever the batch (slower)
     int8_weights: bool | None = None  # draft only (None: on for a draft): int8 projections for few-row steps
     few_row_cuda: bool = True  # 1-16-row steps through the CUDA kernel, layers fused (CUDA with nvcc; not batch-invariant)
-    lookup_tail: int = MAX_LOOKUP_TAIL  # target service: lookup tokens verified after a co-located draft's (0 = off)
+    lookup_tail: int = DEFAULT_LOOKUP_TAIL  # target service: lookup tokens verified after a co-located draft's (0 = off)
     programmatic_launch: bool = True  # kernels start while the one before runs (Hopper+; same values)
 
     def __post_init__(self) -> None:

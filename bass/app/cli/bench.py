@@ -188,7 +188,8 @@ def bench_invariance(target_dir, draft_dir, problems, max_new_tokens, modes, pol
                                              "in each row.")
 @click.option("--draft-device", help="The draft's device, e.g. cuda:1 (a GPU of its own) [the target's].")
 @click.option("--lookup-tail", default=2, show_default=True,
-              help="Lookup tokens the target verifies after each proposal of a draft in its process (0-2).")
+              help="Lookup tokens the target verifies after each proposal of a draft in its process (0-6; at most "
+                   "6 at one or two sequences, 2 at three or four).")
 @click.option("--programmatic-launch/--no-programmatic-launch", default=True, show_default=True,
               help="Kernels start while the one before them runs (Hopper and newer; never changes a value).")
 def bench_speed(target_dir, draft_dir, problems, batches, policies, mode, max_new_tokens, services, separate_draft,
