@@ -95,8 +95,8 @@ MAX_LOOKUP_TAIL = 6
 # The default: measured on an H200 through the services, 4-5% faster at 1-4 sequences
 # (bench/results/2026-11-27-h200-lookup-tail/). Longer tails are modelled to pay more at one and
 # two sequences (bench/cpu/drafter_model.py: 4 drafts then 4 lookup tokens 3.6% faster than
-# then 2 at one sequence, 2.6% at two; 2026-11-28-cpu-drafter-model-self-lookup-*.json) and
-# are not yet measured.
+# then 2 at one sequence, 2.6% at two; bench/results/2026-11-28-cpu-drafter-model-tails-and-
+# self-lookup-84221e2.json) and are not yet measured on a GPU.
 DEFAULT_LOOKUP_TAIL = 2
 # Lookups (prompt lookup: coordinator/lookup_drafts.py for streamed steps' stand-ins,
 # engine/lookup_tail.py for the target's tail) search a sequence's last this many tokens: what
