@@ -19,7 +19,8 @@ Split-KV (flash-decoding). When (blocks x sequences x kv heads) cannot fill the 
 batches with long contexts) the key range is cut into equal splits of whole tiles, folded into the
 third grid axis; each program writes its normalised partial output and log2-sum-exp to fp32
 scratch, bumps an arrival counter, and the last of a block's splits to arrive merges them into the
-output: still one Triton launch (plus a memset of the counters). The wrapper picks the split count
+output, reading up to 8 splits' partials in one round trip: still one Triton launch (the counters
+it leaves zeroed serve the next launch: `arrivals`). The wrapper picks the split count
 from the Python-side lengths in RaggedBatch, so it never syncs with the device. Each sequence's
 split length comes from its own context, read on the device, with a floor the host sets: with
 exact host-side lengths the floor is the longest context's split (every sequence splits alike);

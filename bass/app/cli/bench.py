@@ -11,7 +11,8 @@ import click
 
 from bass.app.cli.options import fail
 from bass.app.cli.serve import serve, serve_config, serve_options
-from bass.core.config import ATTENTION_BACKENDS, DTYPES, RunnerConfig, resolve_device, resolve_dtype, same_device
+from bass.core.config import (ATTENTION_BACKENDS, DEFAULT_LOOKUP_TAIL, DTYPES, RunnerConfig, resolve_device, resolve_dtype,
+                              same_device)
 from bass.core.errors import BassError
 
 
@@ -187,7 +188,7 @@ def bench_invariance(target_dir, draft_dir, problems, max_new_tokens, modes, pol
                                              "tokens, times) and the coordinator's garbage collections "
                                              "in each row.")
 @click.option("--draft-device", help="The draft's device, e.g. cuda:1 (a GPU of its own) [the target's].")
-@click.option("--lookup-tail", default=2, show_default=True,
+@click.option("--lookup-tail", default=DEFAULT_LOOKUP_TAIL, show_default=True,
               help="Lookup tokens the target verifies after each proposal of a draft in its process (0-6; at most "
                    "6 at one or two sequences, 2 at three or four).")
 @click.option("--programmatic-launch/--no-programmatic-launch", default=True, show_default=True,
