@@ -200,8 +200,14 @@ def environment() -> dict:
     dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
                                 capture_output=True, text=True).stdout.strip())
     import grpc
+
+    from bass.app.bench.environment import git_commit
+
+    # commit: the script's checkout; bass_build: the bass package it imported, which on the GPU
+    # machine is an installed wheel of its own build (its BUILD_COMMIT), maybe another commit.
     return {"device": "cpu", "cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
             "python": platform.python_version(), "grpcio": grpc.__version__, "commit": commit, "dirty": dirty,
+            "bass_build": git_commit(),
             "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
             "date": time.strftime("%Y-%m-%d")}
 

@@ -128,7 +128,9 @@ def main() -> None:
     if args.profile:
         print("\n".join(results[-1]["profile_tottime_top25"]))
     if args.out:
-        Path(args.out).write_text(json.dumps({"environment": {**environment(), "torch_threads": torch.get_num_threads()},
+        device = {"device": args.device, **({"gpu": torch.cuda.get_device_name()} if args.device != "cpu" else {})}
+        Path(args.out).write_text(json.dumps({"environment": {**environment(), **device,
+                                                              "torch_threads": torch.get_num_threads()},
                                               "results": results}, indent=1) + "\n")
 
 
