@@ -21,7 +21,11 @@ draft_service/stream.py with the step costs measured on two H200s (bench/results
 - `queued`: a contradiction also waits for the call the loop keeps queued behind the one in flight;
 - `wait_ms`: a step whose sequence holds no draft waits up to this long for one;
 - `lag_ms`: a step verifies the drafts that had arrived this long before it starts (its Verify
-  sent while the step before ran, the target picking the block: the round trip hidden).
+  sent while the step before ran, the target picking the block: the round trip hidden);
+- `self_lookup`: each draft forward also feeds up to this many lookup tokens continued from its
+  chain (the sequence's own text, bench/cpu/drafter_model.py's `self` policy) and keeps those it
+  would have drafted itself: where the chain follows the target's text a forward yields 1 + the
+  run of them that equals the text at rank 0 (needs the ranks file's texts; 0: off).
 
 First the model is checked against what run 3 measured (ms a token, sequence-steps without a
 draft); then it predicts the levers. An estimate, not a measurement: compare the levers with each
@@ -52,10 +56,34 @@ class Costs:
     queued: bool = False
     wait_ms: float = 0.0
     lag_ms: float = 0.0
+    self_lookup: int = 0
 
 
-def simulate(ranks: list[int], c: Costs) -> dict:
-    """One sequence decoding len(ranks) tokens."""
+def confirmed_runs(text: dict, ranks: list[int], lookups: int) -> list[int]:
+    """Per position p of the generated text: how many of `lookups` lookup tokens continued from
+    the text before p a draft forward at p confirms (they equal the text, where the draft's first
+    choice is the text's token)."""
+    from bass.coordinator.lookup_drafts import NgramIndex
+    from bass.core.config import LOOKUP_WINDOW
+
+    generated = text["generated"]
+    index = NgramIndex(3)
+    index.extend(text["prompt"][-LOOKUP_WINDOW:])
+    runs = []
+    for p in range(len(generated)):
+        if p:
+            index.extend(generated[p - 1:p])
+        proposed = index.continuation(index.tokens, lookups)
+        run = 0
+        while (run < len(proposed) and p + run < len(generated) and proposed[run] == generated[p + run]
+               and ranks[p + run] == 0):
+            run += 1
+        runs.append(run)
+    return runs
+
+
+def simulate(ranks: list[int], c: Costs, confirmed: list[int] | None = None) -> dict:
+    """One sequence decoding len(ranks) tokens (confirmed: confirmed_runs, for self_lookup)."""
     n, inf = len(ranks), float("inf")
     # Per drafted position, whether a branch was drafted from its second choice (hedge_rows);
     # a position never drafted counts as covered: the draft hears its commit before it gets there.
@@ -94,8 +122,12 @@ def simulate(ranks: list[int], c: Costs) -> dict:
                     free_at = max(free_at, when)  # it waited at the lookahead
                 continue
             free_at = next_token
-            branched[position] = c.hedge_rows is None or position - heard < c.hedge_rows
-            arrivals.append(next_token + c.link_ms)
+            # One token a forward; with self_lookup, those it confirmed too (where its chain up
+            # to here follows the text), within the lookahead.
+            extra = confirmed[position] if c.self_lookup and confirmed and breaks(anchor) >= position else 0
+            for p in range(position, min(position + 1 + extra, n, heard + c.lookahead)):
+                branched[p] = c.hedge_rows is None or p - heard < c.hedge_rows
+                arrivals.append(next_token + c.link_ms)
 
     def holds_draft(t: float) -> bool:
         return breaks(anchor) >= committed and any(at <= t and anchor + i >= committed
@@ -129,8 +161,12 @@ def simulate(ranks: list[int], c: Costs) -> dict:
     return {"ms": now, "steps": steps, "starved": starved, "tokens": n}
 
 
-def run(all_ranks: list[list[int]], c: Costs) -> dict:
-    results = [simulate(r, c) for r in all_ranks if r]
+def run(all_ranks: list[list[int]], c: Costs, texts: list[dict] | None = None) -> dict:
+    if c.self_lookup and texts is None:
+        raise ValueError("self_lookup needs the ranks file's texts")
+    confirmed = [confirmed_runs(t, r, c.self_lookup) if c.self_lookup else None
+                 for t, r in zip(texts or [None] * len(all_ranks), all_ranks)]
+    results = [simulate(r, c, k) for r, k in zip(all_ranks, confirmed) if r]
     tokens = sum(r["tokens"] for r in results)
     steps = sum(r["steps"] for r in results)
     return {"ms_per_token": round(sum(r["ms"] for r in results) / tokens, 3),
@@ -145,7 +181,7 @@ def main() -> None:
                              "choice is right with this probability (the GPU's bf16 pair agrees less than fp32)")
     parser.add_argument("--second", type=float, default=0.6,
                         help="with --agreement: where the first choice is wrong, how often the second is right")
-    parser.add_argument("--cases", choices=["levers", "restart", "one-gpu", "h100-ca7633b", "hedge-rows"],
+    parser.add_argument("--cases", choices=["levers", "restart", "one-gpu", "h100-ca7633b", "hedge-rows", "self-lookup"],
                         default="levers",
                         help="levers: the streamed session's (hedging, a faster draft, the round trip); restart: "
                              "the seventh session's (a queued call, waiting, a pipelined Verify), at stream4's "
@@ -155,12 +191,14 @@ def main() -> None:
                              "forwards of ca7633b (a target forward of 7 rows ~1.75 ms of GPU time, fused; a "
                              "draft token 0.60 ms), the Verify round trip and coordinator as run 3 measured; "
                              "hedge-rows: hedging at those costs with a branch row only at the first 1, 2, 3, 4 or "
-                             "8 positions past the commits the draft has heard of")
+                             "8 positions past the commits the draft has heard of; self-lookup: at those costs, "
+                             "draft forwards that confirm 2, 4 or 8 lookup tokens (needs a ranks file)")
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.ranks is None and args.agreement is None:
         parser.error("give a ranks file, or --agreement")
-    ranks = json.load(open(args.ranks))["ranks"] if args.ranks else [[0] * 128 for _ in range(64)]
+    data = json.load(open(args.ranks)) if args.ranks else {"ranks": [[0] * 128 for _ in range(64)]}
+    ranks, texts = data["ranks"], data.get("texts")
     if args.agreement is not None:
         draw = random.Random(0)
         ranks = [[0 if draw.random() < args.agreement else 1 if draw.random() < args.second else 2 for _ in r]
@@ -193,6 +231,20 @@ def main() -> None:
                                                                                                hedge_rows=rows)
                       for rows in (1, 2, 3, 4, 6)})
         cases["hedged at every position"] = replace(now, hedge=True)
+    elif args.cases == "self-lookup":
+        if args.agreement is not None or texts is None:
+            parser.error("self-lookup replays the ranks file's own texts: give one, without --agreement")
+        now = Costs(step_ms=1.75 + 1.05, draft_ms=0.60)
+        cases = {"streamed K = 6 at the H100's forwards of ca7633b": now}
+        cases.update({f"draft forwards confirming {n} lookup tokens": replace(now, self_lookup=n) for n in (2, 4, 8)})
+        cases["confirming 4, and hedged on the second choice"] = replace(now, self_lookup=4, hedge=True)
+        cases["draft twice as fast (for comparison)"] = replace(now, draft_ms=now.draft_ms / 2)
+        # Bursts of confirmed tokens run into the lookahead: the draft mostly waits there.
+        for lookahead in (12, 16):
+            ahead = replace(now, lookahead=lookahead)
+            cases[f"lookahead {lookahead}"] = ahead
+            cases[f"lookahead {lookahead}, confirming 4"] = replace(ahead, self_lookup=4)
+            cases[f"lookahead {lookahead}, confirming 4, hedged"] = replace(ahead, self_lookup=4, hedge=True)
     elif args.cases == "restart":
         base = Costs(step_ms=3.26, block=4)
         pipelined = replace(base, step_ms=base.step_ms - 0.9, lag_ms=1.7)
@@ -213,7 +265,7 @@ def main() -> None:
             "hedged + draft twice as fast + round trip halved": replace(base, hedge=True, draft_ms=base.draft_ms / 2,
                                                                         step_ms=base.step_ms - 0.5),
         }
-    out = {name: {**run(ranks, c), "costs": c.__dict__} for name, c in cases.items()}
+    out = {name: {**run(ranks, c, texts), "costs": c.__dict__} for name, c in cases.items()}
     for name, r in out.items():
         print(f"{r['ms_per_token']:6.3f} ms/token  {r['tokens_per_step']:4.2f} tokens/step  "
               f"{100 * r['starved']:3.0f}% starved  {name}")
