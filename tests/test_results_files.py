@@ -25,7 +25,8 @@ def test_results_json_files_are_compact():
     assert files, "bench/results has JSON files"
     loose = [str(f.relative_to(ROOT)) for f in files if f.read_text(encoding="utf-8").rstrip("\n").count("\n")]
     assert not loose, (f"{len(loose)} JSON file(s) under bench/results span several lines, e.g. {loose[:3]}: "
-                       "write them with json.dump(data, f, separators=(',', ':'))")
+                       "run `python3 bench/compact_results.py` (or write them with json.dump(data, f, "
+                       "separators=(',', ':')))")
 
 
 def test_results_json_files_parse():
