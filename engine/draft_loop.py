@@ -65,13 +65,12 @@ def first_windows(bucket: int) -> tuple[int, ...]:
 def max_lookup_tail(num_seqs: int) -> int:
     """The most lookup tokens a target may append for num_seqs sequences so that the proposal
     chained behind them (which re-runs 2 + that many tokens a sequence) replays a captured graph
-    within CHAINED_MAX_ROWS: 6 at one or two sequences, 2 at three or four, none past."""
+    within CHAINED_MAX_ROWS (first_windows captures every such window): 6 at one or two
+    sequences, 2 at three or four, none past."""
     bucket = DecodeGraphs.bucket(num_seqs)
     if bucket is None:
         return 0
-    fits = [w - CHAINED_FIRST_TOKENS for w in first_windows(bucket)
-            if w in CHAINED_WINDOWS and bucket * w <= CHAINED_MAX_ROWS]
-    return max(fits, default=0)
+    return max(0, min(MAX_LOOKUP_TAIL, CHAINED_MAX_ROWS // bucket - CHAINED_FIRST_TOKENS))
 
 # tokens = sample(logits [R, V] fp32, rows, noise keys [R] or None for greedy rows only)
 Sampler = Callable[[torch.Tensor, RowParams, "torch.Tensor | None"], torch.Tensor]

@@ -62,23 +62,13 @@ class Costs:
 def confirmed_runs(text: dict, ranks: list[int], lookups: int) -> list[int]:
     """Per position p of the generated text: how many of `lookups` lookup tokens continued from
     the text before p a draft forward at p confirms (they equal the text, where the draft's first
-    choice is the text's token)."""
-    from bass.coordinator.lookup_drafts import NgramIndex
-    from bass.core.config import LOOKUP_WINDOW
+    choice is the text's token): drafter_model's `self` policy, position by position."""
+    from drafter_model import Sequence  # bench/cpu, this script's folder
 
-    generated = text["generated"]
-    index = NgramIndex(3)
-    index.extend(text["prompt"][-LOOKUP_WINDOW:])
-    runs = []
-    for p in range(len(generated)):
-        if p:
-            index.extend(generated[p - 1:p])
-        proposed = index.continuation(index.tokens, lookups)
-        run = 0
-        while (run < len(proposed) and p + run < len(generated) and proposed[run] == generated[p + run]
-               and ranks[p + run] == 0):
-            run += 1
-        runs.append(run)
+    seq, runs = Sequence(text["prompt"], text["generated"], ranks), []
+    while not seq.finished:
+        runs.append(seq.confirmed(0, lookups))
+        seq.advance(1)
     return runs
 
 
