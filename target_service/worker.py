@@ -43,6 +43,7 @@ from bass.engine.runner import PLACEHOLDER, ModelRunner, SequenceState
 from bass.engine.sampling import RowParams, noise_keys, race, race_unsynced
 from bass.engine.transfer import HostCopy, to_device
 from bass.engine.verification import verdict_columns
+from bass.kernels.skinny_linear import ROW_BUCKETS
 
 
 @dataclass
@@ -263,11 +264,17 @@ class TargetWorker:
         """The draft's tokens [B, k] followed by up to `lookup_tail` lookup tokens a sequence
         (engine/lookup_tail.py), and how many were appended: no more than the proposal chained
         behind them can re-run at this batch (draft_loop.max_lookup_tail: within the draft's
-        few-row path) or the verification graphs take, and none where a cache has no room for
-        them or a sequence is shorter than the tokens a chained proposal re-runs."""
+        few-row path) or the verification graphs take, at one sequence no more than keep the
+        verification within 8 rows, and none where a cache has no room for them or a sequence
+        is shorter than the tokens a chained proposal re-runs."""
         config = self.runner.config
         k = drafts.shape[1]
         m = min(config.lookup_tail, config.graph_max_draft - k, max_lookup_tail(len(states)))
+        if len(states) == 1:
+            # One sequence's verification stays within the few-row products' first plan (1-8
+            # rows): a step of 9 runs the plans timed at 16, which round differently and cost an
+            # H200 0.15-0.25 ms a step more (bench/results/2026-11-28-h200x2-lookup-tails/).
+            m = min(m, ROW_BUCKETS[0] - 1 - k)
         # A proposal chained behind this call re-runs the last m + 1 committed tokens: a
         # sequence must have them (a prompt of one or two tokens, before any output).
         if (m <= 0

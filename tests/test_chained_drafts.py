@@ -262,15 +262,17 @@ def test_long_lookup_tails_fit_the_draft_s_captured_windows():
 
 
 def test_a_long_lookup_tail_keeps_the_text_and_the_chain(llama_target, llama_draft):
-    """lookup_tail = 6 in-process, each repetitive request alone (one and two sequences, where up
-    to 5 lookup tokens follow k = 3 drafts within the verification graphs' 8): the text is
-    regular decoding's, and proposals are chained behind verifications with 5 lookup tokens."""
+    """lookup_tail = 6 in-process, each repetitive request alone: at two sequences up to 5 lookup
+    tokens follow k = 3 drafts (the verification graphs' 8), at one sequence 4 (a verification
+    of 8 rows). The text is regular decoding's, and proposals are chained behind verifications
+    with that many lookup tokens, never more."""
     for request in REPETITIVE:
         want = texts(build_scheduler(llama_target, None, "0").generate([request]))
         s = with_eager_loop(build_scheduler(llama_target, llama_draft, "3", lookup_tail=6))
         s.draft = CheckedDraft(s.draft)
         assert texts(s.generate([request])) == want
-        assert 5 in s.draft.tails, s.draft.tails
+        longest = 4 if request.n == 1 else 5
+        assert max(s.draft.tails) == longest, (request.n, s.draft.tails)
         assert s.draft.kept >= s.draft.chained // 2, (s.draft.kept, s.draft.chained)
 
 

@@ -233,7 +233,7 @@ def test_lookup_tokens_after_a_colocated_drafts_proposal_keep_the_text(llama_tar
     """`bass serve --lookup-tail 2`'s path: the target process appends lookup tokens to the
     draft's proposal it verifies and chains the next proposal behind them; the coordinator
     sees longer verdicts only. The text is regular decoding's; the target takes some lookups.
-    With --lookup-tail 6 and one sequence, up to 5 follow k = 3 drafts."""
+    With --lookup-tail 6 and one sequence, up to 4 follow k = 3 drafts (a verification of 8 rows)."""
     from test_chained_drafts import REPETITIVE
 
     from bass.target_service import worker as target_worker
@@ -253,4 +253,5 @@ def test_lookup_tokens_after_a_colocated_drafts_proposal_keep_the_text(llama_tar
     assert texts(got) == want
     assert scheduler.step_stats.lookup_tail_kept > 0
     assert calls.chained >= 3 and calls.used_chain >= 3, vars(calls)
-    assert max(appended) == min(tail, 8 - 3), appended  # within graph_max_draft after k = 3
+    # Within graph_max_draft after k = 3 and, at one sequence, within 8 rows.
+    assert max(appended) == min(tail, 8 - 3, 7 - 3 if alone else 8), appended

@@ -174,6 +174,7 @@ def test_the_lookup_tail_reaches_the_target(llama_target, llama_draft, tmp_path)
     """--lookup-tail M (and [target] lookup_tail) set the target's option, on by default (2);
     out of range it is a config error that names the key."""
     from bass.app.cli.serve import serve, serve_config
+    from bass.core.config import DEFAULT_LOOKUP_TAIL
     from bass.core.errors import InvalidRequestError
 
     base = [*map(str, ["--target", llama_target, "--draft", llama_draft, "--device", "cpu"])]
@@ -181,6 +182,6 @@ def test_the_lookup_tail_reaches_the_target(llama_target, llama_draft, tmp_path)
     config = tmp_path / "tail.toml"
     config.write_text("[target]\nlookup_tail = 1\n")
     assert serve_config(serve.make_context("serve", [*base, "--config", str(config)])).target.lookup_tail == 1
-    assert serve_config(serve.make_context("serve", base)).target.lookup_tail == 2
+    assert serve_config(serve.make_context("serve", base)).target.lookup_tail == DEFAULT_LOOKUP_TAIL == 6
     with pytest.raises(InvalidRequestError, match="lookup_tail.*got 7"):
         serve_config(serve.make_context("serve", [*base, "--lookup-tail", "7"]))

@@ -92,12 +92,12 @@ GRAPH_MAX_DRAFT = 8
 # captures at start, for the batch buckets where that forward stays within the fused few-row
 # path (draft_loop.CHAINED_MAX_ROWS: up to 6 at one and two sequences, 2 at three or four).
 MAX_LOOKUP_TAIL = 6
-# The default: measured on an H200 through the services, 4-5% faster at 1-4 sequences
-# (bench/results/2026-11-27-h200-lookup-tail/). Longer tails are modelled to pay more at one and
-# two sequences (bench/cpu/drafter_model.py: 4 drafts then 4 lookup tokens 3.6% faster than
-# then 2 at one sequence, 2.6% at two; bench/results/2026-11-28-cpu-drafter-model-tails-and-
-# self-lookup-84221e2.json) and are not yet measured on a GPU.
-DEFAULT_LOOKUP_TAIL = 2
+# The default: the most the draft's chained forward takes. On an H200 through the services, 6
+# against 2 is 5-10% faster at two sequences with the same text (k = 3, 4 and auto; at three or
+# four the cap is 2 either way) (bench/results/2026-11-28-h200x2-lookup-tails/); 2 against none
+# was 4-5% faster at 1-4 sequences (bench/results/2026-11-27-h200-lookup-tail/). At one sequence
+# the target also keeps the verification within 8 rows (target_service/worker.py).
+DEFAULT_LOOKUP_TAIL = 6
 # Lookups (prompt lookup: coordinator/lookup_drafts.py for streamed steps' stand-ins,
 # engine/lookup_tail.py for the target's tail) search a sequence's last this many tokens: what
 # recurs is mostly recent, and the host's indexing costs ~0.6 us a token (2-core CPU). On
@@ -148,9 +148,9 @@ class RunnerConfig:
     few_row_cuda: bool = True
     # A target's option: after the draft's tokens of a proposal verified on the device (a draft
     # in the target's process), verify this many more, continued from the sequence's own text
-    # (engine/lookup_tail.py; 0 = off; unused otherwise). Never changes the output. On an H200
-    # through the services, 4-5% faster at 1-4 sequences; not applied at more, and cut to what
-    # the draft's chained forward takes at the batch (engine/draft_loop.max_lookup_tail).
+    # (engine/lookup_tail.py; 0 = off; unused otherwise). Never changes the output. Not applied
+    # past four sequences, cut to what the draft's chained forward takes at the batch
+    # (engine/draft_loop.max_lookup_tail) and at one sequence to a verification of 8 rows.
     lookup_tail: int = DEFAULT_LOOKUP_TAIL
     # Launch the attention kernel and the few-row products as programmatic dependent launches on
     # Hopper and newer GPUs (ignored elsewhere): each may start while the kernel before it still

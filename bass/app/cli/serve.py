@@ -50,8 +50,8 @@ def serve_options(f):
                           "tokens do not move with load (slower)."),
         click.option("--lookup-tail", type=int,
                      help="Lookup tokens the target verifies after each co-located draft's proposal, "
-                          "continued from the sequence's own text (0-6, at most 6 at one or two sequences "
-                          "and 2 at three or four; 0 = off; unused with a draft process of its own) [2]."),
+                          "continued from the sequence's own text (0-6: at most 7 - k at one sequence, 6 at "
+                          "two, 2 at three or four; 0 = off; unused with a draft process of its own) [6]."),
         click.option("--replicas", type=int, help="Copies of the model pair and coordinator (a GPU each) behind "
                                                   "one router on --port [1: no router]."),
         click.option("--separate-draft", is_flag=True, default=None,
