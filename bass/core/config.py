@@ -251,7 +251,10 @@ class DraftStreamConfig:
 
     # 0 = off; K >= 1: each step verifies up to K of the drafts that arrived, per sequence.
     block: int = 0
-    lookahead: int = 8  # the most tokens the draft runs ahead of what the target committed
+    # The most tokens the draft runs ahead of what the target committed. 12 against 8: 3-5%
+    # faster at 1 and 8 sequences on two H200s (one process pair; 16 no better than 12;
+    # bench/results/2026-11-28-h200x2-lookup-tails/), as bench/cpu/stream_model.py predicts (4%).
+    lookahead: int = 12
     # Draft tokens per sequence in one call of the draft's loop (published after each). 1 is
     # best measured (two H200s, 2026-11-27): the loop queues each call behind the last, so
     # small calls cost no GPU time, and a draft that must start over is told one call sooner.
