@@ -177,6 +177,16 @@ EXTRAPOLATED_MARGIN = 0.15
 AUTO_INITIAL_LENGTH = 4
 # Steady steps of one draft length timed at a batch-size bucket before the first choice there.
 MIN_TIMED_STEPS = 3
+# A bucket of up to this many sequences whose regular step is not yet timed prices it by the
+# nearest bucket's within a factor of 4 (larger first) where that one is timed, instead of
+# decoding regularly to time it: up to 16 sequences a regular step costs about the same at any
+# batch (H200, 06ff26a: 1.44-1.49 ms at 1-4; H100, ca7633b: 1.70 at 1-8, 1.90 at 16). Without
+# it, each round of `bass bench speed` ended with its last sequence or two in a bucket of their
+# own, decoding 4 regular steps for one timed sample (3 rounds to time it): on an H100's
+# trace (2026-11-27-h100-readme-table-ab03515/auto-tail2-p4.json, 4 sequences) 8 of a round's 38
+# steps, and on two H200s (2026-11-28-h200x2-lookup-tails) `auto` ran 1.22 ms a token at 4
+# sequences where fixed k = 4 ran 1.03, with 7-12 regular steps a round.
+SHARED_REGULAR_COST_MAX_BATCH = 16
 # While speculating, the periodic k = 0 probe keeps regular decoding's measured cost current,
 # which decides nothing unless the best length's lead over it (in scores) is thin: it is run
 # only below this lead. It is not cheap: on an H100 (2026-11-27, services, greedy, 128-token
@@ -561,11 +571,28 @@ class MeasuredCost:
         # Asked before every step, so each input is read once, not once per length: the batch's
         # pace (a pass over its sequences) and each timed length's median cost.
         share = self.gain_share(seq_ids)
+        costs = model.step_costs(self.max_length)
+        if len(model.verify.get(0, ())) < MIN_TIMED_STEPS:
+            costs[0] = self._shared_regular_cost(self.bucket(batch)) or costs[0]
         scores = []
-        for k, cost in enumerate(model.step_costs(self.max_length)):
+        for k, cost in enumerate(costs):
             expected = self.tokens_per_step(k)
             scores.append(expected * _tail(share, expected) / cost)
         return scores
+
+    def _shared_regular_cost(self, bucket: int) -> float | None:
+        """A regular step's median cost timed at the nearest other bucket within a factor of 4
+        (the larger on a tie), where both are of up to SHARED_REGULAR_COST_MAX_BATCH sequences;
+        None where there is none."""
+        if bucket > SHARED_REGULAR_COST_MAX_BATCH:
+            return None
+        timed = [b for b, m in self.costs.items()
+                 if b != bucket and b <= SHARED_REGULAR_COST_MAX_BATCH and max(b, bucket) <= 4 * min(b, bucket)
+                 and len(m.verify.get(0, ())) >= MIN_TIMED_STEPS]
+        if not timed:
+            return None
+        nearest = min(timed, key=lambda b: (abs(b.bit_length() - bucket.bit_length()), -b))
+        return statistics.median(self.costs[nearest].verify[0])
 
     def batch_tail(self, seq_ids: Sequence[int], k: int) -> float:
         """The slowest sequence's expected tokens per step of k drafts over the mean sequence's
@@ -675,13 +702,16 @@ class MeasuredCost:
 
     def lengths(self, seq_ids, join=None):
         self.steps += 1
-        model = self.costs.get(self.bucket(len(seq_ids)))
-        if model is not None and model.ready and len(model.verify.get(0, ())) < MIN_TIMED_STEPS:
+        bucket = self.bucket(len(seq_ids))
+        model = self.costs.get(bucket)
+        if (model is not None and model.ready and len(model.verify.get(0, ())) < MIN_TIMED_STEPS
+                and self._shared_regular_cost(bucket) is None):
             # Measure regular decoding at this batch size before choosing: a line through
             # k >= 1 misjudges it (below), and the draft skips only a few tokens. Only a
             # regular step sent behind another and committed behind the next is timed, and priced
             # with the one before it (Scheduler._commit_regular), so this takes MIN_TIMED_STEPS +
-            # regular_probe_steps - 1.
+            # regular_probe_steps - 1. Not where a nearby bucket's regular step prices it
+            # (SHARED_REGULAR_COST_MAX_BATCH).
             return [0] * len(seq_ids)
         best = self.best_length(len(seq_ids), seq_ids, join)
         floor = MIN_EXPLORED_SEQUENCE_STEPS_SMALL_BATCH if len(seq_ids) <= SMALL_BATCH else MIN_EXPLORED_SEQUENCE_STEPS

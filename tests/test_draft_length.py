@@ -265,6 +265,41 @@ def test_measured_cost_measures_regular_decoding_before_its_first_choice():
     assert chosen[4:] == [0, 0, 0, 0] and pol.speculating is False and pol.chosen == {64: False}
 
 
+def test_measured_cost_prices_a_small_bucket_s_regular_step_by_a_nearby_one():
+    """A batch's last sequences run in a bucket of their own (one or two left of four). Where
+    that bucket's regular step is not timed but one within a factor of 4 is (up to 16
+    sequences, where a regular step costs about the same), it is priced by that one: the
+    policy goes on drafting instead of decoding regularly to time it (on an H200, `auto` ran
+    7-12 regular steps a round at 4 sequences). Past 16 sequences, or with no timed bucket near,
+    it still times its own first. (H200 step costs, 06ff26a.)"""
+    def policy(regular_at: list[int]) -> MeasuredCost:
+        pol = MeasuredCost(initial=4)
+        for bucket, draft_ms, verify_ms in ((4, 2.66, 1.70), (1, 2.51, 1.52), (64, 3.6, 3.1)):
+            for _ in range(3):
+                pol.observe_costs(bucket, 4, draft_ms / 1000, 4, verify_ms / 1000)
+        for bucket in regular_at:
+            for _ in range(3):
+                pol.observe_costs(bucket, 0, 0.0, 0, 1.485e-3)
+        for _ in range(40):  # every draft accepted but the last most of the time: ~4.5 tokens a step
+            pol.observe([1, 2, 3, 4], [4] * 4, [4, 3, 4, 4])
+        return pol
+
+    pol = policy(regular_at=[4])
+    assert pol.lengths([9]) == [4]
+    assert pol.scores(1)[0] == pytest.approx(1 / 1.485e-3)
+    assert pol.speculating is True and pol.chosen[1] is True
+    # Without a timed regular step nearby it times its own: the policy's long-standing rule.
+    assert policy(regular_at=[]).lengths([9]) == [0]
+    assert policy(regular_at=[16]).lengths([9]) == [0], "16 sequences are more than 4x one"
+    # Past 16 sequences a regular step costs more: 64 is not priced by 16's.
+    assert policy(regular_at=[16]).lengths(list(range(64))) == [0] * 64
+    # The nearest timed bucket prices it, the larger on a tie.
+    pol = policy(regular_at=[4])
+    for _ in range(3):
+        pol.observe_costs(2, 0, 0.0, 0, 1.2e-3)
+    assert pol.scores(1)[0] == pytest.approx(1 / 1.2e-3)
+
+
 def test_measured_cost_trusts_a_measured_gain_more_than_an_extrapolated_one():
     """From regular decoding at batch 1, a draft length whose step was timed, or that is shorter
     than one that was (its draft scaled down, verification kept), needs to beat regular

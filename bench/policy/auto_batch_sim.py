@@ -79,6 +79,12 @@ COST_SETS = {
                    8: (0.66, 0.23, 2.12, 1.71), 16: (0.75, 0.3, 2.8, 1.9), 64: (1.1, 0.4, 5.08, 2.23)},
         "sampled": {1: (0.62, 0.55, 2.0, 1.86), 2: (0.62, 0.55, 2.4, 1.86), 4: (0.66, 0.6, 2.94, 1.94),
                     8: (0.68, 0.6, 2.86, 2.03), 16: (0.8, 0.6, 3.3, 2.2), 64: (1.4, 0.55, 5.54, 2.58)}},
+    # "h200-06ff26a": `auto`'s policy states at 1, 2 and 4 sequences, greedy, through the services
+    # (bench/results/2026-11-28-h200x2-lookup-tails/m2-speed-greedy-tail6-r*.json: draft calls of
+    # k = 3 / 4 / 5 0.62 ms a token apart), larger buckets left at 4's. Greedy only.
+    "h200-06ff26a": {
+        "greedy": {1: (0.62, 0.16, 1.54, 1.44), 2: (0.62, 0.17, 1.68, 1.46), 4: (0.62, 0.18, 1.70, 1.48)},
+        "sampled": {1: (0.62, 0.16, 1.54, 1.44), 2: (0.62, 0.17, 1.68, 1.46), 4: (0.62, 0.18, 1.70, 1.48)}},
 }
 COSTS = dict(COST_SETS["h100-2026-11-25"])  # --costs picks another
 TOKENS = 128
