@@ -183,9 +183,10 @@ MIN_TIMED_STEPS = 3
 # batch (H200, 06ff26a: 1.44-1.49 ms at 1-4; H100, ca7633b: 1.70 at 1-8, 1.90 at 16). Without
 # it, each round of `bass bench speed` ended with its last sequence or two in a bucket of their
 # own, decoding 4 regular steps for one timed sample (3 rounds to time it): on an H100's
-# trace (2026-11-27-h100-readme-table-ab03515/auto-tail2-p4.json, 4 sequences) 8 of a round's 38
-# steps, and on two H200s (2026-11-28-h200x2-lookup-tails) `auto` ran 1.22 ms a token at 4
-# sequences where fixed k = 4 ran 1.03, with 7-12 regular steps a round.
+# trace (2026-11-27-h100-readme-table-ab03515/auto-tail2-p4.json, 4 sequences) the last
+# sequence's 4 regular steps before its last draft. On two H200s (2026-11-28-h200x2-lookup-tails,
+# no trace) `auto` ran 1.22 ms a token at 4 sequences where fixed k = 4 ran 1.03, with 7-12
+# regular steps a round and bucket 1's regular step timed 3 times.
 SHARED_REGULAR_COST_MAX_BATCH = 16
 # While speculating, the periodic k = 0 probe keeps regular decoding's measured cost current,
 # which decides nothing unless the best length's lead over it (in scores) is thin: it is run
