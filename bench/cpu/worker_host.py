@@ -8,14 +8,16 @@ TargetWorker's regular path as the coordinator drives it in-process (each step l
 ahead of the one before, then that one finished and committed) over a tiny model whose forward is
 replaced by a fixed logits tensor, so what is timed is the worker's Python and its tensor ops'
 dispatch: staging, the run-ahead checks, the sampling inputs, the race, the verdicts' copy and the
-commit. `--profile` prints cProfile's top functions for the largest batch.
+commit. `--profile` prints cProfile's top functions for the largest batch. `--drafts K` times a
+step that verifies K drafts a sequence sent from the host instead, as a streamed step's Verify
+on two GPUs does (there the worker's host work is on the step's critical path).
 
 On a GPU (`--device cuda --model DIR`, e.g. bench/gpu/setup/random_pair.py's 1.5B) it runs the
 served path instead, bf16, CUDA graphs, the real forward: a step's time is then its host work plus
 its wait on the device (each answer's device_wait_s), reported apart, and the profile shows where
 the host's share goes on the GPU machine's own CPU.
 
-    .venv/bin/python bench/cpu/worker_host.py [--batches 8,64] [--steps 200] [--profile] [--out FILE]
+    .venv/bin/python bench/cpu/worker_host.py [--batches 8,64] [--steps 200] [--drafts K] [--profile] [--out FILE]
     python3 bench/cpu/worker_host.py --device cuda --model /tmp/rp/qwen2.5-coder-1.5b-random --profile
 """
 
@@ -41,9 +43,11 @@ sys.path.insert(0, str(ROOT / "bench" / "cpu"))
 from rpc_overhead import environment  # noqa: E402
 
 
-def make_worker(model_dir: Path, batch: int, max_seq_len: int, device: str):
+def make_worker(model_dir: Path, batch: int, max_seq_len: int, device: str, drafts: int = 0):
     """A TargetWorker holding `batch` sequences of 32 prompt tokens; on the CPU its model's
-    forward is replaced by fixed logits, on a GPU it runs as served (bf16, CUDA graphs)."""
+    forward is replaced by fixed logits, on a GPU it runs as served (bf16, CUDA graphs).
+    drafts: each step verifies this many draft tokens a sequence, sent from the host as a
+    streamed step's Verify sends them (coordinator/streamed_step.py; 0: regular steps)."""
     from bass.core.config import RunnerConfig, SamplingParams
     from bass.core.worker_api import AddSequence, SequenceSampling, VerifyItem, VerifyRequest
     from bass.engine.runner import ModelRunner
@@ -59,16 +63,18 @@ def make_worker(model_dir: Path, batch: int, max_seq_len: int, device: str):
     worker.verify(VerifyRequest(items=[VerifyItem(i, (), sampling) for i in range(batch)],
                                 add=[AddSequence(i, tuple(range(5, 37))) for i in range(batch)]))
     if not gpu:
-        logits = torch.randn(batch, worker.runner.vocab_size)
-        worker.runner.run = lambda chunks, fed=None: logits[:len(chunks)]
-    step = VerifyRequest(items=[VerifyItem(i, (), sampling) for i in range(batch)])
+        logits = torch.randn(batch * (drafts + 1), worker.runner.vocab_size)
+        worker.runner.run = lambda chunks, fed=None: logits[:sum(len(c.tokens) for c in chunks)]
+    # The drafts' tokens are never the random logits' winners: each step commits one token.
+    step = VerifyRequest(items=[VerifyItem(i, tuple(range(7, 7 + drafts)), sampling) for i in range(batch)])
     return worker, step
 
 
 def time_steps(worker, step, steps: int) -> tuple[list[float], list[float]]:
     """Per step, seconds, and of them the wait on the device: launch step t + 1 (ahead of t),
     then finish t, as in-process regular decoding does (coordinator/regular_pipeline.py with
-    one call in flight)."""
+    one call in flight). A step with drafts cannot run ahead: it launches after the one before
+    finished (the worker finishes that first), as a streamed step's Verify does."""
     times, waits = [], []
     pending = worker.start_verify(step)
     for _ in range(steps):
@@ -87,6 +93,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--drafts", type=int, default=0, help="draft tokens verified a sequence a step (0: regular)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--model", help="a model directory (default: a tiny random Llama, CPU only)")
     parser.add_argument("--out")
@@ -102,14 +109,15 @@ def main() -> None:
         for batch in batches:
             # One worker for every pass and the profile (on a GPU each loads a model and captures
             # graphs); its caches have room for all their steps.
-            worker, step = make_worker(model_dir, batch, 40 + (args.passes + 1) * (args.steps + 20), args.device)
+            worker, step = make_worker(model_dir, batch, 40 + (args.passes + 1) * (args.steps + 20), args.device,
+                                       args.drafts)
             steps, waits = [], []
             for _ in range(args.passes):
                 time_steps(worker, step, 20)  # warm-up
                 times, waited = time_steps(worker, step, args.steps)
                 steps.append(1e6 * statistics.median(times))
                 waits.append(1e6 * statistics.median(waited))
-            entry = {"batch": batch, "device": args.device, "steps": args.steps,
+            entry = {"batch": batch, "drafts": args.drafts, "device": args.device, "steps": args.steps,
                      "step_us_median_per_pass": [round(m, 1) for m in steps],
                      "device_wait_us_median_per_pass": [round(m, 1) for m in waits],
                      "host_us_per_step": round(statistics.median(steps) - statistics.median(waits), 1)}
@@ -122,7 +130,7 @@ def main() -> None:
                 pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
                 entry["profile_tottime_top25"] = text.getvalue().splitlines()
             results.append(entry)
-            print(f"batch {batch}: {entry['host_us_per_step']} µs of worker host work a regular step "
+            print(f"batch {batch}: {entry['host_us_per_step']} µs of worker host work a step of {args.drafts} drafts "
                   f"(step {entry['step_us_median_per_pass']}, device wait {entry['device_wait_us_median_per_pass']})",
                   flush=True)
     if args.profile:
