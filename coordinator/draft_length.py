@@ -177,10 +177,12 @@ EXTRAPOLATED_MARGIN = 0.15
 AUTO_INITIAL_LENGTH = 4
 # Steady steps of one draft length timed at a batch-size bucket before the first choice there.
 MIN_TIMED_STEPS = 3
-# A bucket of up to this many sequences whose regular step is not yet timed prices it by the
-# nearest bucket's within a factor of 4 (larger first) where that one is timed, instead of
-# decoding regularly to time it: up to 16 sequences a regular step costs about the same at any
-# batch (H200, 06ff26a: 1.44-1.49 ms at 1-4; H100, ca7633b: 1.70 at 1-8, 1.90 at 16). Without
+# A bucket whose regular step is not yet timed prices it by the nearest larger bucket's within
+# a factor of 4 and of up to this many sequences, where that one is timed, instead of decoding
+# regularly to time it: up to 16 sequences a regular step costs about the same at any batch
+# (H200, 06ff26a: 1.44-1.49 ms at 1-4; H100, ca7633b: 1.70 at 1-8, 1.90 at 16), and a larger
+# bucket's is never the cheaper, so the price leans, if at all, towards speculation where a
+# smaller batch favours it anyway. A batch that shrinks comes from a larger bucket. Without
 # it, each round of `bass bench speed` ended with its last sequence or two in a bucket of their
 # own, decoding 4 regular steps for one timed sample (3 rounds to time it): on an H100's
 # trace (2026-11-27-h100-readme-table-ab03515/auto-tail2-p4.json, 4 sequences) the last
@@ -582,18 +584,12 @@ class MeasuredCost:
         return scores
 
     def _shared_regular_cost(self, bucket: int) -> float | None:
-        """A regular step's median cost timed at the nearest other bucket within a factor of 4
-        (the larger on a tie), where both are of up to SHARED_REGULAR_COST_MAX_BATCH sequences;
-        None where there is none."""
-        if bucket > SHARED_REGULAR_COST_MAX_BATCH:
-            return None
+        """A regular step's median cost timed at the nearest larger bucket within a factor of 4
+        and of up to SHARED_REGULAR_COST_MAX_BATCH sequences; None where there is none."""
         timed = [b for b, m in self.costs.items()
-                 if b != bucket and b <= SHARED_REGULAR_COST_MAX_BATCH and max(b, bucket) <= 4 * min(b, bucket)
+                 if bucket < b <= min(4 * bucket, SHARED_REGULAR_COST_MAX_BATCH)
                  and len(m.verify.get(0, ())) >= MIN_TIMED_STEPS]
-        if not timed:
-            return None
-        nearest = min(timed, key=lambda b: (abs(b.bit_length() - bucket.bit_length()), -b))
-        return statistics.median(self.costs[nearest].verify[0])
+        return statistics.median(self.costs[min(timed)].verify[0]) if timed else None
 
     def batch_tail(self, seq_ids: Sequence[int], k: int) -> float:
         """The slowest sequence's expected tokens per step of k drafts over the mean sequence's
@@ -711,7 +707,7 @@ class MeasuredCost:
             # k >= 1 misjudges it (below), and the draft skips only a few tokens. Only a
             # regular step sent behind another and committed behind the next is timed, and priced
             # with the one before it (Scheduler._commit_regular), so this takes MIN_TIMED_STEPS +
-            # regular_probe_steps - 1. Not where a nearby bucket's regular step prices it
+            # regular_probe_steps - 1. Not where a larger bucket's regular step prices it
             # (SHARED_REGULAR_COST_MAX_BATCH).
             return [0] * len(seq_ids)
         best = self.best_length(len(seq_ids), seq_ids, join)

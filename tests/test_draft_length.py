@@ -265,13 +265,14 @@ def test_measured_cost_measures_regular_decoding_before_its_first_choice():
     assert chosen[4:] == [0, 0, 0, 0] and pol.speculating is False and pol.chosen == {64: False}
 
 
-def test_measured_cost_prices_a_small_bucket_s_regular_step_by_a_nearby_one():
+def test_measured_cost_prices_a_small_bucket_s_regular_step_by_a_larger_one():
     """A batch's last sequences run in a bucket of their own (one or two left of four). Where
-    that bucket's regular step is not timed but one within a factor of 4 is (up to 16
-    sequences, where a regular step costs about the same), it is priced by that one: the
+    that bucket's regular step is not timed but a larger one's within a factor of 4 is (up to
+    16 sequences, where a regular step costs about the same), it is priced by that one: the
     policy goes on drafting instead of decoding regularly to time it (on an H200, `auto` ran
-    7-12 regular steps a round at 4 sequences). Past 16 sequences, or with no timed bucket near,
-    it still times its own first. (H200 step costs, 06ff26a.)"""
+    7-12 regular steps a round at 4 sequences). Past 16 sequences, with no timed bucket near,
+    or with only smaller ones timed (their regular step may be the cheaper), it still times its
+    own first. (H200 step costs, 06ff26a.)"""
     def policy(regular_at: list[int]) -> MeasuredCost:
         pol = MeasuredCost(initial=4)
         for bucket, draft_ms, verify_ms in ((4, 2.66, 1.70), (1, 2.51, 1.52), (64, 3.6, 3.1)):
@@ -293,7 +294,9 @@ def test_measured_cost_prices_a_small_bucket_s_regular_step_by_a_nearby_one():
     assert policy(regular_at=[16]).lengths([9]) == [0], "16 sequences are more than 4x one"
     # Past 16 sequences a regular step costs more: 64 is not priced by 16's.
     assert policy(regular_at=[16]).lengths(list(range(64))) == [0] * 64
-    # The nearest timed bucket prices it, the larger on a tie.
+    # A smaller bucket's regular step does not price a larger one's.
+    assert policy(regular_at=[1]).lengths([1, 2, 3, 4]) == [0] * 4
+    # The nearest larger timed bucket prices it.
     pol = policy(regular_at=[4])
     for _ in range(3):
         pol.observe_costs(2, 0, 0.0, 0, 1.2e-3)
