@@ -273,7 +273,9 @@ class TargetWorker:
         if len(states) == 1:
             # One sequence's verification stays within the few-row products' first plan (1-8
             # rows): a step of 9 runs the plans timed at 16, which round differently and cost an
-            # H200 0.15-0.25 ms a step more (bench/results/2026-11-28-h200x2-lookup-tails/).
+            # H200 0.15-0.25 ms a step more, 10% a token at one sequence. At two sequences the
+            # tail pays for its wider step (6-14% faster with 6 than with 2; both in
+            # bench/results/2026-11-28-h200x2-lookup-tails/), so only one sequence is capped.
             m = min(m, ROW_BUCKETS[0] - 1 - k)
         # A proposal chained behind this call re-runs the last m + 1 committed tokens: a
         # sequence must have them (a prompt of one or two tokens, before any output).

@@ -93,8 +93,9 @@ GRAPH_MAX_DRAFT = 8
 # path (draft_loop.CHAINED_MAX_ROWS: up to 6 at one and two sequences, 2 at three or four).
 MAX_LOOKUP_TAIL = 6
 # The default: the most the draft's chained forward takes. On an H200 through the services, 6
-# against 2 is 5-10% faster at two sequences with the same text (k = 3, 4 and auto; at three or
-# four the cap is 2 either way) (bench/results/2026-11-28-h200x2-lookup-tails/); 2 against none
+# against 2 is 5-14% faster at two sequences (two machines, greedy; k = 3, 4 and auto) and 6-8%
+# at T = 0.8; at three or four the cap is 2 either way (bench/results/2026-11-28-h200x2-
+# lookup-tails/); 2 against none
 # was 4-5% faster at 1-4 sequences (bench/results/2026-11-27-h200-lookup-tail/). At one sequence
 # the target also keeps the verification within 8 rows (target_service/worker.py).
 DEFAULT_LOOKUP_TAIL = 6

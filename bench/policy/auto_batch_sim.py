@@ -83,8 +83,7 @@ COST_SETS = {
     # (bench/results/2026-11-28-h200x2-lookup-tails/m2-speed-greedy-tail6-r*.json: draft calls of
     # k = 3 / 4 / 5 0.62 ms a token apart), larger buckets left at 4's. Greedy only.
     "h200-06ff26a": {
-        "greedy": {1: (0.62, 0.16, 1.54, 1.44), 2: (0.62, 0.17, 1.68, 1.46), 4: (0.62, 0.18, 1.70, 1.48)},
-        "sampled": {1: (0.62, 0.16, 1.54, 1.44), 2: (0.62, 0.17, 1.68, 1.46), 4: (0.62, 0.18, 1.70, 1.48)}},
+        "greedy": {1: (0.62, 0.16, 1.54, 1.44), 2: (0.62, 0.17, 1.68, 1.46), 4: (0.62, 0.18, 1.70, 1.48)}},
 }
 COSTS = dict(COST_SETS["h100-2026-11-25"])  # --costs picks another
 TOKENS = 128
@@ -208,6 +207,8 @@ def main() -> None:
                         help="every round the same batch again, as `bass bench speed` runs it")
     args = parser.parse_args()
     SAME_PROMPTS[0] = args.same_prompts
+    if args.mode not in COST_SETS[args.costs]:
+        parser.error(f"--costs {args.costs} has no {args.mode} costs")
     COSTS.update(COST_SETS[args.costs])
     UNCHAINED_MS[0] = args.unchained_ms
     TIME_UNSTEADY[0] = args.time_unsteady
