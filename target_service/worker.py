@@ -273,7 +273,7 @@ class TargetWorker:
         if len(states) == 1:
             # One sequence's verification stays within the few-row products' first plan (1-8
             # rows): a step of 9 runs the plans timed at 16, which round differently and cost an
-            # H200 0.15-0.25 ms a step more, 10% a token at one sequence. At two sequences the
+            # H200 0.13-0.28 ms a step more, 10% a token at one sequence. At two sequences the
             # tail pays for its wider step (6-14% faster with 6 than with 2; both in
             # bench/results/2026-11-28-h200x2-lookup-tails/), so only one sequence is capped.
             m = min(m, ROW_BUCKETS[0] - 1 - k)
