@@ -26,7 +26,9 @@ more than 16 rows (prefill, catch-up, a verification of many sequences) compute 
 from them in seven launches a layer (Transformer._folded_hidden): cuBLAS products of the un-normed
 residual stream, each norm's 1 / rms applied by the RoPE or SiLU kernel after the product, and the
 residual adds in the o and down GEMMs (beta = 1). On an H200 that made a k = 3 verification of 8
-sequences 5-10% faster end to end (bench/results 2026-11-28-h200-folded-layers). Rounding differs from transformers' (the norm's weight multiplies the weight,
+sequences 5-10% faster end to end (bench/results 2026-11-28-h200-folded-layers). A captured step
+of 9-16 rows (the products' second 8-row group) takes whichever of the two paths timed faster at
+capture (Transformer.layer_paths, engine/graphs.py). Rounding differs from transformers' (the norm's weight multiplies the weight,
 rounded once to the model's dtype, not the normed activation; intermediate sums stay in fp32).
 For a draft that decides only what it proposes. For a target (bf16; H100: a forward's GPU time
 -15% at 1-8 sequences, bench/results 2026-11-27) it is the target's own function in every path;

@@ -20,6 +20,11 @@ A worker may also give a *tail*: a function of a graph's hidden output and a sta
 host values (the target's sampled verification, engine/verify_tail.py), captured as a second
 graph per shape in the same memory pool. Its [rows, vocab] temporaries are freed at the end of
 each capture, so every tail reuses the same blocks; only its small outputs stay.
+
+A model with fused layers can run a step of 9-16 tokens two ways (Transformer.layer_paths), and
+which is faster depends on the model and the GPU: both are captured, timed over a few replays
+and the faster kept (~0.1 s a shape at warm-up), so a choice measured on one machine is not
+assumed on another. The two round differently, like cuBLAS's choice of kernel by shape.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import functools
 import gc
 import logging
+import statistics
 from dataclasses import dataclass, replace
 from typing import Callable, Protocol
 
@@ -37,6 +43,7 @@ import torch
 from bass.engine.kv_cache import KVCache
 from bass.engine.transfer import Staging
 from bass.kernels.batch import RaggedBatch, SequenceChunk
+from bass.kernels.timing import replay_us
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +143,25 @@ def capture(pool, warm_up: Callable[[], object], body: Callable[[], object]) -> 
     return graph, out
 
 
+LAYER_PATH_MARGIN = 0.02  # timing noise between two graphs of one process is ~1%
+_PATH_REPLAYS, _PATH_ROUNDS = 10, 3  # replays a timing, timings a path (the median): ~0.1 s a step of a 1.5B
+
+
+@dataclass(frozen=True)
+class LayerPathTiming:
+    """A captured step's two layer paths as timed at capture (µs a replay), and the one kept."""
+
+    bucket: int
+    q: int
+    rows: int
+    fused_us: float
+    folded_us: float
+
+    @property
+    def fused(self) -> bool:
+        return self.folded_us >= (1 - LAYER_PATH_MARGIN) * self.fused_us
+
+
 class DecodeGraphs:
     def __init__(self, model, cache: KVCache, scratch_slot: int):
         self.model, self.cache, self.scratch_slot = model, cache, scratch_slot
@@ -143,6 +169,7 @@ class DecodeGraphs:
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[tuple[int, int, int], _Graph] = {}
         self.tails: dict[tuple[int, int, int], _TailGraph] = {}
+        self.layer_path_timings: list[LayerPathTiming] = []  # what _capture timed (benchmarks report it)
 
     @staticmethod
     def bucket(num_seqs: int) -> int | None:
@@ -203,11 +230,27 @@ class DecodeGraphs:
     # -- internals -----------------------------------------------------------------------------
     def _capture(self, bucket: int, q: int, rows: int) -> _Graph:
         """Record one forward of a padding batch (every sequence in the scratch slot); later
-        replays read whatever `fill` copied into the same buffers."""
+        replays read whatever `fill` copied into the same buffers. Where the model has two
+        layer paths for the step (Transformer.layer_paths), each is captured and timed over a
+        few replays, and the fused one is kept unless the other is faster by LAYER_PATH_MARGIN."""
         inputs = StaticInputs(bucket, q, rows, self.scratch_slot, self.cache.max_seq_len, self.device)
-        forward = functools.partial(self.model.hidden, inputs.batch, self.cache)
-        graph, hidden = capture(self.pool, forward, forward)
-        return _Graph(graph=graph, inputs=inputs, hidden=hidden)
+        paths = self.model.layer_paths(bucket * q)
+        graphs = {}
+        for fused in paths:
+            forward = functools.partial(self.model.hidden, inputs.batch, self.cache, fused=fused)
+            graph, hidden = capture(self.pool, forward, forward)
+            graphs[fused] = _Graph(graph=graph, inputs=inputs, hidden=hidden)
+        if len(graphs) == 1:
+            return graphs[paths[0]]
+        times = {True: [], False: []}
+        for _ in range(_PATH_ROUNDS):  # alternated, so that a clock ramping up favours neither
+            for fused, graph in graphs.items():
+                times[fused].append(replay_us(graph.graph, _PATH_REPLAYS, rounds=1))
+        timing = LayerPathTiming(bucket, q, rows, statistics.median(times[True]), statistics.median(times[False]))
+        self.layer_path_timings.append(timing)
+        log.info("%d x %d tokens: fused layers %.1f µs, folded %.1f µs: %s", bucket, q, timing.fused_us,
+                 timing.folded_us, "fused" if timing.fused else "folded")
+        return graphs[timing.fused]  # the other graph and its memory go back to the pool
 
     def _capture_tail(self, tail: GraphTail, key: tuple[int, int, int]) -> _TailGraph:
         bucket, _, rows = key

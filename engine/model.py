@@ -21,7 +21,7 @@ from bass.engine import fused_layers
 from bass.engine.kv_cache import KVCache
 from bass.kernels import attention_kernel
 from bass.kernels.batch import RaggedBatch
-from bass.kernels.cuda_skinny import Rope
+from bass.kernels.cuda_skinny import Rope, row_groups_for
 from bass.kernels.elementwise import add_rms_norm_reference, rope_into_cache_reference, silu_mul_reference
 
 log = logging.getLogger(__name__)
@@ -181,6 +181,7 @@ class Transformer:
 
             few_row_kernel = load_skinny_gemm(weights.embed.device, programmatic=programmatic_launch)
         self.fused_layers = few_row_kernel is not None and fuse_layers and fused_layers.can_fuse(config)
+        self.time_layer_paths = True  # see layer_paths
         self.folded_norms = False
         if self.fused_layers:
             log.info("decode steps of up to %d tokens run fused layers (engine/fused_layers.py)",
@@ -225,6 +226,21 @@ class Transformer:
         if planned is not None:  # routes only what it planned: the other shapes keep their path
             self.linear = planned
 
+    def layer_paths(self, rows: int) -> tuple[bool, ...]:
+        """The values of hidden()'s `fused` worth timing for a captured step of `rows` tokens
+        (engine/graphs.py keeps the faster): both where the fused layers would run the step in
+        their second 8-row group (9-16 rows), else the fused default alone. Why: on an H200 the
+        bf16 target's fused layers were 4-8% slower than the layers unfused at 9-16 rows and
+        6-7% faster at 1-8, while the int8 draft's were level or faster at 9-16
+        (bench/results/2026-11-28-h200-auto-round-tails, `bass bench steps`): a product with its
+        epilogue over two row groups costs more than the plan timed for the plain product.
+        time_layer_paths = False keeps the default everywhere (a test comparing two builds bit
+        for bit)."""
+        second_group = row_groups_for(rows) > 1 and rows <= fused_layers.MAX_FUSED_ROWS
+        if self.fused_layers and self.time_layer_paths and second_group:
+            return (True, False)
+        return (True,)
+
     @property
     def product_timings(self) -> list:
         """What the few-row planning measured at load (benchmarks report it); empty without it."""
@@ -253,13 +269,14 @@ class Transformer:
         return self.linear(hidden, self.weights.lm_head).float()
 
     @torch.inference_mode()
-    def hidden(self, batch: RaggedBatch, cache: KVCache) -> torch.Tensor:
+    def hidden(self, batch: RaggedBatch, cache: KVCache, fused: bool = True) -> torch.Tensor:
         """Run the batch, write its keys/values into `cache`, return the final-normed hidden
-        states of `batch.logit_rows` ([R, hidden]).
+        states of `batch.logit_rows` ([R, hidden]). fused=False: a step the fused layers would
+        take runs the folded ones instead (see layer_paths).
 
         The residual stream x and the normed input h of the next block travel together, so each
         residual add is fused with the norm that follows it."""
-        if self.fused_layers and batch.input_ids.shape[0] <= fused_layers.MAX_FUSED_ROWS:
+        if fused and self.fused_layers and batch.input_ids.shape[0] <= fused_layers.MAX_FUSED_ROWS:
             return self._fused_hidden(batch, cache)
         if self.folded_norms:
             return self._folded_hidden(batch, cache)

@@ -1,6 +1,7 @@
 """Timing GPU work as CUDA graphs replay it: what a kernel costs inside a decode step, launch gaps
 included, without the host's launch overhead. Used by the few-row planning at model load
-(kernels/skinny_linear.py) and by the kernel benchmarks (bench/gpu/kernels/)."""
+(kernels/skinny_linear.py), the choice of layer path per captured step (engine/graphs.py) and
+the kernel benchmarks (bench/gpu/kernels/)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,12 @@ def graph_us(fn: Callable[[], object], calls: int = 1, replays: int = 20, rounds
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
+    return replay_us(graph, replays, rounds) / calls
+
+
+def replay_us(graph: torch.cuda.CUDAGraph, replays: int = 20, rounds: int = 5) -> float:
+    """µs per replay of a captured graph (after one untimed replay): the median over `rounds`
+    timings of `replays` replays back to back."""
     graph.replay()
     torch.cuda.synchronize()
     times = []
@@ -31,5 +38,5 @@ def graph_us(fn: Callable[[], object], calls: int = 1, replays: int = 20, rounds
             graph.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / replays / calls)
+        times.append(start.elapsed_time(end) * 1000 / replays)
     return statistics.median(times)

@@ -365,6 +365,7 @@ def _decode_three_prompts(cfg) -> tuple[torch.Tensor, torch.Tensor]:
     runner = ModelRunner(cfg)
     if cfg.few_row_cuda:
         assert runner.model.fused_layers and runner.model.linear.kernel.programmatic is cfg.programmatic_launch
+    runner.model.time_layer_paths = False  # the 12-row steps run the fused layers in both builds
     runner.warm_up(graph_shapes=[(1, 1), (3, 3)])
     runner.add([AddSequence(i, tuple(range(3 + i, 20 + 9 * i))) for i in range(3)])
     states, logits = [runner.get(i) for i in range(3)], []
@@ -454,3 +455,38 @@ def test_rotary_epilogue_writes_the_queries_and_cache_entries_of_the_unfused_ste
         written = torch.zeros(slots, max_len, dtype=torch.bool, device="cuda")
         written[token_slots, positions] = True
         assert not caches[2][~written].any() and not caches[3][~written].any()  # nothing else in the cache
+
+
+@gpu
+@pytest.mark.parametrize("int8", [True, False], ids=["int8-draft", "bf16-target"])
+def test_steps_of_the_second_row_group_keep_the_layer_path_that_timed_faster(qwen_wide_heads, int8):
+    """At capture, a step of 9-16 tokens is recorded through the fused layers and through the
+    folded ones and timed (engine/graphs.py): the faster kept, what was timed reported, and the
+    kept graph gives the logits of that path run eagerly; a step of 1-8 tokens is not timed."""
+    from bass.core.config import RunnerConfig
+    from bass.core.worker_api import AddSequence
+    from bass.engine.graphs import LAYER_PATH_MARGIN
+    from bass.engine.runner import ModelRunner
+    from bass.kernels.batch import RaggedBatch
+
+    cfg = RunnerConfig(model_dir=qwen_wide_heads, device="cuda", dtype="bfloat16", num_slots=4, max_seq_len=96,
+                       attention="triton", cuda_graphs=True, int8_weights=int8, few_row_cuda=True)
+    with torch.inference_mode():
+        runner = ModelRunner(cfg)
+        assert runner.model.fused_layers
+        runner.warm_up(graph_shapes=[(1, 1), (3, 3)])
+        timed = {(t.bucket, t.q): t for t in runner.graphs.layer_path_timings}
+        assert set(timed) == {(4, 3)}  # 4 x 3 = 12 tokens; (1, 1) steps and (3, 3) at 1-2 sequences are of 1-8
+        kept = timed[(4, 3)]
+        assert kept.fused_us > 0 and kept.folded_us > 0
+        assert kept.fused == (kept.folded_us >= (1 - LAYER_PATH_MARGIN) * kept.fused_us)
+        runner.add([AddSequence(i, tuple(range(3 + i, 20 + 5 * i))) for i in range(3)])
+        states = [runner.get(i) for i in range(3)]
+        cached = [runner.cached(s) for s in states]
+        graphed = runner.forward([(s, [5, 6]) for s in states], [3] * 3).float()
+        for s, n in zip(states, cached):
+            runner.cache.truncate(s.slot, n)
+        chunks = runner.stage([(s, [5, 6]) for s in states], [3] * 3)
+        eager = runner.model.logits(runner.model.hidden(RaggedBatch.build(chunks, runner.device), runner.cache,
+                                                        fused=kept.fused)).float()
+    torch.testing.assert_close(graphed, eager, rtol=2e-2, atol=2e-2)

@@ -130,3 +130,51 @@ def test_without_the_kernel_nothing_is_fused_or_changed(qwen_target):
     gate_up = weights.layers[0].gate_up.clone()
     model = Transformer(config, weights, max_seq_len=32, attention="pad", few_row_cuda=True, fuse_layers=True)
     assert not model.fused_layers and torch.equal(model.weights.layers[0].gate_up, gate_up)
+
+
+def test_only_steps_of_the_second_row_group_time_two_layer_paths(qwen_wide_heads):
+    """Steps of 9-16 tokens may run the fused layers or the folded ones (whichever timed faster
+    at capture, engine/graphs.py); 1-8 and more than 16 have one path, and a model without fused
+    layers (here: no kernel on the CPU) only its own."""
+    config = load_config(qwen_wide_heads)
+    model = Transformer(config, load_weights(qwen_wide_heads, config, dtype="float32", device="cpu"), max_seq_len=32,
+                        attention="pad")
+    assert not model.fused_layers and model.layer_paths(12) == (True,)
+    model.fused_layers = True  # as a GPU with the kernel builds it
+    assert {rows: model.layer_paths(rows) for rows in (1, 8, 9, 16, 17, 64)} == {
+        1: (True,), 8: (True,), 9: (True, False), 16: (True, False), 17: (True,), 64: (True,)}
+    model.time_layer_paths = False
+    assert model.layer_paths(12) == (True,)
+
+
+def test_a_step_not_fused_by_choice_runs_the_folded_layers(qwen_wide_heads):
+    """hidden(fused=False) on a model with fused layers takes the folded path (the function of the
+    original weights), never the fused products."""
+    from bass.kernels.batch import RaggedBatch, SequenceChunk
+    from bass.engine.kv_cache import KVCache
+
+    config = load_config(qwen_wide_heads)
+    hidden = {}
+    for fold in (False, True):
+        weights = _with_moved_norms(load_weights(qwen_wide_heads, config, dtype="float32", device="cpu"))
+        model = Transformer(config, weights, max_seq_len=32, attention="pad")
+        if fold:
+            model.fold_norms()
+            model.fused_layers = True
+            model._fused_hidden = lambda *a: pytest.fail("the fused layers ran")
+        cache = KVCache(num_layers=config.num_layers, num_slots=1, max_seq_len=32, num_kv_heads=config.num_kv_heads,
+                        head_dim=config.head_dim, dtype=torch.float32, device="cpu")
+        slot = cache.allocate()
+        cache.append(slot, list(range(3, 15)))
+        batch = RaggedBatch.build([SequenceChunk(slot=slot, start=0, tokens=list(range(3, 15)), logit_rows=12)], "cpu")
+        hidden[fold] = model.hidden(batch, cache, fused=False)
+    torch.testing.assert_close(hidden[True], hidden[False], rtol=1e-4, atol=1e-4)
+
+
+def test_the_fused_layers_are_kept_unless_the_folded_ones_time_clearly_faster():
+    from bass.engine.graphs import LAYER_PATH_MARGIN, LayerPathTiming
+
+    assert LayerPathTiming(16, 1, 1, fused_us=2000.0, folded_us=2000.0).fused
+    assert LayerPathTiming(16, 1, 1, fused_us=2000.0, folded_us=2000.0 * (1 - LAYER_PATH_MARGIN / 2)).fused
+    assert not LayerPathTiming(16, 1, 1, fused_us=2000.0, folded_us=2000.0 * (1 - 2 * LAYER_PATH_MARGIN)).fused
+    assert LayerPathTiming(16, 1, 1, fused_us=1800.0, folded_us=2000.0).fused

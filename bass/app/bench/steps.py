@@ -182,6 +182,10 @@ def measure(target: str, draft: str, *, batches: list[int], draft_lengths: list[
                     row[f"{role}_fused_layers"] = models[name][config_name].fused_layers
                     row[f"{role}_few_row_plans"] = [[t.projection, t.rows, t.fallback_us, t.kernel_us, t.chosen]
                                                     for t in timings]
+            for role, timer in (("target", tgt), ("draft", drf)):
+                paths = timer.runner.graphs.layer_path_timings if timer.runner.graphs is not None else []
+                if paths:  # steps of 9-16 tokens: fused and folded layers as timed at capture
+                    row[f"{role}_layer_paths"] = [[p.bucket, p.q, p.fused_us, p.folded_us, p.fused] for p in paths]
             row["derived_best"] = {"k": best[0], "ms_per_token_per_sequence": round(best[1], 4),
                                    "speedup_over_regular": round(regular.median_ms / best[1], 3)}
             rows.append(row)
