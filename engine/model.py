@@ -232,7 +232,7 @@ class Transformer:
         their second 8-row group (9-16 rows), else the fused default alone. Why: on an H200 the
         bf16 target's fused layers were 4-8% slower than the layers unfused at 9-16 rows and
         6-7% faster at 1-8, while the int8 draft's were level or faster at 9-16
-        (bench/results/2026-11-28-h200-auto-round-tails, `bass bench steps`): a product with its
+        (bench/results/2026-11-28-h200-auto-and-layer-paths, `bass bench steps`): a product with its
         epilogue over two row groups costs more than the plan timed for the plain product.
         time_layer_paths = False keeps the default everywhere (a test comparing two builds bit
         for bit)."""
