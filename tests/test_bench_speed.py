@@ -137,3 +137,26 @@ def test_speed_bench_runs_the_target_here_and_the_draft_in_a_process_of_its_own(
             assert streamed["stream_arrived"] > 0, "the draft process streamed drafts to this one"
     assert texts[True] == texts[False]
     assert len({d[0] for d in texts[True]}) == 1  # regular, k = 3 and streamed: one greedy text
+
+
+def test_auto_warms_up_on_a_whole_round_and_fixed_lengths_on_a_short_one(llama_target, llama_draft, tmp_path,
+                                                                         monkeypatch):
+    """`auto` learns per batch-size bucket, and only a whole round reaches the buckets of its
+    tail, so its untimed warm-up round is as long as the timed ones; a fixed length learns
+    nothing and warms up on 16 tokens."""
+    from bass.app.bench import speed
+
+    asked = []
+    original = speed.case_requests
+
+    def recording(prompts, batch, mode, tokens, round_):
+        asked.append((round_, tokens))
+        return original(prompts, batch, mode, tokens, round_)
+
+    monkeypatch.setattr(speed, "case_requests", recording)
+    args = ["bench", "speed", "--target", str(llama_target), "--draft", str(llama_draft), "--problems", "0:2",
+            "--batches", "2", "--policies", "3,auto", "--max-new-tokens", "24", "--device", "cpu", "--repeats", "2",
+            "--out", str(tmp_path / "speed.json")]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert asked == [(0, 16), (1, 24), (2, 24), (0, 24), (1, 24), (2, 24)]

@@ -104,7 +104,12 @@ def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, ba
                 def run(tokens: int, round_: int):
                     return scheduler.generate(case_requests(prompts, batch, mode, tokens, round_))
 
-                run(min(16, max_new_tokens), 0)  # warm-up: CUDA graphs, allocator, first cost measurements
+                # Warm-up, untimed: CUDA graphs, the allocator, the first cost measurements. `auto`
+                # learns per batch-size bucket, and a round's tail (its last sequences finishing one
+                # by one) reaches buckets that a short warm-up does not: their first timings fell
+                # inside timed rounds (H200, T = 0.8, 4 sequences: 7 regular steps, 10% of the
+                # reported round; bench/results/journal/2026-11-28-h200-auto-and-layer-paths.md).
+                run(max_new_tokens if policy == "auto" else min(16, max_new_tokens), 0)
                 if torch.cuda.is_available():
                     torch.cuda.synchronize()
                     torch.cuda.reset_peak_memory_stats()
