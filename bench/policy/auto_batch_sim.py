@@ -46,6 +46,12 @@ open: the H200's tokens per step at 8 sequences vary from step to step as 8 inde
 would (no bursts at the batch level); per-sequence traces would tell the spread between
 sequences and within one.
 
+--tail-p P models the lookup tails the target verifies after fully accepted drafts (6 at one or
+two sequences, 2 at three or four, none above; each token kept with probability P after the one
+before), which make a step's yield depend on the batch size:
+
+    python bench/policy/auto_batch_sim.py --costs h200-06ff26a --batches 1 2 4 --tail-p 0.7
+
 --set NAME=VALUE changes one of draft_length's constants for the run and --policy-arg NAME=VALUE
 one of MeasuredCost's arguments, to weigh a candidate before measuring it on the GPU:
 
@@ -87,7 +93,12 @@ COST_SETS = {
 }
 COSTS = dict(COST_SETS["h100-2026-11-25"])  # --costs picks another
 TOKENS = 128
-WARM_UP_TOKENS = 16  # as `bass bench speed`
+WARM_UP_TOKENS = 16  # as `bass bench speed` for a fixed length (`auto` warms up on a whole round since 4684e34)
+# --tail-p P: after a sequence accepts all k drafts, the target verifies lookup tokens continuing
+# its own text (target_service/worker.py, `lookup_tail`: as many as `lookup_tail_length` gives),
+# each accepted, after the one before, with probability P. 0: no tails (the simulation before
+# 2026-11-28).
+TAIL_P = [0.0]
 # A speculative step whose length differs from the step before (a return from regular decoding,
 # a probe of another length) runs without a chained proposal: its draft call and round trip are
 # not hidden. On the H100 at ca7633b (T = 0.8, 8 sequences) such steps read ~1.4 ms over a steady
@@ -100,6 +111,14 @@ JOIN_S_PER_TOKEN = 7e-6  # the draft's time per joined token on the H100 (5.6-8.
 STEADY_PENDING = 2  # as Scheduler._join_tokens: tokens a drafted step runs anyway
 POLICY_ARGS: dict = {}  # MeasuredCost's arguments (--policy-arg)
 SAME_PROMPTS = [False]  # --same-prompts
+
+
+def lookup_tail_length(batch: int, k: int) -> int:
+    """Lookup tokens the target verifies after k drafts at this batch size, with the defaults
+    (lookup_tail 6, graph_max_draft 8; engine/draft_loop.max_lookup_tail: 6 at one or two
+    sequences, 2 at three or four, none above; one sequence's verification within 8 rows)."""
+    m = min(6, 8 - k, 6 if batch <= 2 else 2 if batch <= 4 else 0)
+    return max(0, min(m, 7 - k) if batch == 1 else m)
 
 
 def step_cost(mode: str, batch: int, k: int, rng: random.Random) -> tuple[float, float]:
@@ -125,7 +144,7 @@ def one_run(seed: int, batch: int, mode: str, p0: tuple[float, float], p1: float
     per_round, next_id, realized = [], 0, 1.0
     early_tokens, early_drop = early
     for round_ in range(rounds + 1):
-        tokens = WARM_UP_TOKENS if round_ == 0 else TOKENS
+        tokens = WARM_UP_TOKENS if round_ == 0 and policy is None else TOKENS
         seqs = list(range(next_id, next_id + batch))
         next_id += batch
         if SAME_PROMPTS[0]:
@@ -149,6 +168,9 @@ def one_run(seed: int, batch: int, mode: str, p0: tuple[float, float], p1: float
                 trace[-1].append(k)
             ms = [accepted(k, first[s] - (early_drop if done[s] < early_tokens else 0.0), p1, draws[s]) if k else 0
                   for s in live]
+            if TAIL_P[0] and k:
+                tail = lookup_tail_length(len(live), k)
+                ms = [m + accepted(tail, TAIL_P[0], TAIL_P[0], draws[s]) if m == k else m for s, m in zip(live, ms)]
             draft_s, rest_s = step_cost(mode, len(live), k, rng)
             steady = k == last_k
             if k and not steady:
@@ -205,8 +227,11 @@ def main() -> None:
                         help="a MeasuredCost argument, e.g. initial=3 (repeatable)")
     parser.add_argument("--same-prompts", action="store_true",
                         help="every round the same batch again, as `bass bench speed` runs it")
+    parser.add_argument("--tail-p", type=float, default=0.0,
+                        help="lookup tails after fully accepted drafts, each token kept with this probability (TAIL_P)")
     args = parser.parse_args()
     SAME_PROMPTS[0] = args.same_prompts
+    TAIL_P[0] = args.tail_p
     if args.mode not in COST_SETS[args.costs]:
         parser.error(f"--costs {args.costs} has no {args.mode} costs")
     COSTS.update(COST_SETS[args.costs])
