@@ -271,11 +271,14 @@ class TargetWorker:
         k = drafts.shape[1]
         m = min(config.lookup_tail, config.graph_max_draft - k, max_lookup_tail(len(states)))
         if len(states) == 1:
-            # One sequence's verification stays within the few-row products' first plan (1-8
-            # rows): a step of 9 runs the plans timed at 16, which round differently and cost an
-            # H200 0.13-0.28 ms a step more, 10% a token at one sequence. At two sequences the
-            # tail pays for its wider step (6-14% faster with 6 than with 2; both in
+            # One sequence's verification stays within the few-row products' first row group
+            # (1-8 rows): a step of 9 rounds differently and cost an H200 0.13-0.28 ms a step
+            # more, 10% a token at one sequence, on the fused layers. At two sequences the tail
+            # pays for its wider step (6-14% faster with 6 than with 2; both in
             # bench/results/2026-11-28-h200x2-lookup-tails/), so only one sequence is capped.
+            # Since dbdce1f a 9-16-row step keeps the faster of the fused and the folded layers
+            # (H200: +0.13 ms over 8 rows instead of +0.25); whether the cap still pays is not
+            # measured yet (bench/results/journal/2026-11-28-h200-auto-and-layer-paths.md).
             m = min(m, ROW_BUCKETS[0] - 1 - k)
         # A proposal chained behind this call re-runs the last m + 1 committed tokens: a
         # sequence must have them (a prompt of one or two tokens, before any output).
