@@ -53,17 +53,29 @@ MAX_GRAPH_Q = 33  # up to 32 draft tokens + 1
 
 class StaticInputs:
     """The device buffers a captured forward reads: a batch of `bucket` sequences x q tokens
-    (`rows` logit rows each) whose lengths are bounds (one capture serves every context length),
-    and a pinned staging buffer that fills them with one host-to-device copy."""
+    (`rows` logit rows each) whose lengths are bounds (one capture serves every context length).
+    The five vectors a step changes (input ids, positions, token slots, slots, context lengths)
+    are views into a pinned staging buffer's device twin, so a fill is one host-to-device copy
+    and nothing after it (five device copies into separate buffers cost a launch each, on the
+    host and on the GPU, before every replay). Each view starts on a 16-byte boundary, as a
+    buffer of its own would: Triton specializes its kernels on that."""
 
     def __init__(self, bucket: int, q: int, rows: int, scratch_slot: int, max_len: int, device: torch.device):
         self.bucket, self.q, self.scratch_slot = bucket, q, scratch_slot
         chunks = [SequenceChunk(slot=scratch_slot, start=0, tokens=[0] * q, logit_rows=rows)] * bucket
         batch = RaggedBatch.build(chunks, device)
+        tokens = bucket * q
+        sizes = [tokens, tokens, tokens, bucket, bucket]  # input_ids, positions, token_slots, slots, ctx_lens
+        self._segments = [n + n % 2 for n in sizes]  # int64 elements, padded to 16 bytes
+        self.staging = Staging(sum(self._segments), torch.int64, device)
+        views, start = {}, 0
+        for name, n, segment in zip(_STEP_VECTORS, sizes, self._segments):
+            views[name] = self.staging.device[start:start + n]
+            views[name].copy_(getattr(batch, name))  # the padding batch, until the first fill
+            start += segment
         # One capture serves all context lengths: size the attention plan for the whole cache.
-        self.batch = replace(batch, max_ctx=max_len, ctx_lens_list=[max_len] * bucket, ctx_lens_are_bounds=True)
-        # input_ids, positions, token_slots, slots, ctx_lens
-        self.staging = Staging(3 * bucket * q + 2 * bucket, torch.int64, device)
+        self.batch = replace(batch, max_ctx=max_len, ctx_lens_list=[max_len] * bucket, ctx_lens_are_bounds=True,
+                             **views)
 
     def fill(self, chunks: list[SequenceChunk]) -> None:
         """Copy a step's inputs into the buffers (one host-to-device copy); sequences past
@@ -82,13 +94,13 @@ class StaticInputs:
         tslots += [self.scratch_slot] * (pad * q)
         slots += [self.scratch_slot] * pad
         ctx += [q] * pad
-        dev = self.staging.load(torch.tensor(ids + pos + tslots + slots + ctx, dtype=torch.int64))
-        tokens, bt = bucket * q, self.batch
-        bt.input_ids.copy_(dev[:tokens])
-        bt.positions.copy_(dev[tokens:2 * tokens])
-        bt.token_slots.copy_(dev[2 * tokens:3 * tokens])
-        bt.slots.copy_(dev[3 * tokens:3 * tokens + bucket])
-        bt.ctx_lens.copy_(dev[3 * tokens + bucket:])
+        staged = []
+        for column, segment in zip((ids, pos, tslots, slots, ctx), self._segments):
+            staged += column + [0] * (segment - len(column))
+        self.staging.load(torch.tensor(staged, dtype=torch.int64))
+
+
+_STEP_VECTORS = ("input_ids", "positions", "token_slots", "slots", "ctx_lens")
 
 
 @dataclass
