@@ -19,6 +19,8 @@ def test_speed_bench_accounts_for_every_token_and_millisecond(llama_target, tmp_
     for row in (regular, spec):
         assert row["generated_tokens"] == 2 * 10 and row["services"] == services
         assert len(row["wall_s_all_runs"]) == 3 and row["wall_s"] == sorted(row["wall_s_all_runs"])[1]  # the median
+        assert sorted(row["wall_s_per_round"]) == row["wall_s_all_runs"]  # the same walls, in round order
+        assert len(row["outputs_digest_per_round"]) == 3
         mean_ms = 1000 * sum(row["wall_s_all_runs"]) / 3 / 10
         assert abs(row["ms_per_token_per_sequence_mean"] - mean_ms) <= 0.06  # the mean round (walls kept to the ms)
         b = row["step_stats"]["breakdown_ms_per_step"]

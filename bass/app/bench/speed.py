@@ -125,6 +125,7 @@ def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, ba
                     if trace:
                         scheduler.step_stats.trace = [_traced(entry, t0) for entry in scheduler.step_stats.trace]
                 digests = [outputs_digest(r[2]) for r in runs]  # in round order, before the sort
+                walls_by_round = [round(r[0], 3) for r in runs]  # beside the digests: which text ran how fast
                 runs.sort(key=lambda r: r[0])
                 wall, st, results, gc_pauses = runs[len(runs) // 2]
                 generated = sum(len(s.token_ids) for r in results for s in r.sequences)
@@ -133,7 +134,8 @@ def measure(target: RunnerConfig, draft: RunnerConfig, prompts: list[str], *, ba
                 row = {"batch": batch, "policy": policy, "mode": mode, "services": services,
                        "colocated": services and colocate, "draft_process": "target's" if colocate else "own",
                        "max_new_tokens": max_new_tokens, "generated_tokens": generated, "wall_s": round(wall, 3),
-                       "wall_s_all_runs": [round(r[0], 3) for r in runs], "outputs_digest_per_round": digests,
+                       "wall_s_all_runs": [round(r[0], 3) for r in runs], "wall_s_per_round": walls_by_round,
+                       "outputs_digest_per_round": digests,
                        "ms_per_token_per_sequence": round(1000 * wall / max_new_tokens, 4),
                        # Each sampled round draws its own text, so the median round can be another
                        # text's in each row (H100, T = 0.8: one round of fixed k = 3 took 0.24 s
