@@ -231,7 +231,7 @@ class Transformer:
         (engine/graphs.py keeps the faster): both where the fused layers would run the step in
         their second 8-row group (9-16 rows), else the fused default alone. Why: on an H200 the
         bf16 target's fused layers were 4-8% slower than the layers unfused at 9-16 rows and
-        6-7% faster at 1-8, while the int8 draft's were level or faster at 9-16
+        6-13% faster at 1-8, while the int8 draft's were level or faster at 9-16
         (bench/results/2026-11-28-h200-auto-and-layer-paths, `bass bench steps`): a product with its
         epilogue over two row groups costs more than the plan timed for the plain product.
         time_layer_paths = False keeps the default everywhere (a test comparing two builds bit
