@@ -51,6 +51,10 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 MAX_GRAPH_Q = 33  # up to 32 draft tokens + 1
 
 
+# The vectors of a captured step's batch that each fill rewrites, in the staging buffer's order.
+_STEP_VECTORS = ("input_ids", "positions", "token_slots", "slots", "ctx_lens")
+
+
 class StaticInputs:
     """The device buffers a captured forward reads: a batch of `bucket` sequences x q tokens
     (`rows` logit rows each) whose lengths are bounds (one capture serves every context length).
@@ -65,7 +69,7 @@ class StaticInputs:
         chunks = [SequenceChunk(slot=scratch_slot, start=0, tokens=[0] * q, logit_rows=rows)] * bucket
         batch = RaggedBatch.build(chunks, device)
         tokens = bucket * q
-        sizes = [tokens, tokens, tokens, bucket, bucket]  # input_ids, positions, token_slots, slots, ctx_lens
+        sizes = [tokens, tokens, tokens, bucket, bucket]  # per _STEP_VECTORS
         self._segments = [n + n % 2 for n in sizes]  # int64 elements, padded to 16 bytes
         self.staging = Staging(sum(self._segments), torch.int64, device)
         views, start = {}, 0
@@ -98,9 +102,6 @@ class StaticInputs:
         for column, segment in zip((ids, pos, tslots, slots, ctx), self._segments):
             staged += column + [0] * (segment - len(column))
         self.staging.load(torch.tensor(staged, dtype=torch.int64))
-
-
-_STEP_VECTORS = ("input_ids", "positions", "token_slots", "slots", "ctx_lens")
 
 
 @dataclass
