@@ -8,16 +8,21 @@
 #   constant_ab.sh "MODULE.NAME=VALUE [MODULE.NAME=VALUE...]" MODE BATCHES POLICIES [bench speed args...]
 #   e.g. constant_ab.sh draft_length.SEQUENCE_PRIOR_STEPS=8 greedy 2,4,8,16 0,3,auto --services
 #        constant_ab.sh "draft_length.SEQUENCE_PRIOR_STEPS=8 draft_length.SHORTER_TRUSTED_MAX_BATCH=64" t0.8-p0.95 2,4,8 0,2,auto
-# (MODULE is under bass.coordinator; VALUE a Python literal; several settings, space-separated,
-# change together.) OUT: where the JSON goes; TAG names it.
+# (MODULE is under bass.coordinator, or a whole dotted path from `bass.` for a constant elsewhere,
+# e.g. bass.target_service.worker.ROW_BUCKETS=(17,): that one reaches the target worker only
+# in-process, without --services, whose workers are processes of their own; VALUE a Python literal
+# without spaces; several settings, space-separated, change together.) OUT: where the JSON goes;
+# TAG names it.
 # TARGET, DRAFT, DEVICE, DTYPE and PYTHON override the defaults (a CPU smoke test: tiny models,
 # DEVICE=cpu DTYPE=float32 PYTHON=.venv/bin/python).
 set -uo pipefail
 setting=$1 mode=$2 batches=$3 policies=$4; shift 4
 patch_new=""
 for one in $setting; do
-  module=${one%%.*} rest=${one#*.} name=${rest%%=*} value=${one#*=}
-  patch_new+="import bass.coordinator.$module as m; assert hasattr(m, '$name'), '$one'; m.$name = $value; "
+  path=${one%%=*} value=${one#*=}
+  module=${path%.*} name=${path##*.}
+  [ "${module#bass.}" = "$module" ] && module=bass.coordinator.$module
+  patch_new+="import $module as m; assert hasattr(m, '$name'), '$one'; m.$name = $value; "
 done
 patch_new=${patch_new%; }
 cd /tmp
