@@ -276,9 +276,9 @@ class TargetWorker:
             # more, 10% a token at one sequence, on the fused layers. At two sequences the tail
             # pays for its wider step (6-14% faster with 6 than with 2; both in
             # bench/results/2026-11-28-h200x2-lookup-tails/), so only one sequence is capped.
-            # Since dbdce1f a 9-16-row step keeps the faster of the fused and the folded layers
-            # (H200: +0.13 ms over 8 rows instead of +0.25); whether the cap still pays is not
-            # measured yet (bench/results/journal/2026-11-28-h200-auto-and-layer-paths.md).
+            # It still pays with 9-16-row steps on the faster of the fused and folded layers
+            # (dbdce1f): uncapped, one sequence ran 3-4% slower at k = 3, 4 and `auto` (H200,
+            # 0a2199f; bench/results/journal/2026-11-28-h200x2-readme-table.md).
             m = min(m, ROW_BUCKETS[0] - 1 - k)
         # A proposal chained behind this call re-runs the last m + 1 committed tokens: a
         # sequence must have them (a prompt of one or two tokens, before any output).
