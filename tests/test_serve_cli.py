@@ -136,6 +136,26 @@ def test_two_gpu_flags_and_keys_reach_the_config(llama_target, llama_draft, tmp_
     assert same.colocate, "cuda:0 is the target's 'cuda': the draft stays in the target's process"
 
 
+def test_a_draft_on_its_own_gpu_taking_turns_is_advised_against(llama_target, llama_draft):
+    """The draft on a second GPU with streamed speculation off runs every step through the host
+    (slower than one GPU): `bass serve` says so and names the two ways that use a second GPU;
+    with streaming on, on one GPU, or with the draft apart on the target's own GPU, it says
+    nothing."""
+    from bass.app.cli.serve import serve, serve_config
+    from bass.app.launcher import two_gpu_advice
+
+    def advice(*flags):
+        base = ["--target", llama_target, "--draft", llama_draft, "--device", "cuda"]
+        return two_gpu_advice(serve_config(serve.make_context("serve", [*map(str, base), *flags])))
+
+    text = advice("--draft-device", "cuda:1")
+    assert text is not None and "cuda:1" in text and "--replicas 2" in text and "--draft-stream" in text
+    assert advice("--draft-device", "cuda:1", "--draft-stream", "6") is None
+    assert advice() is None
+    assert advice("--separate-draft") is None  # its own process, the target's GPU: not two GPUs
+    assert advice("--draft-device", "cuda:0") is None
+
+
 def test_streamed_speculation_flag_and_keys_reach_the_config(llama_target, llama_draft, tmp_path):
     """--draft-stream K turns on streamed speculation (the draft drafting ahead on its own GPU);
     its other settings come from [coordinator.scheduler.draft_stream], which the flag keeps."""
