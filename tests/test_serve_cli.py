@@ -142,14 +142,15 @@ def test_a_draft_on_its_own_gpu_taking_turns_is_advised_against(llama_target, ll
     with streaming on, on one GPU, or with the draft apart on the target's own GPU, it says
     nothing."""
     from bass.app.cli.serve import serve, serve_config
-    from bass.app.launcher import two_gpu_advice
+    from bass.app.launcher import draft_on_own_gpu
 
     def advice(*flags):
         base = ["--target", llama_target, "--draft", llama_draft, "--device", "cuda"]
-        return two_gpu_advice(serve_config(serve.make_context("serve", [*map(str, base), *flags])))
+        config = serve_config(serve.make_context("serve", [*map(str, base), *flags]))
+        return config.turn_taking_warning(draft_on_own_gpu(config))
 
     text = advice("--draft-device", "cuda:1")
-    assert text is not None and "cuda:1" in text and "--replicas 2" in text and "--draft-stream" in text
+    assert text is not None and "--replicas 2" in text and "--draft-stream" in text
     assert advice("--draft-device", "cuda:1", "--draft-stream", "6") is None
     assert advice() is None
     assert advice("--separate-draft") is None  # its own process, the target's GPU: not two GPUs

@@ -110,20 +110,12 @@ def public_address(processes: list[ServiceProcess]) -> str:
     return (names.get("router") or names["coordinator"]).address
 
 
-def two_gpu_advice(config: ServeConfig) -> str | None:
-    """What to say where the draft has a GPU of its own but the two take turns (streamed
-    speculation off): every step then waits for the draft through the host, slower than both
-    models on one GPU (issue #36: 2.88 against 2.15 ms a token at 8 sequences on two H100s).
-    None for every other deployment."""
-    if not config.with_draft or config.colocate or config.coordinator.scheduler.draft_stream.on:
-        return None
+def draft_on_own_gpu(config: ServeConfig) -> bool:
+    """Whether `bass serve` puts the draft on another GPU than the target's."""
+    if not config.with_draft:
+        return False
     target, draft = config.target.device, config.draft.device
-    if not (target.startswith("cuda") and draft.startswith("cuda")) or same_device(target, draft):
-        return None
-    return (f"the draft runs on {draft} and the target on {target}, taking turns: each step waits for the draft "
-            "through the host, which is slower than both on one GPU. For two GPUs, --replicas 2 (each GPU the "
-            "one-GPU default) serves more, or --draft-stream 6 drafts while the target verifies (README, "
-            "\"Two GPUs\")")
+    return target.startswith("cuda") and draft.startswith("cuda") and not same_device(target, draft)
 
 
 def launch(config: ServeConfig, echo: Callable[[str], None] = print) -> list[ServiceProcess]:
@@ -131,9 +123,9 @@ def launch(config: ServeConfig, echo: Callable[[str], None] = print) -> list[Ser
     on failure)."""
     if config.replicas > 1:
         return launch_replicas(config, echo)
-    advice = two_gpu_advice(config)
-    if advice is not None:
-        log.warning(advice)
+    warning = config.turn_taking_warning(draft_on_own_gpu(config))
+    if warning is not None:
+        log.warning(warning)
     started: list[ServiceProcess] = []
     try:
         target_address, draft_address = start_workers(config, started)

@@ -615,6 +615,19 @@ class ServeConfig:
         """Whether the services include a draft (a section with a model; none: regular decoding)."""
         return self.draft is not None and self.draft.model_dir is not None
 
+    def turn_taking_warning(self, draft_has_own_gpu: bool) -> str | None:
+        """What to say where the draft has a GPU of its own (its device here, a Ray bundle of its
+        own under `bass up`) but the two models take turns (streamed speculation off): every step
+        waits for the draft through the host, slower than both models on one GPU (issue #36:
+        2.88 against 2.15 ms a token at 8 sequences on two H100s). None otherwise."""
+        if (not draft_has_own_gpu or not self.with_draft or self.colocate
+                or self.coordinator.scheduler.draft_stream.on):
+            return None
+        return ("the draft has a GPU of its own but takes turns with the target: each step waits for the draft "
+                "through the host, which is slower than both models on one GPU. For two GPUs, --replicas 2 "
+                "(replicas = 2: each GPU the one-GPU default) serves more, or --draft-stream 6 "
+                "([coordinator.scheduler.draft_stream] block) drafts while the target verifies (README, \"Two GPUs\")")
+
 
 def load_config_file(path: Path, cls: type = ServeConfig):
     """Read a TOML file into `cls`, rejecting unknown keys and bad values with the key's path."""

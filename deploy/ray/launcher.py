@@ -126,6 +126,9 @@ def up(config: ServeConfig, echo=print, serve_http: Callable | None = None) -> d
         except BaseException:  # leave no group pending for resources nor half the replicas running
             down(rc.namespace)
             raise
+    warning = config.turn_taking_warning(rc.draft_gpus >= 1)  # a fraction may share the target's GPU
+    if warning is not None:
+        log.warning(warning)
     bundles = _bundles(config, rc.http_cpus if with_http else 0.0)
     _check_capacity(bundles, 1)
     pg = placement_group(bundles, strategy=rc.strategy, name=PLACEMENT_GROUP, lifetime="detached")
