@@ -331,6 +331,7 @@ class Scheduler:
         self.policy.observe_costs(size, outcome.draft_forwards if plan.clean_draft else 0, outcome.draft_s, k,
                                   period - outcome.draft_s if steady else None, joined=plan.joined)
         self.step_stats.add_step(self.clock() - plan.step_started)
+        self.step_stats.chained_steps += plan.chain is not None
         return finished
 
     def _streamed_step(self, prefill: PrefillBudget) -> list[RequestRun]:

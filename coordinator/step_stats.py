@@ -41,6 +41,11 @@ class StepStats:
     # Lookup tokens a target verified after a step's drafts (engine/lookup_tail.py) that it
     # accepted: the tokens a sequence committed past its drafts, less the target's own last one.
     lookup_tail_kept: int = 0
+    # Speculative steps whose proposal was chained behind the verification before them (its
+    # draft forwards ran while the host committed that step); the others drafted at their
+    # start, on the step's critical path. Of steps_by_length's speculative steps, those not
+    # counted here paid for their draft in full.
+    chained_steps: int = 0
     # Per step, when a benchmark asks for it (a list, else None): (draft length, sequences,
     # tokens committed, draft seconds, the Verify call's seconds where the step is timed for the
     # policy, else None (the policy is given the step's whole period less the draft call),

@@ -103,6 +103,10 @@ def test_chained_proposals_give_the_unchained_text(llama_target, llama_draft, po
     assert texts(got) == texts(want)
     # auto spends steps timing regular decoding and probing, so it chains fewer.
     assert chained.draft.chained >= (3 if policy == "auto" else 5) and chained.draft.kept > 0, "the chained path ran"
+    # The step statistics count the steps that took a chained proposal (the last one chained
+    # may go unused: its batch finished) and none without chaining.
+    assert chained.draft.chained - 1 <= chained.step_stats.chained_steps <= chained.draft.chained
+    assert unchained.step_stats.chained_steps == 0
     if policy == "3":
         # One draft length throughout: the chained draft proposes what the unchained one does,
         # token for token, so it ran from the same cached keys and values.
