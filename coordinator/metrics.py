@@ -77,6 +77,9 @@ class CoordinatorMetrics:
                                             "accepted or rejected by the target", ["fate"], registry=r)
         self.lookup_tail_tokens = Counter("bass_lookup_tail_tokens", "Lookup tokens the target verified after "
                                           "a step's drafts and accepted ([target] lookup_tail)", registry=r)
+        self.chained_steps = Counter("bass_chained_steps", "Speculative steps whose proposal ran behind the "
+                                     "verification before them (the others drafted on the step's critical path)",
+                                     registry=r)
         self.running = Gauge("bass_running_sequences", "Sequences in the batch", registry=r)
         self.waiting = Gauge("bass_waiting_requests", "Requests queued for a place in the batch", registry=r)
         self.draft_available = Gauge("bass_draft_available", "1 while the draft worker serves, else 0 "
@@ -105,6 +108,7 @@ class CoordinatorMetrics:
         self.stream_starved.inc(d["stream_starved"])
         self.stream_draft_busy_seconds.inc(d["stream_draft_busy_s"])
         self.lookup_tail_tokens.inc(d["lookup_tail_kept"])
+        self.chained_steps.inc(d["chained_steps"])
         if d["stream_looked_up"]:
             self.stream_lookup_tokens.labels("accepted").inc(d["stream_lookup_kept"])
             self.stream_lookup_tokens.labels("rejected").inc(d["stream_looked_up"] - d["stream_lookup_kept"])

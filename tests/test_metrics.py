@@ -29,9 +29,9 @@ def scrape(address: str) -> dict[tuple[str, tuple], float]:
 def test_a_step_counts_only_what_it_added():
     m = CoordinatorMetrics()
     before = StepStats(steps=3, draft_tokens=12, accepted_tokens=10, step_s=0.3, draft_s=0.1, verify_s=0.15,
-                       lookup_tail_kept=2)
+                       lookup_tail_kept=2, chained_steps=2)
     after = StepStats(steps=4, draft_tokens=16, accepted_tokens=13, step_s=0.35, draft_s=0.12, verify_s=0.18,
-                      lookup_tail_kept=5)
+                      lookup_tail_kept=5, chained_steps=3)
     m.step(before, after)
     m.step(after, after)  # a call that ran no step (nothing admitted) adds nothing
     values = {(s.name, tuple(s.labels.items())): s.value for f in m.registry.collect() for s in f.samples}
@@ -43,6 +43,7 @@ def test_a_step_counts_only_what_it_added():
     assert values[("bass_step_duration_seconds_bucket", (("le", "0.032"),))] == 0
     assert values[("bass_draft_seconds_total", ())] == pytest.approx(0.02)
     assert values[("bass_lookup_tail_tokens_total", ())] == 3
+    assert values[("bass_chained_steps_total", ())] == 1
 
 
 def test_a_streamed_step_counts_the_streams_drafts_by_fate():
