@@ -80,6 +80,10 @@ class CoordinatorMetrics:
         self.chained_steps = Counter("bass_chained_steps", "Speculative steps whose proposal ran behind the "
                                      "verification before them (the others drafted on the step's critical path)",
                                      registry=r)
+        self.sent_ahead_steps = Counter("bass_steps_sent_ahead", "Speculative steps sent before the previous "
+                                        "step's answer was read (a co-located pair), by fate: run, or dropped "
+                                        "unrun (the worker had not queued the chained proposal they were to "
+                                        "run on)", ["fate"], registry=r)
         self.running = Gauge("bass_running_sequences", "Sequences in the batch", registry=r)
         self.waiting = Gauge("bass_waiting_requests", "Requests queued for a place in the batch", registry=r)
         self.draft_available = Gauge("bass_draft_available", "1 while the draft worker serves, else 0 "
@@ -91,6 +95,8 @@ class CoordinatorMetrics:
         """Count what one step added to the scheduler's cumulative step statistics."""
         d = {f.name: getattr(after, f.name) - getattr(before, f.name) for f in fields(StepStats)
              if isinstance(getattr(after, f.name), (int, float))}  # the counters, not the dict/trace
+        if d["dropped_ahead_steps"]:  # a step that committed nothing can drop steps sent ahead
+            self.sent_ahead_steps.labels("dropped").inc(d["dropped_ahead_steps"])
         if not d["steps"]:
             return
         self.steps.inc(d["steps"])
@@ -109,6 +115,8 @@ class CoordinatorMetrics:
         self.stream_draft_busy_seconds.inc(d["stream_draft_busy_s"])
         self.lookup_tail_tokens.inc(d["lookup_tail_kept"])
         self.chained_steps.inc(d["chained_steps"])
+        if d["sent_ahead_steps"]:
+            self.sent_ahead_steps.labels("run").inc(d["sent_ahead_steps"])
         if d["stream_looked_up"]:
             self.stream_lookup_tokens.labels("accepted").inc(d["stream_lookup_kept"])
             self.stream_lookup_tokens.labels("rejected").inc(d["stream_looked_up"] - d["stream_lookup_kept"])

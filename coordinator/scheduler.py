@@ -15,6 +15,7 @@ called from other threads.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import secrets
@@ -29,7 +30,8 @@ from bass.coordinator.incremental_text import IncrementalText
 from bass.coordinator.regular_pipeline import Answered, PairedPeriods, RegularPipeline
 from bass.coordinator.requests import FinishReason, GenerationRequest, GenerationResult, SequenceOutput
 from bass.coordinator.sequences import PrefillBudget, RequestRun, SequenceRun, sequence_seed_key
-from bass.coordinator.speculative_step import SpeculativeStep, StepOutcome, StepPlan
+from bass.coordinator import speculative_ahead
+from bass.coordinator.speculative_step import ChainRefused, LaunchedStep, SpeculativeStep, StepOutcome, StepPlan
 from bass.coordinator.step_stats import StepStats
 from bass.coordinator.streamed_step import StreamedStep, StreamPlan
 from bass.coordinator.stopping import StopCriteria, check_stop
@@ -86,6 +88,7 @@ class Scheduler:
         # steady cost of its length only where the step before drafted the same length.
         self._last_length = 0
         self._chain = None  # the proposal chained behind the last step's verification, for this step
+        self._ahead: LaunchedStep | None = None  # a speculative step sent before the last one's commit
         self._decided: dict[int, int] | None = None  # the policy's lengths for this step, asked early
         self._uncounted_step_s = 0.0  # a pipelined step that committed nothing: counted with the next
         self._last_step_end: float | None = None  # clock() when the last step() returned
@@ -161,7 +164,7 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.regular.in_flight)
+        return bool(self.waiting or self.running or self.regular.in_flight or self._ahead is not None)
 
     def generate(self, requests: Iterable[GenerationRequest]) -> list[GenerationResult]:
         """Run requests to completion in-process (all batched together); results in order."""
@@ -190,7 +193,9 @@ class Scheduler:
         self.running = []
         self._slots_held = 0
         self.regular.discard()
-        self._chain, self._decided = None, None  # the workers are reset before new work
+        if self._ahead is not None:
+            self._ahead.discard()
+        self._chain, self._decided, self._ahead = None, None, None  # the workers are reset before new work
         self.close()
         self._target_add, self._draft_add, self._target_release, self._draft_release = [], [], [], []
         self.policy = self._new_policy()
@@ -205,7 +210,7 @@ class Scheduler:
     def step(self) -> list[RequestRun]:
         """One speculative step for the whole batch; returns the requests that finished
         (each exactly once). Raises WorkerUnavailableError if the target fails."""
-        if not self.running and not self.regular.in_flight:
+        if not self.running and not self.regular.in_flight and self._ahead is None:
             self._last_step_end = None  # idle before this step: no period to time
         finished = self._step()
         self._last_step_end = self.clock()
@@ -219,6 +224,10 @@ class Scheduler:
     def _step(self) -> list[RequestRun]:
         """Plan the step, run it on the workers (one of the executors), commit its verdicts."""
         finished = self._expire_budgets()
+        if self._ahead is not None:  # sent during the last step: commit it (and send the next)
+            launched, self._ahead = self._ahead, None
+            launched.plan.step_started = self.clock()
+            return finished + self._speculate(launched)
         # The budget protects running sequences from an arrival's prefill. With none running,
         # nobody waits on admission, so the first wave of a burst is admitted whole; the draft's
         # prefill (which delays those new sequences' first tokens) keeps to the budget.
@@ -258,8 +267,40 @@ class Scheduler:
                 return finished
         self._attach_where_wanted(batch, wanted, prefill)
         plan = self._plan_speculative(batch, wanted, chain)
-        outcome = self.speculative.execute(plan, self._plan_chain)
-        return finished + self._commit_speculative(plan, outcome)
+        return finished + self._speculate(self.speculative.start(plan, self._plan_chain))
+
+    def _speculate(self, launched: LaunchedStep) -> list[RequestRun]:
+        """Read a speculative step's answers and commit them. Over a co-located pair the next
+        step, on the proposal chained behind this one, is sent first where it may be
+        (coordinator/speculative_ahead.py): the worker finds it waiting when it answers this one."""
+        ahead = self._send_ahead(launched)
+        try:
+            outcome = self.speculative.finish(launched)
+        except ChainRefused as exc:  # nothing ran; the next step is planned anew
+            log.debug("a step sent ahead was refused: %s", exc)
+            self.step_stats.dropped_ahead_steps += 1 + (ahead is not None)
+            if ahead is not None:
+                ahead.discard()
+            return []
+        finished = self._commit_speculative(launched.plan, outcome)
+        if ahead is not None:
+            if self._chain is not None:  # the worker queued the chain: the step sent ahead runs on it
+                self._chain, self._ahead = None, ahead
+            else:  # it did not (or the draft failed): the worker refuses that step, which is dropped
+                ahead.discard()
+                self.step_stats.dropped_ahead_steps += 1
+        return finished
+
+    def _send_ahead(self, launched: LaunchedStep) -> LaunchedStep | None:
+        """Start the step after `launched` before its answer is read, or None."""
+        if (not getattr(self.target, "speculates_ahead", False) or not self.speculative.chains
+                or not self.draft_up or self._fits_waiting()):
+            return None
+        plan = speculative_ahead.plan_ahead(launched, self.max_seq_len, self.clock())
+        if plan is None:
+            return None
+        plan_chain = functools.partial(self._plan_chain, in_flight=speculative_ahead.most_committed(launched))
+        return self.speculative.start(plan, plan_chain)
 
     def _plan_speculative(self, batch: list[SequenceRun], wanted: dict[int, int], chain) -> StepPlan:
         """The step's lengths, the proposal to start (unless one is chained) and what each
@@ -282,13 +323,16 @@ class Scheduler:
             self._draft_add, self._draft_release = [], []  # they go with the proposal
         return plan
 
-    def _plan_chain(self, batch: list[SequenceRun], k: int, tail: int = 0) -> ProposeRequest | None:
+    def _plan_chain(self, batch: list[SequenceRun], k: int, tail: int = 0,
+                    in_flight: int = 0) -> ProposeRequest | None:
         """The next step's proposal, chained behind this step's verification of k drafts a
         sequence (SpeculativeStep._chain_next): the policy chooses the next step's draft length
         now, one step's evidence earlier than it otherwise would (where it chooses regular
         decoding or lengths that differ, the next step takes that choice: `_decided`). Arrivals
         that fit break the chain (they join at the next step's start, which a chained step
-        skips)."""
+        skips). in_flight: tokens a step still uncommitted may add before this one (this one was
+        sent ahead of its commit, coordinator/speculative_ahead.py); such a call carries no
+        releases, which a refused call would lose."""
         sampled = not all(s.sampling.params.greedy for s in batch)
         if not self.draft_up or self._fits_waiting() or not self.draft.chains(len(batch), 1, k, sampled, tail):
             return None
@@ -296,12 +340,15 @@ class Scheduler:
         wanted = self.policy.lengths(seq_ids)
         nxt = wanted[0] if wanted else 0
         # The cache must hold the step after next whatever this one accepts.
-        room = all(len(s.request.prompt_ids) + len(s.output) + k + 1 + nxt <= self.max_seq_len for s in batch)
+        room = all(len(s.request.prompt_ids) + len(s.output) + in_flight + k + 1 + nxt <= self.max_seq_len
+                   for s in batch)
         if (not nxt or any(w != nxt for w in wanted) or not room
                 or not self.draft.chains(len(batch), nxt, k, sampled, tail)):
             self._decided = dict(zip(seq_ids, wanted))
             return None
-        release, self._draft_release = self._draft_release, []
+        release = []
+        if not in_flight:
+            release, self._draft_release = self._draft_release, []
         return ProposeRequest(items=[ProposeItem(s.seq_id, nxt, (), s.sampling) for s in batch], release=release)
 
     def _commit_speculative(self, plan: StepPlan, outcome: StepOutcome) -> list[RequestRun]:
@@ -332,6 +379,7 @@ class Scheduler:
                                   period - outcome.draft_s if steady else None, joined=plan.joined)
         self.step_stats.add_step(self.clock() - plan.step_started)
         self.step_stats.chained_steps += plan.chain is not None
+        self.step_stats.sent_ahead_steps += plan.sent_ahead
         return finished
 
     def _streamed_step(self, prefill: PrefillBudget) -> list[RequestRun]:

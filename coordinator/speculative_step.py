@@ -20,10 +20,11 @@ as regular decoding, or with the verdicts of drafts the target already read on t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from bass.coordinator.sequences import SequenceRun
+from bass.core.errors import PreconditionError
 from bass.core.worker_api import (AddSequence, ChainedProposal, DraftWorkerAPI, PendingVerify, ProposeRequest,
                                   ProposeResponse, TargetWorkerAPI, VerifyItem, VerifyRequest, VerifyResponse)
 
@@ -57,6 +58,7 @@ class StepPlan:
     clean_verify: bool = True
     clean_draft: bool = True
     joined: int = 0  # tokens the draft ran before its proposal (a join), for the policy
+    sent_ahead: bool = False  # sent before the last step's answer was read (coordinator/speculative_ahead.py)
 
 
 @dataclass
@@ -70,6 +72,30 @@ class StepOutcome:
     draft_compute_s: float
     verify_s: float
     next_chain: ChainedProposal | None  # the next step's proposal, queued behind this verification
+
+
+@dataclass
+class LaunchedStep:
+    """A speculative step whose work is queued (SpeculativeStep.start) and whose answers are
+    not yet read (`finish`)."""
+
+    plan: StepPlan
+    lengths: list[int]  # as planned, or zeros where the draft failed before proposing
+    drafting: list[int] = field(default_factory=list)  # indices into the batch
+    draft_forwards: int = 0
+    proposal: object = None  # StartedProposal
+    pending: PendingVerify | None = None  # the verification, queued behind the proposal on the device
+    next_chain: ChainedProposal | None = None  # the next step's proposal, queued behind the verification
+
+    def discard(self) -> None:
+        """Nobody will read this step's answers."""
+        if self.pending is not None:
+            self.pending.discard()
+
+
+class ChainRefused(Exception):
+    """A co-located pair's worker refused a step on a chained proposal: it had not queued one
+    (the step before declined its chain's shape). Nothing ran; the step is to be planned anew."""
 
 
 class ChainPlanner(Protocol):
@@ -89,34 +115,51 @@ class SpeculativeStep:
         self.fed_verify = self.chains = bool(getattr(target, "verifies_device_drafts", False))
 
     def execute(self, plan: StepPlan, plan_chain: ChainPlanner) -> StepOutcome:
+        return self.finish(self.start(plan, plan_chain))
+
+    def start(self, plan: StepPlan, plan_chain: ChainPlanner) -> LaunchedStep:
+        """Queue the step's work (in-process: on the device; a co-located pair: its Speculate
+        call is sent) without waiting for any of it."""
         batch, lengths = plan.batch, list(plan.lengths)
-        drafts: list[tuple[int, ...]] = [()] * len(batch)
-        draft_forwards, draft_s, draft_wait_s, draft_compute_s = 0, 0.0, 0.0, 0.0
-        proposal, drafting = None, []
-        started = self.clock()
+        launched = LaunchedStep(plan=plan, lengths=lengths)
         if plan.chain is not None:
-            drafting, draft_forwards = list(range(len(batch))), plan.chain.k
-            proposal = plan.chain.select([s.seq_id for s in batch])
+            launched.drafting, launched.draft_forwards = list(range(len(batch))), plan.chain.k
+            launched.proposal = plan.chain.select([s.seq_id for s in batch])
         elif plan.propose is not None:
-            drafting, draft_forwards = plan.drafting, max(lengths, default=0)
+            launched.drafting, launched.draft_forwards = plan.drafting, max(lengths, default=0)
             try:
-                proposal = self._start_propose(plan.propose)
+                launched.proposal = self._start_propose(plan.propose)
             except Exception as exc:  # noqa: BLE001 - speculation is optional; never fail a request for it
                 self.draft_failed(exc)
-                lengths, draft_forwards = [0] * len(batch), 0
-        pending = next_chain = None
-        on_device = proposal.on_device if proposal is not None and len(drafting) == len(batch) else None
+                launched.lengths, launched.draft_forwards = [0] * len(batch), 0
+        proposal = launched.proposal
+        on_device = proposal.on_device if proposal is not None and len(launched.drafting) == len(batch) else None
         if on_device is not None:
             # Verification is queued behind the draft's forwards and reads its tokens on the
             # device; the host reads them back while the target runs.
-            pending = self.target.start_verify(VerifyRequest(
+            launched.pending = self.target.start_verify(VerifyRequest(
                 items=[VerifyItem(s.seq_id, (), s.sampling) for s in batch],
                 add=plan.target_add, release=plan.target_release), drafts=on_device)
-            next_chain = self._chain_next(batch, max(lengths), pending, plan_chain)
+            launched.next_chain = self._chain_next(batch, max(launched.lengths), launched.pending, plan_chain)
+            send = getattr(launched.pending, "send", None)  # a co-located pair's call: on its way now
+            if send is not None:
+                send()
+        return launched
+
+    def finish(self, launched: LaunchedStep) -> StepOutcome:
+        """Wait for the step's answers. Raises ChainRefused where a co-located pair's worker
+        refused a step sent ahead on a chained proposal it had not queued."""
+        plan, batch, lengths = launched.plan, launched.plan.batch, launched.lengths
+        proposal, pending, next_chain = launched.proposal, launched.pending, launched.next_chain
+        drafts: list[tuple[int, ...]] = [()] * len(batch)
+        draft_forwards, draft_s, draft_wait_s, draft_compute_s = launched.draft_forwards, 0.0, 0.0, 0.0
+        started = self.clock()
         if proposal is not None:
             try:
                 response = proposal.result()
             except Exception as exc:  # noqa: BLE001
+                if plan.sent_ahead and isinstance(exc, PreconditionError):
+                    raise ChainRefused(str(exc)) from exc
                 self.draft_failed(exc)
                 next_chain = None
                 if pending is None:
@@ -132,7 +175,7 @@ class SpeculativeStep:
                 draft_s = (plan.chain.gpu_s if plan.chain is not None
                            else proposal.draft_s if proposal.draft_s is not None else draft_wait_s)
                 draft_compute_s = response.compute_s
-                for n, i in enumerate(drafting):
+                for n, i in enumerate(launched.drafting):
                     batch[i].unsent_to_draft.clear()
                     drafts[i] = tuple(response.tokens[n])
         started = self.clock()

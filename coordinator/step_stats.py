@@ -46,6 +46,11 @@ class StepStats:
     # start, on the step's critical path. Of steps_by_length's speculative steps, those not
     # counted here paid for their draft in full.
     chained_steps: int = 0
+    # Of those, steps sent before the last step's answer was read (a co-located pair:
+    # coordinator/speculative_ahead.py), and steps sent ahead that were dropped unrun (the
+    # worker had not queued the chain they were to run on).
+    sent_ahead_steps: int = 0
+    dropped_ahead_steps: int = 0
     # Per step, when a benchmark asks for it (a list, else None): (draft length, sequences,
     # tokens committed, draft seconds, the Verify call's seconds where the step is timed for the
     # policy, else None (the policy is given the step's whole period less the draft call),

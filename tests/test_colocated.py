@@ -10,6 +10,7 @@ import grpc
 import pytest
 import torch
 
+from bass.coordinator import speculative_ahead
 from bass.coordinator.scheduler import Scheduler
 from bass.coordinator.tokenizer import load_codec
 from bass.core.errors import PreconditionError
@@ -92,6 +93,9 @@ def test_through_cuda_graphs_one_call_a_step_gives_the_in_process_text(llama_tar
         server.stop(0)
     assert got == want
     assert calls.chained >= 3 and calls.used_chain >= 3, vars(calls)
+    # Steps sent before the last answer was read (coordinator/speculative_ahead.py), through
+    # the worker's CUDA graphs.
+    assert scheduler.step_stats.sent_ahead_steps >= 1, vars(scheduler.step_stats)
 
 
 def test_without_the_draft_loop_steps_are_not_chained(llama_target, llama_draft, monkeypatch):
@@ -127,9 +131,11 @@ def test_separate_processes_are_not_paired(llama_target, llama_draft):
         draft.stop(0)
 
 
-def test_a_draft_call_of_its_own_drops_the_chained_proposal(llama_target, llama_draft):
+def test_a_draft_call_of_its_own_drops_the_chained_proposal(llama_target, llama_draft, monkeypatch):
     """A chained proposal was queued on the draft's state as the last Speculate left it: after
-    any other draft call, verifying it is refused (FAILED_PRECONDITION), not silently wrong."""
+    any other draft call, verifying it is refused (FAILED_PRECONDITION), not silently wrong.
+    (No step is sent ahead here: the chain waits for the next step, as the test's own call.)"""
+    monkeypatch.setattr(speculative_ahead, "plan_ahead", lambda *args: None)
     scheduler, server = colocated_scheduler(llama_target, llama_draft, "3")
     try:
         request = dataclasses.replace(REQUESTS[0], max_new_tokens=40)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import urllib.request
+from dataclasses import replace
 
 import grpc
 import pytest
@@ -29,11 +30,13 @@ def scrape(address: str) -> dict[tuple[str, tuple], float]:
 def test_a_step_counts_only_what_it_added():
     m = CoordinatorMetrics()
     before = StepStats(steps=3, draft_tokens=12, accepted_tokens=10, step_s=0.3, draft_s=0.1, verify_s=0.15,
-                       lookup_tail_kept=2, chained_steps=2)
+                       lookup_tail_kept=2, chained_steps=2, sent_ahead_steps=1)
     after = StepStats(steps=4, draft_tokens=16, accepted_tokens=13, step_s=0.35, draft_s=0.12, verify_s=0.18,
-                      lookup_tail_kept=5, chained_steps=3)
+                      lookup_tail_kept=5, chained_steps=3, sent_ahead_steps=2)
     m.step(before, after)
     m.step(after, after)  # a call that ran no step (nothing admitted) adds nothing
+    # A call that committed nothing but dropped two steps sent ahead (a refusal) counts them.
+    m.step(after, replace(after, dropped_ahead_steps=2))
     values = {(s.name, tuple(s.labels.items())): s.value for f in m.registry.collect() for s in f.samples}
     assert values[("bass_steps_total", ())] == 1
     assert values[("bass_draft_tokens_total", ())] == 4 and values[("bass_accepted_draft_tokens_total", ())] == 3
@@ -44,6 +47,8 @@ def test_a_step_counts_only_what_it_added():
     assert values[("bass_draft_seconds_total", ())] == pytest.approx(0.02)
     assert values[("bass_lookup_tail_tokens_total", ())] == 3
     assert values[("bass_chained_steps_total", ())] == 1
+    assert values[("bass_steps_sent_ahead_total", (("fate", "run"),))] == 1
+    assert values[("bass_steps_sent_ahead_total", (("fate", "dropped"),))] == 2
 
 
 def test_a_streamed_step_counts_the_streams_drafts_by_fate():

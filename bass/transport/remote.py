@@ -184,6 +184,13 @@ class RemoteTargetWorker(_RemoteWorker):
         """Whether the draft shares this worker's process, by the Info both last gave."""
         return self.draft is not None and bool(self.instance_id) and self.draft.instance_id == self.instance_id
 
+    @property
+    def speculates_ahead(self) -> bool:
+        """Whether the scheduler may send a speculative step before the last one's answer is
+        read (coordinator/speculative_ahead.py): a draft in this process, over the session,
+        whose frames wait in the worker's stream."""
+        return self.transport == "session" and self.verifies_device_drafts
+
     def mark_broken(self) -> None:
         """A draft in this process failed with it: its stream is gone too, so its first probe
         after the restart must not try the old one (that would cost a reconnect interval)."""

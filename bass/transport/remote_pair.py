@@ -69,13 +69,18 @@ class PairStep:
         self._chain = request
         return PairChain(self, [item.seq_id for item in request.items], request.items[0].num_tokens)
 
+    def send(self) -> None:
+        """Send the call now (else the first `answer` does): the scheduler may then send the
+        next step's call before reading this one's answer (coordinator/speculative_ahead.py)."""
+        if self._call is None:
+            request = SpeculateRequest(verify=self._verify, propose=self._proposal.request, chain=self._chain)
+            self._call = self._target.start_speculate(wire.speculate_request_to_proto(request))
+
     def answer(self) -> SpeculateResponse:
         if self._answer is None:
             if self._error is not None:
                 raise self._error
-            if self._call is None:
-                request = SpeculateRequest(verify=self._verify, propose=self._proposal.request, chain=self._chain)
-                self._call = self._target.start_speculate(wire.speculate_request_to_proto(request))
+            self.send()
             try:
                 self._answer = wire.speculate_response_from_proto(self._call.result())
             except Exception as exc:  # every reader of this step gets the same error
@@ -99,6 +104,9 @@ class PairPendingVerify:
 
     def result(self):
         return self.verdicts_on_device.answer().verify
+
+    def send(self) -> None:
+        self.verdicts_on_device.send()
 
     def discard(self) -> None:
         self.verdicts_on_device.discard()
