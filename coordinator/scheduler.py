@@ -226,7 +226,7 @@ class Scheduler:
         finished = self._expire_budgets()
         if self._ahead is not None:  # sent during the last step: commit it (and send the next)
             launched, self._ahead = self._ahead, None
-            launched.plan.step_started = self.clock()
+            launched.plan.step_started = launched.started = self.clock()
             return finished + self._speculate(launched)
         # The budget protects running sequences from an arrival's prefill. With none running,
         # nobody waits on admission, so the first wave of a burst is admitted whole; the draft's

@@ -81,6 +81,9 @@ class LaunchedStep:
 
     plan: StepPlan
     lengths: list[int]  # as planned, or zeros where the draft failed before proposing
+    # When the host began on it (the draft's wait is counted from there: in-process on the CPU
+    # the work runs as it is queued); a step sent ahead is restamped when its turn comes.
+    started: float = 0.0
     drafting: list[int] = field(default_factory=list)  # indices into the batch
     draft_forwards: int = 0
     proposal: object = None  # StartedProposal
@@ -121,7 +124,7 @@ class SpeculativeStep:
         """Queue the step's work (in-process: on the device; a co-located pair: its Speculate
         call is sent) without waiting for any of it."""
         batch, lengths = plan.batch, list(plan.lengths)
-        launched = LaunchedStep(plan=plan, lengths=lengths)
+        launched = LaunchedStep(plan=plan, lengths=lengths, started=self.clock())
         if plan.chain is not None:
             launched.drafting, launched.draft_forwards = list(range(len(batch))), plan.chain.k
             launched.proposal = plan.chain.select([s.seq_id for s in batch])
@@ -153,7 +156,7 @@ class SpeculativeStep:
         proposal, pending, next_chain = launched.proposal, launched.pending, launched.next_chain
         drafts: list[tuple[int, ...]] = [()] * len(batch)
         draft_forwards, draft_s, draft_wait_s, draft_compute_s = launched.draft_forwards, 0.0, 0.0, 0.0
-        started = self.clock()
+        started = launched.started
         if proposal is not None:
             try:
                 response = proposal.result()
