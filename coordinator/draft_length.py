@@ -432,23 +432,13 @@ class _Yields:
     / 4 committed 2.70 / 3.41 / 4.02 tokens a step greedy, 2.72 / 3.42 at T = 0.8: p0 ~0.93, p1
     ~0.86), so the one acceptance that reproduces k = 4, carried to k = 2 (as before), underrates
     it: auto on that H200 at T = 0.8 and 2 sequences decoded regularly where k = 2 ran 12%
-    faster.
-
-    A step whose drafts were all accepted also takes the lookup tokens its target verified
-    after them (engine/lookup_tail.py, at 1-4 sequences): the chain adds their mean over such
-    steps, reached with the chance of accepting all k drafts, which is larger the shorter k is.
-    Without it, on an H200 at T = 0.8 and one sequence (steps sent ahead), k = 4 measured 4.39
-    tokens a step of which the tail gave ~0.7, the chain gave k = 2 2.7 tokens where fixed k = 2
-    committed 3.51, and `auto` drafted k = 4 at 1.015 ms a token where k = 2 ran 0.93
-    (bench/results/2026-11-28-h200x2-speculate-ahead/)."""
+    faster."""
 
     def __init__(self, decay: float):
         self.decay = decay
         self.sums: dict[int, tuple[float, float, int]] = {}  # k -> (tokens, sequence-steps) decayed, seen
         # decayed (first drafts accepted, first drafts tested, later drafts accepted, later tested)
         self.chain = [0.0, 0.0, 0.0, 0.0]
-        # decayed (lookup tokens taken after all drafts, steps whose drafts were all accepted)
-        self.tail = [0.0, 0.0]
 
     def add(self, k: int, accepted: Sequence[int]) -> None:
         """One step's sequences that drafted k tokens and accepted `accepted` of them (more than
@@ -461,8 +451,6 @@ class _Yields:
         # Draft j + 1 (j >= 1) is tested where the first j were accepted: min(m, k - 1) of them,
         # m - 1 of those accepted where m >= 1.
         first_ok, first, later_ok, later = (x * decay for x in self.chain)
-        whole = [m - k for m in accepted if m >= k]
-        self.tail = [self.tail[0] * decay + sum(whole), self.tail[1] * decay + len(whole)]
         accepted = [min(m, k) for m in accepted]
         self.chain = [first_ok + sum(m >= 1 for m in accepted), first + len(accepted),
                       later_ok + sum(max(0, m - 1) for m in accepted),
@@ -486,13 +474,7 @@ class _Yields:
         first_ok, first, later_ok, later = self.chain
         p0 = first_ok / first
         p1 = min(0.999, (later_ok + 0.5) / (later + 1.0))  # a weak prior: k = 1 tests no later draft
-        return 1 + p0 * (1 - p1 ** k) / (1 - p1) + p0 * p1 ** (k - 1) * self.tail_gain()
-
-    def tail_gain(self) -> float:
-        """The lookup tokens a step takes after its drafts, where it accepted them all (0
-        without a target's lookup tail, or above the batch sizes it runs at)."""
-        taken, steps = self.tail
-        return taken / steps if steps else 0.0
+        return 1 + p0 * (1 - p1 ** k) / (1 - p1)
 
 
 class MeasuredCost:

@@ -860,58 +860,6 @@ def test_lookup_tokens_past_the_drafts_count_in_a_steps_yield_not_in_the_drafts_
     assert adaptive.acceptance(1) <= 1
 
 
-def test_an_untimed_shorter_length_is_credited_with_the_lookup_tokens_after_its_drafts(monkeypatch):
-    """A step that accepted all its drafts also takes lookup tokens verified after them (the
-    target's lookup_tail): the chain credits an untimed length with their mean, reached with
-    the chance of accepting all of its drafts. With the step costs `auto` timed on an H200 at
-    T = 0.8 and one sequence (bench/results/2026-11-28-h200x2-speculate-ahead/, steps sent
-    ahead: k = 3 / 4 / 5 drafts 1.907 / 2.526 / 3.145 ms, the rest of a k = 4 step 1.545, a
-    regular step 1.466) and k = 4 steps taking ~1.2 lookup tokens where all 4 drafts were
-    accepted, it leaves k = 4 for a shorter length (fixed k = 2 ran 0.93 ms a token there, k = 4
-    1.02); scored without them, as before, it kept k = 4."""
-    import random
-
-    from bass.coordinator.draft_length import MeasuredCost, _CostModel, _Yields
-
-    rng = random.Random(1)
-
-    def step(k: int) -> int:  # drafts accepted at 0.93 then 0.86; after all k, lookups at 0.6 each of 3
-        m = 0
-        while m < k and rng.random() < (0.93 if m == 0 else 0.86):
-            m += 1
-        if m == k:
-            while m < k + 3 and rng.random() < 0.6:
-                m += 1
-        return m
-
-    def timed_policy() -> MeasuredCost:
-        pol = MeasuredCost(initial=4)
-        for _ in range(200):
-            pol.observe([7], [4], [step(4)])
-        model = pol.costs[1] = _CostModel(pol.window)
-        for k, draft_ms in ((3, 1.907), (4, 2.526), (5, 3.145)):
-            for _ in range(3):
-                model.add(k, draft_ms / 1000, k, 1.545 / 1000 if k == 4 else None)
-        for _ in range(3):
-            model.add(0, 0.0, 0, 1.466 / 1000)
-        pol.chosen[1] = pol.speculating = True
-        return pol
-
-    pol = timed_policy()
-    gain = pol.yields.tail_gain()
-    assert 0.9 < gain < 1.5
-    p0, p1 = 0.93, 0.86
-    assert pol.tokens_per_step(2) == pytest.approx(1 + p0 * (1 + p1) + p0 * p1 * gain, abs=0.15)
-    assert pol.best_length(1, [7]) in (1, 2, 3)
-    monkeypatch.setattr(_Yields, "tail_gain", lambda self: 0.0)
-    assert timed_policy().best_length(1, [7]) == 4
-    # Where no step takes lookup tokens (more than four sequences), none are credited.
-    pol = MeasuredCost(initial=4)
-    for _ in range(50):
-        pol.observe(list(range(8)), [4] * 8, [min(step(4), 4) for _ in range(8)])
-    assert pol.yields.tail_gain() == 0
-
-
 def _regular_ahead_by(pol, batch, lead):
     """As _speculation_ahead_by, but regular decoding timed so that its score is `lead` ahead of
     the best length's; the policy then decodes regularly."""

@@ -3,8 +3,10 @@
 # mode a call: `bass bench speed --services` (bass serve's default deployment: the coordinator in
 # its own process, the draft in the target's) on the real pair, regular decoding, k = 3 and
 # `auto`, at 1 / 8 / 64 sequences, 5 repeats (medians). Usage: readme_table.sh MODE [bench speed
-# args...], MODE greedy or t0.8-p0.95. Runs on the GPU CUDA_VISIBLE_DEVICES leaves first, so the
-# two modes can run side by side on two GPUs of one host. JSON and log under $OUT.
+# args...], MODE greedy or t0.8-p0.95. Runs on the GPU CUDA_VISIBLE_DEVICES leaves first. Run the
+# two modes one after the other, not side by side on two GPUs of one host: at 64 sequences the
+# step is host-bound and two runs slow each other (regular decoding 2.98 ms a token side by side,
+# 2.46 alone: bench/results/2026-11-28-h200x2-speculate-ahead/). JSON and log under $OUT.
 # WARM=1 (default): an untimed process fills Triton's cache first (warm_kernels.sh).
 set -uo pipefail
 mode=$1; shift
