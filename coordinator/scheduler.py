@@ -282,6 +282,10 @@ class Scheduler:
             if ahead is not None:
                 ahead.discard()
             return []
+        except BaseException:  # the target failed (the caller fails the requests): nobody reads the step ahead
+            if ahead is not None:
+                ahead.discard()
+            raise
         finished = self._commit_speculative(launched.plan, outcome)
         if ahead is not None:
             if self._chain is not None:  # the worker queued the chain: the step sent ahead runs on it

@@ -181,6 +181,39 @@ def test_a_target_that_dies_with_a_step_in_flight_ahead(llama_target, llama_draf
         assert s._ahead is None and not s.has_work
 
 
+def test_a_failed_step_drops_the_step_sent_ahead_of_it(llama_target, llama_draft, monkeypatch):
+    """The worker fails a step (INTERNAL) while the next one was already sent: the scheduler
+    raises WorkerUnavailableError, and the step sent ahead is dropped with it, not left for a
+    reader that never comes."""
+    from bass.coordinator.speculative_step import LaunchedStep
+
+    run, calls, dropped = colocated.Speculation.run, [], []
+
+    def failing_the_fifth_chain(speculation, request):
+        if request.propose is None:
+            calls.append(request)
+            if len(calls) == 5:
+                raise RuntimeError("a worker bug")
+        return run(speculation, request)
+
+    discard = LaunchedStep.discard
+
+    def counted(step):
+        dropped.append(step)
+        discard(step)
+
+    monkeypatch.setattr(colocated.Speculation, "run", failing_the_fifth_chain)
+    monkeypatch.setattr(LaunchedStep, "discard", counted)
+    with Served(llama_target, llama_draft, "3") as served:
+        s = served.scheduler
+        request = s.submit(dataclasses.replace(REQUESTS[0], max_new_tokens=60))
+        with pytest.raises(WorkerUnavailableError):
+            for _ in range(30):
+                s.step()
+        assert len(calls) >= 5 and dropped, "the step sent ahead of the failed one was dropped"
+        assert s.fail_all() == [request] and s._ahead is None
+
+
 def test_refusal_is_only_for_steps_sent_ahead():
     """A refused call of a step planned after the last answer is the draft's failure, as before
     (the step then decodes regularly); only a step sent ahead is dropped and planned anew."""
