@@ -25,12 +25,12 @@ import time
 from collections import deque
 from typing import Callable, Iterable
 
+from bass.coordinator import speculative_ahead
 from bass.coordinator.draft_length import Join, make_policy
 from bass.coordinator.incremental_text import IncrementalText
 from bass.coordinator.regular_pipeline import Answered, PairedPeriods, RegularPipeline
 from bass.coordinator.requests import FinishReason, GenerationRequest, GenerationResult, SequenceOutput
 from bass.coordinator.sequences import PrefillBudget, RequestRun, SequenceRun, sequence_seed_key
-from bass.coordinator import speculative_ahead
 from bass.coordinator.speculative_step import ChainRefused, LaunchedStep, SpeculativeStep, StepOutcome, StepPlan
 from bass.coordinator.step_stats import StepStats
 from bass.coordinator.streamed_step import StreamedStep, StreamPlan

@@ -2,7 +2,7 @@
 
 The scheduler plans a step (`StepPlan`: which sequences draft how many tokens, what each worker
 adds and releases, a proposal already chained behind the last verification) and commits what
-this returns (`StepOutcome`). In between, the worker calls run one of two ways, chosen by what
+`finish` returns (`StepOutcome`). In between, the worker calls run one of two ways, chosen by what
 the workers can do, not by a flag:
 
 - **Through the host** (a draft in a process of its own): Propose answers with the tokens, and
@@ -13,6 +13,10 @@ the workers can do, not by a flag:
   from verifying step t to drafting step t + 1 while the host commits step t. The scheduler
   chooses the next step's lengths for that early (`ChainPlanner`). A co-located pair's remote
   faces (coordinator/remote_pair.py) make this one Speculate call.
+
+A step runs in two halves, `start` (queue its work; a co-located pair's call is sent) and
+`finish` (read the answers), so that over a co-located pair the scheduler can send the next
+step between the two (coordinator/speculative_ahead.py).
 
 Speculation is optional: a draft that fails is reported (`draft_failed`) and the step goes on
 as regular decoding, or with the verdicts of drafts the target already read on the device.
@@ -116,9 +120,6 @@ class SpeculativeStep:
         # then chains the next proposal behind it: known once both workers answered Info (the
         # scheduler sets them when the draft connects).
         self.fed_verify = self.chains = bool(getattr(target, "verifies_device_drafts", False))
-
-    def execute(self, plan: StepPlan, plan_chain: ChainPlanner) -> StepOutcome:
-        return self.finish(self.start(plan, plan_chain))
 
     def start(self, plan: StepPlan, plan_chain: ChainPlanner) -> LaunchedStep:
         """Queue the step's work (in-process: on the device; a co-located pair: its Speculate
