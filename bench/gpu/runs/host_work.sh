@@ -15,3 +15,7 @@ timeout 240 python3 $R/bench/cpu/worker_host.py --device cuda --model /tmp/rp/qw
   --batches ${BATCHES:-8,64} --profile --out $OUT/worker-host.json 2>&1 | grep -v "^\s*$" | head -40
 timeout 120 python3 $R/bench/cpu/regular_period.py --batches ${BATCHES:-8,64} --t-ms ${T_MS:-1.5} \
   ${TOKENIZER:+--tokenizer $TOKENIZER} --out $OUT/regular-period.json 2>&1 | tail -3
+# The same for speculative steps over a co-located pair, with steps sent ahead and without
+# (bench/cpu/speculative_period.py: stand-in GPU work of H200-like lengths).
+timeout 150 python3 $R/bench/cpu/speculative_period.py --batches 1,8 --lengths 2,3,4 \
+  --out $OUT/speculative-period.json 2>&1 | tail -12
