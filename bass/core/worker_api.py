@@ -232,7 +232,9 @@ class TargetWorkerAPI(Protocol):
     `start_propose(request)` (its `on_device`, read back by its `result()`); its pending
     call's `verdicts_on_device` is what the draft's `start_chained` queues the next step's
     proposal on. Over gRPC the same calls are made on proxies of a draft and a target that
-    share one process (bass/transport/remote_pair.py), and travel as one Speculate call."""
+    share one process (bass/transport/remote_pair.py), and travel as one Speculate call; where
+    such a target's `speculates_ahead` is true (the session stream), the scheduler sends the
+    next step's call before it reads this one's answer (coordinator/speculative_ahead.py)."""
 
     def info(self) -> WorkerInfo: ...
     def verify(self, request: VerifyRequest) -> VerifyResponse: ...
