@@ -276,16 +276,14 @@ class Scheduler:
         ahead = self._send_ahead(launched)
         try:
             outcome = self.speculative.finish(launched)
-        except ChainRefused as exc:  # nothing ran; the next step is planned anew
-            log.debug("a step sent ahead was refused: %s", exc)
+        except BaseException as exc:  # nobody reads the step sent ahead of a step that did not run
+            if ahead is not None:
+                ahead.discard()
+            if not isinstance(exc, ChainRefused):
+                raise  # the target failed: the caller fails the requests
+            log.debug("a step sent ahead was refused: %s", exc)  # nothing ran; the next step is planned anew
             self.step_stats.dropped_ahead_steps += 1 + (ahead is not None)
-            if ahead is not None:
-                ahead.discard()
             return []
-        except BaseException:  # the target failed (the caller fails the requests): nobody reads the step ahead
-            if ahead is not None:
-                ahead.discard()
-            raise
         finished = self._commit_speculative(launched.plan, outcome)
         if ahead is not None:
             if self._chain is not None:  # the worker queued the chain: the step sent ahead runs on it
