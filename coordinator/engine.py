@@ -304,7 +304,7 @@ class CoordinatorEngine:
         """Text a sequence gained since its last delta. While it runs, hold back what a stop
         string could still cut (and a trailing partial UTF-8 character), so the streamed
         text always adds up to the final text."""
-        seq = handle.run.sequences[index]
+        seq = handle.run.sequences[index - handle.run.request.first_index]
         sent = handle.sent_chars.get(index, 0)
         if seq.finish_reason is not None:
             text = scheduler.sequence_output(seq).text

@@ -259,6 +259,21 @@ class ReplicaSet:
         with self._lock:
             return [r for r in self.replicas.values() if r.serving]
 
+    def spread(self, n: int) -> list[Replica]:
+        """The replicas to split a request of n sequences over: as many as have room for a part
+        (not full, and the part fits in what each holds at once), at most n, the least loaded
+        first (ties round the replicas in turn); [] where fewer than two have room."""
+        candidates = [r for r in self.serving() if not r.full]
+        if len(candidates) < 2 or n < 2:
+            return []
+        start = next(self._rotation) % len(candidates)
+        candidates = sorted(candidates[start:] + candidates[:start], key=lambda r: r.score(0))
+        for parts in range(min(n, len(candidates)), 1, -1):
+            size = -(-n // parts)
+            if all(r.score(size) <= 1 for r in candidates[:parts]):
+                return candidates[:parts]
+        return []
+
     def choose(self, n: int, exclude: Iterable[Replica] = ()) -> Replica | None:
         """The serving replica with the lowest score for a request of n sequences (ties go
         round the replicas in turn), a full one only if every candidate is full, or None if

@@ -29,6 +29,7 @@ class GenerationRequest:
     ignore_eos: bool = False
     speculate: bool = True
     time_budget_ms: int = 0  # 0 = none; counted from submission
+    first_index: int = 0  # the first sequence's index: indices and seeded keys count from it
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.prompt_ids is None):
@@ -47,6 +48,9 @@ class GenerationRequest:
             raise InvalidRequestError("max_new_tokens", f"must be an integer >= 1, got {self.max_new_tokens!r}")
         if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed < 1 << 64):
             raise InvalidRequestError("seed", f"must be an integer in [0, 2**64), got {self.seed!r}")
+        if not isinstance(self.first_index, int) or not 0 <= self.first_index <= (1 << 32) - 1 - self.n:
+            raise InvalidRequestError("first_index", f"must be an integer >= 0 with first_index + n < 2**32, "
+                                      f"got {self.first_index!r} (n = {self.n})")
         if not isinstance(self.time_budget_ms, int) or self.time_budget_ms < 0:
             raise InvalidRequestError("time_budget_ms", f"must be an integer >= 0, got {self.time_budget_ms!r}")
         object.__setattr__(self, "stop", tuple(self.stop))
@@ -102,6 +106,7 @@ class SequenceOutput:
     token_ids: list[int]
     finish_reason: FinishReason
     finish_order: int = 0  # 1 = finished first (stop or length) among the request's sequences; 0 = did not
+    finish_ms: float = 0.0  # from submission to finishing (stop or length); 0 = did not
 
 
 @dataclass
@@ -146,6 +151,7 @@ class GenerationResult:
 
     def to_dict(self) -> dict:
         return {"sequences": [{"index": s.index, "text": s.text, "token_ids": s.token_ids,
-                               "finish_reason": s.finish_reason.value, "finish_order": s.finish_order}
+                               "finish_reason": s.finish_reason.value, "finish_order": s.finish_order,
+                               "finish_ms": round(s.finish_ms, 3)}
                               for s in self.sequences],
                 "stats": self.stats.to_dict()}

@@ -56,6 +56,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from bass.coordinator.metrics import MetricsServer, serve_metrics
 from bass.coordinator.replicas import CHANNEL_OPTIONS, GENERATE, GENERATE_STREAM, Replica, ReplicaSet
+from bass.coordinator.request_split import Part, StreamMerge, merge_answers, split_request
 from bass.coordinator.servicer import SERVICE_NAME
 from bass.core.config import RouterConfig
 from bass.core.errors import CapacityError, ForwardedError, InvalidRequestError, WorkerUnavailableError
@@ -86,6 +87,8 @@ class RouterMetrics:
                                "with UNAVAILABLE or RESOURCE_EXHAUSTED before answering", label, registry=r)
         self.no_replica = Counter("bass_router_no_replica", "Requests answered UNAVAILABLE: no replica served",
                                   registry=r)
+        self.split = Counter("bass_router_split_requests", "Requests split over several replicas, by the number "
+                             "of parts (router.split_min_sequences)", ["parts"], registry=r)
 
     def replica(self, replica: Replica) -> None:
         with replica.lock:
@@ -172,6 +175,22 @@ def _status_on_error(method: str):
     return wrap
 
 
+async def _all(coroutines) -> list:
+    """Each coroutine's result, in order; the first to fail cancels the others (their upstream
+    calls: the replicas free the slots) and its exception is raised."""
+    tasks = [asyncio.ensure_future(c) for c in coroutines]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        await _cancelled(tasks)
+
+
+async def _cancelled(tasks) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 class GenerationRouter:
     """bass.v1.Generation, forwarded: the handlers take and return bytes, on the router's loop."""
 
@@ -194,16 +213,33 @@ class GenerationRouter:
             await channel.close(grace=None)
 
     @staticmethod
-    def _sequences(raw: bytes) -> int:
+    def _decode(raw: bytes) -> pb.GenerateRequest:
         try:
-            return pb.GenerateRequest.FromString(raw).n or 1
+            return pb.GenerateRequest.FromString(raw)
         except Exception as exc:  # noqa: BLE001 - any parse failure is the client's malformed message
             raise InvalidRequestError("request", f"cannot be decoded as a GenerateRequest ({exc})") from None
 
-    def _next(self, n: int, tried: list[Replica], refusals: list[tuple[grpc.StatusCode, str]]) -> Replica:
-        """The replica to send the request to next; raises the status to answer when none is
-        left (none serves, every serving one was tried, or max_retries is spent)."""
-        replica = self.replicas.choose(n, exclude=tried) if len(tried) <= self.config.max_retries else None
+    def _parts(self, request: pb.GenerateRequest) -> list[tuple[Part, Replica]]:
+        """The request's parts and the replica each goes to first, where it is split (at least
+        split_min_sequences sequences, two or more replicas with room); [] where it goes whole."""
+        n = request.n or 1
+        if not self.config.split_min_sequences or n < self.config.split_min_sequences:
+            return []
+        replicas = self.replicas.spread(n)
+        if not replicas:
+            return []
+        self.metrics.split.labels(str(len(replicas))).inc()
+        return list(zip(split_request(request, len(replicas)), replicas))
+
+    def _next(self, n: int, tried: list[Replica], refusals: list[tuple[grpc.StatusCode, str]],
+              first: Replica | None = None) -> Replica:
+        """The replica to send the request to next (`first` on the first try, while it serves);
+        raises the status to answer when none is left (none serves, every serving one was tried,
+        or max_retries is spent)."""
+        if not tried and first is not None and first.serving:
+            replica = first
+        else:
+            replica = self.replicas.choose(n, exclude=tried) if len(tried) <= self.config.max_retries else None
         if replica is None:
             known = len(self.replicas.replicas)
             if not tried:
@@ -265,49 +301,96 @@ class GenerationRouter:
             finally:
                 call.cancel()
 
-    def _new_attempts(self, raw: bytes, context) -> tuple[int, tuple, list[Replica], list[tuple[grpc.StatusCode, str]]]:
-        """A request's sequence count, the metadata to forward, and the (empty) replicas it tried
-        and refusals it met, which its retries fill."""
-        return self._sequences(raw), forwardable(context.invocation_metadata()), [], []
-
-    async def _answered(self, replica: Replica, call, context, initial_sent: bool) -> None:
+    async def _answered(self, replica: Replica, call, context, initial_sent: bool, metadata_back: bool) -> None:
         self.metrics.requests.labels(replica.address, "ok").inc()
+        if not metadata_back:
+            return
         if not initial_sent:
             await _pass_back(call, context, initial=True)
         await _pass_back(call, context, initial=False)
 
-    @_status_on_error("/bass.v1.Generation/Generate")
-    async def generate(self, raw: bytes, context) -> bytes:
-        n, metadata, tried, refusals = self._new_attempts(raw, context)
+    async def _unary(self, raw: bytes, n: int, context, metadata, first: Replica | None = None,
+                     metadata_back: bool = True) -> bytes:
+        """One request (or part) forwarded, retried elsewhere as the module docstring says."""
+        tried: list[Replica] = []
+        refusals: list[tuple[grpc.StatusCode, str]] = []
         while True:
-            replica = self._next(n, tried, refusals)
+            replica = self._next(n, tried, refusals, first)
             with self._forwarding(replica, n, self._stubs(replica)[0], raw, context, metadata) as call:
                 try:
                     answer = await call
                 except (grpc.aio.AioRpcError, asyncio.CancelledError) as exc:
                     self._failure(replica, exc, context, answered=False, refusals=refusals)
                     continue
-            await self._answered(replica, call, context, initial_sent=False)
+            await self._answered(replica, call, context, initial_sent=False, metadata_back=metadata_back)
             return answer
 
-    @_status_on_error("/bass.v1.Generation/GenerateStream")
-    async def generate_stream(self, raw: bytes, context):
-        n, metadata, tried, refusals = self._new_attempts(raw, context)
+    async def _stream(self, raw: bytes, n: int, context, metadata, first: Replica | None = None,
+                      metadata_back: bool = True):
+        """One request's (or part's) stream forwarded; retried elsewhere only before its first
+        message (a part's own: the client has none of its sequences' tokens yet)."""
+        tried: list[Replica] = []
+        refusals: list[tuple[grpc.StatusCode, str]] = []
         while True:
-            replica = self._next(n, tried, refusals)
+            replica = self._next(n, tried, refusals, first)
             sent = 0
             with self._forwarding(replica, n, self._stubs(replica)[1], raw, context, metadata) as call:
                 try:
                     async for message in call:
-                        if not sent:  # this replica answers: its initial metadata goes first
+                        if not sent and metadata_back:  # this replica answers: its initial metadata goes first
                             await _pass_back(call, context, initial=True)
                         sent += 1
                         yield message
                 except (grpc.aio.AioRpcError, asyncio.CancelledError) as exc:
                     self._failure(replica, exc, context, answered=sent > 0, refusals=refusals)
                     continue
-            await self._answered(replica, call, context, initial_sent=sent > 0)
+            await self._answered(replica, call, context, initial_sent=sent > 0, metadata_back=metadata_back)
             return
+
+    @_status_on_error("/bass.v1.Generation/Generate")
+    async def generate(self, raw: bytes, context) -> bytes:
+        request = self._decode(raw)
+        metadata = forwardable(context.invocation_metadata())
+        parts = self._parts(request)
+        if not parts:
+            return await self._unary(raw, request.n or 1, context, metadata)
+        # The first part's replica's metadata comes back (its initial metadata with the answer).
+        answers = await _all([self._unary(part.raw, part.n, context, metadata, replica, metadata_back=i == 0)
+                              for i, (part, replica) in enumerate(parts)])
+        return merge_answers([pb.GenerateResponse.FromString(a) for a in answers]).SerializeToString()
+
+    @_status_on_error("/bass.v1.Generation/GenerateStream")
+    async def generate_stream(self, raw: bytes, context):
+        request = self._decode(raw)
+        metadata = forwardable(context.invocation_metadata())
+        parts = self._parts(request)
+        if not parts:
+            async for message in self._stream(raw, request.n or 1, context, metadata):
+                yield message
+            return
+        # The parts' messages in the order they arrive. No replica's metadata comes back: the
+        # first message may be any part's, and initial metadata must precede it.
+        merge = StreamMerge()
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(part: Part, replica: Replica, metadata_back: bool) -> None:
+            async for message in self._stream(part.raw, part.n, context, metadata, replica, metadata_back):
+                await queue.put(message)
+
+        tasks = [asyncio.ensure_future(pump(part, replica, False)) for part, replica in parts]
+        for task in tasks:
+            task.add_done_callback(lambda _: queue.put_nowait(None))
+        try:
+            for _ in tasks:
+                while (message := await queue.get()) is not None:
+                    if (passed := merge.pass_on(message)) is not None:
+                        yield passed
+                failed = next((t for t in tasks if t.done() and not t.cancelled() and t.exception()), None)
+                if failed is not None:
+                    raise failed.exception()
+            yield merge.closing()
+        finally:
+            await _cancelled(tasks)
 
     def handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(SERVICE_NAME, {

@@ -147,7 +147,7 @@ class Scheduler:
         run = RequestRun(request=request, prompt_ids=prompt_ids, submitted=self.clock(),
                          criteria=StopCriteria(frozenset(stop_ids), request.stop, request.max_new_tokens))
         seed = request.seed if request.seed is not None else secrets.randbits(64)
-        for index in range(request.n):
+        for index in range(request.first_index, request.first_index + request.n):
             run.sequences.append(SequenceRun(
                 seq_id=next(self._seq_ids), index=index, request=run,
                 sampling=SequenceSampling(request.sampling, sequence_seed_key(seed, index)),
@@ -761,6 +761,7 @@ class Scheduler:
         seq.finish_reason = reason
         if reason in (FinishReason.STOP, FinishReason.LENGTH):
             seq.finish_order = 1 + sum(1 for s in req.sequences if s.finish_order)
+            seq.finish_ms = 1000 * (self.clock() - req.submitted)
         self.policy.forget(seq.seq_id)
         if self.streamed is not None:
             self.streamed.forget([seq.seq_id])
@@ -779,4 +780,4 @@ class Scheduler:
         if s.text_end is not None:
             text = text[:s.text_end]
         return SequenceOutput(index=s.index, text=text, token_ids=list(s.output), finish_reason=s.finish_reason,
-                              finish_order=s.finish_order)
+                              finish_order=s.finish_order, finish_ms=s.finish_ms)

@@ -44,6 +44,7 @@ class SequenceRun:
     drafted: bool = False  # whether the draft worker holds this sequence
     steps_in_flight: int = 0  # regular steps sent for it and not yet committed
     finish_order: int = 0  # 1 = finished first within its request
+    finish_ms: float = 0.0  # from the request's submission to finishing (stop or length)
 
 
 @dataclass

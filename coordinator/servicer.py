@@ -32,7 +32,8 @@ def request_from_proto(m: pb.GenerateRequest) -> GenerationRequest:
         prompt_ids=tuple(m.prompt_token_ids.ids) if which == "prompt_token_ids" else None,
         n=m.n or 1, max_new_tokens=m.max_new_tokens or DEFAULT_MAX_NEW_TOKENS, sampling=sampling,
         seed=m.seed if m.HasField("seed") else None, stop=tuple(m.stop), stop_token_ids=tuple(m.stop_token_ids),
-        ignore_eos=m.ignore_eos, speculate=not m.disable_speculation, time_budget_ms=m.time_budget_ms)
+        ignore_eos=m.ignore_eos, speculate=not m.disable_speculation, time_budget_ms=m.time_budget_ms,
+        first_index=m.first_index)
 
 
 def stats_to_proto(s: RequestStats) -> pb.Stats:
@@ -44,7 +45,8 @@ def stats_to_proto(s: RequestStats) -> pb.Stats:
 def result_to_proto(r: GenerationResult) -> pb.GenerateResponse:
     return pb.GenerateResponse(
         sequences=[pb.Sequence(index=s.index, text=s.text, token_ids=s.token_ids,
-                               finish_reason=FINISH_REASONS[s.finish_reason], finish_order=s.finish_order)
+                               finish_reason=FINISH_REASONS[s.finish_reason], finish_order=s.finish_order,
+                               finish_ms=s.finish_ms)
                    for s in r.sequences],
         stats=stats_to_proto(r.stats))
 

@@ -42,6 +42,7 @@ class FakeReplica(generation_pb2_grpc.GenerationServicer, generation_pb2_grpc.Re
         self.load_delay_s = 0.0  # answer Load this late (past the probe timeout: as if gone)
         self.fail = False
         self.full = False
+        self.invalid = False  # INVALID_ARGUMENT as for the prompt "invalid", once `hold` lets it go
         self.cut_after: int | None = None
         self.hold = threading.Event()
         self.hold.set()
@@ -85,28 +86,36 @@ class FakeReplica(generation_pb2_grpc.GenerationServicer, generation_pb2_grpc.Re
         if request.prompt == "invalid":
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "temperature: must be a finite number >= 0")
         self.hold.wait(30)
+        if self.invalid:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "temperature: must be a finite number >= 0")
         context.send_initial_metadata((("x-replica", self.name),))
 
     def Generate(self, request, context):
         self._enter(request, context)
-        return pb.GenerateResponse(sequences=[pb.Sequence(index=i, text=self.name) for i in range(request.n or 1)])
+        return pb.GenerateResponse(sequences=[pb.Sequence(index=request.first_index + i, text=self.name)
+                                             for i in range(request.n or 1)])
 
     def GenerateStream(self, request, context):
         self._enter(request, context)
         for i in range(3):
             if self.cut_after is not None and i == self.cut_after:
                 context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.name}: target failed")
-            yield pb.GenerateStreamResponse(deltas=[pb.SequenceDelta(index=0, text=f"{self.name}{i}")])
+            yield pb.GenerateStreamResponse(deltas=[pb.SequenceDelta(index=request.first_index, text=f"{self.name}{i}")])
             time.sleep(0.01)
         yield pb.GenerateStreamResponse(stats=pb.Stats(steps=3))
 
 
-@pytest.fixture
-def replicas():
+def fake_replicas():
+    """Two stand-in replicas, a and b, stopped when the generator is closed."""
     made = [FakeReplica("a"), FakeReplica("b")]
     yield made
     for r in made:
         r.stop()
+
+
+@pytest.fixture
+def replicas():
+    yield from fake_replicas()
 
 
 def start_router(replicas, **options):
@@ -117,7 +126,9 @@ def start_router(replicas, **options):
 
 @pytest.fixture
 def router(replicas):
-    r = start_router(replicas)
+    """Requests go whole here (split_min_sequences = 0): how they are routed and retried is what
+    these tests check; tests/test_router_split.py checks requests split over the replicas."""
+    r = start_router(replicas, split_min_sequences=0)
     yield r
     r.stop(0)
 
@@ -160,7 +171,7 @@ def test_equal_replicas_share_a_burst_by_what_is_in_flight(replicas, router):
     assert names == ["a"] * 3 + ["b"] * 3
 
 
-def test_all_sequences_of_a_request_go_to_one_replica_untouched(replicas, router):
+def test_without_splitting_all_sequences_of_a_request_go_to_one_replica_untouched(replicas, router):
     request = build_request("def f(x):", n=5, max_new_tokens=7, temperature=0.8, seed=3, stop=["\n"])
     with BassClient(router.address) as c:
         reply = c.stub.Generate(request, timeout=10)
@@ -473,7 +484,8 @@ def test_real_replicas_report_their_load_and_a_cancel_frees_the_slots(real):
         assert got == want  # greedy: the same text whichever replica ran it
         stream = c.stub.GenerateStream(build_request([5, 17, 33], n=3, max_new_tokens=400, ignore_eos=True), timeout=60)
         next(stream)
-        wait_until(lambda: sorted(replica_load(s.address).running_sequences for s in stacks) == [0, 3])
+        # Split over the two idle replicas (router.split_min_sequences): 2 and 1 sequences.
+        wait_until(lambda: sorted(replica_load(s.address).running_sequences for s in stacks) == [1, 2])
         stream.cancel()
         wait_until(lambda: all(replica_load(s.address).running_sequences == 0 for s in stacks))
 

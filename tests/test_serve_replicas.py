@@ -105,18 +105,21 @@ def test_two_replicas_behind_the_router(llama_target, llama_draft, tmp_path, exp
         assert len(children_of(proc.pid)) == 5  # two model processes (draft in the target's), two coordinators, router
         address, metrics = router["address"], router["metrics"]
 
-        # All n sequences of a request on one replica, the text what the target alone gives.
+        # A request of 3 sequences is split over the two idle replicas (router.split_min_sequences),
+        # each sequence's text what the target alone gives.
         with BassClient(address, timeout_s=120) as c:
             reply = c.generate(list(PROMPT), n=3, max_new_tokens=12, ignore_eos=True)
+        assert [s.index for s in reply.sequences] == [0, 1, 2]
         assert [list(s.token_ids) for s in reply.sequences] == [expected] * 3
-        assert sorted(served_by(metrics, replicas)) == [0, 1]
+        assert served_by(metrics, replicas) == [1, 1]
+        assert scrape(metrics)[("bass_router_split_requests_total", (("parts", "2"),))] == 1
 
-        # By load: while one replica runs a long stream of 4 sequences, short requests go to the other.
+        # By load: while one replica runs a long stream, short requests go to the other.
         with BassClient(address, timeout_s=120) as c:
-            long = c.stub.GenerateStream(build_request(list(PROMPT), n=4, max_new_tokens=400, ignore_eos=True),
+            long = c.stub.GenerateStream(build_request(list(PROMPT), max_new_tokens=400, ignore_eos=True),
                                          timeout=120)
             next(long)  # it runs
-            busy = next(r for r in replicas if load(r).running_sequences == 4)
+            busy = next(r for r in replicas if load(r).running_sequences == 1)
             idle = next(r for r in replicas if r != busy)
             before = served_by(metrics, [busy, idle])
             for _ in range(3):

@@ -446,8 +446,9 @@ class HttpConfig:
 @dataclass(frozen=True)
 class RouterConfig:
     """`bass router` ([router]; coordinator/router.py): one public address in front of several
-    replicas, each a coordinator with its own model workers. Each request goes whole (all n
-    sequences) to the least-loaded replica that serves; the router polls every replica's
+    replicas, each a coordinator with its own model workers. Each request goes to the least-loaded
+    replica that serves, or, with several sequences, split over the replicas with room
+    (split_min_sequences); the router polls every replica's
     `Replica/Load` and forwards the request's bytes without decoding the answers.
 
     `bass serve` / `bass up` with `replicas` > 1 start it themselves: it then listens on the
@@ -478,6 +479,10 @@ class RouterConfig:
     # sent to another replica, never one already tried, at most this many times; other statuses
     # are the request's own and pass on at once, as do mid-stream failures (router.py says why).
     max_retries: int = 2
+    # A request of at least this many sequences is split over the replicas with room for a part
+    # (two or more; each part a contiguous range of its sequences, coordinator/request_split.py),
+    # so that a second GPU shortens one request's decoding; 0 = every request goes whole.
+    split_min_sequences: int = 2
     max_concurrent_rpcs: int = 512
     max_request_bytes: int = 4 * 1024 * 1024  # as CoordinatorConfig's: refused before it is forwarded
     shutdown_grace_s: float = 20.0  # SIGTERM: forwarded calls get this long, then they are cut
@@ -498,6 +503,10 @@ class RouterConfig:
                  f"must be a number >= 0, got {self.shutdown_grace_s!r}")
         _require(isinstance(self.max_retries, int) and self.max_retries >= 0, "router.max_retries",
                  f"must be an integer >= 0, got {self.max_retries!r}")
+        _require(isinstance(self.split_min_sequences, int) and (self.split_min_sequences == 0
+                                                                 or self.split_min_sequences >= 2),
+                 "router.split_min_sequences", f"must be 0 (never split) or an integer >= 2, "
+                 f"got {self.split_min_sequences!r}")
         _require(self.max_concurrent_rpcs >= 1, "router.max_concurrent_rpcs",
                  f"must be >= 1, got {self.max_concurrent_rpcs}")
         _require(1024 <= self.max_request_bytes <= 1 << 30, "router.max_request_bytes",
