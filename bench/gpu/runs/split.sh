@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# On a machine with two GPUs, after setup.sh (issue #36): what a second GPU gives one request of
+# several sequences, and a few requests at once, through the public API.
+#   one: `bass serve` (the one-GPU default: the draft in the target's process, `auto`), GPU 0;
+#   two: `bass serve --replicas 2` (a replica a GPU, the router in front, splitting a request of
+#        n >= 2 sequences over both: router.split_min_sequences).
+# Each runs the same loads (`bass bench serve`, HumanEval prompts PROBLEMS, 128 new tokens, the
+# README bench's length), each load twice (a warm-up round and the measured one):
+#   c1-n1   greedy, one request at a time, one sequence (the router's hop only);
+#   c1-n8   T = 0.8, top-p 0.95, seeded: one request at a time of 8 sequences (split 4 + 4);
+#   c1-n64  the same with 64 sequences (32 + 32);
+#   c8-n1   greedy, 8 requests at once of one sequence (spread by load, not split);
+#   c64-n1  greedy, 64 at once.
+# Then the same seeded request of n = 8 to each server: the split answer must equal the whole one
+# token for token (`same-answers.txt`).
+# Usage: bash bench/gpu/runs/split.sh        (LOADS to pick loads, e.g. LOADS="c1-n8 c8-n1";
+# a CPU smoke test: SITE= MODELS=~/.cache/bass/models DEVICE=cpu DTYPE=bfloat16 TOKENS=4 PROBLEMS=0:1 LOADS=c1-n8 OUT=/tmp/x)
+# Writes $OUT/split-{one,two}-LOAD-{warm,run}/serve.{json,md}, logs, split-summary.txt, split.tgz.
+set -uo pipefail
+loads=${LOADS-c1-n1 c1-n8 c1-n64 c8-n1 c64-n1}
+problems=${PROBLEMS:-0:16}
+R=$PWD
+W=/tmp/split-out && mkdir -p $W
+cd /tmp
+export PYTHONPATH=${SITE-/tmp/site} PYTHONUNBUFFERED=1
+T=${MODELS:-/tmp/models}/qwen2.5-coder-1.5b-instruct
+D=${MODELS:-/tmp/models}/qwen2.5-coder-0.5b-instruct
+models=(--target $T --draft $D --device ${DEVICE:-cuda} ${DTYPE:+--dtype $DTYPE})
+tokens=${TOKENS:-128}
+nvidia-smi --query-gpu=index,name,memory.total --format=csv > $W/gpus.csv; cat $W/gpus.csv
+cp $R/.whl/COMMIT $W/commit 2>/dev/null || git -C $R rev-parse HEAD > $W/commit 2>/dev/null
+
+wait_serving() {  # ADDRESS LOG
+  for _ in $(seq 600); do
+    python3 -m bass.cli client --address $1 --prompt-ids 1,2 --max-new-tokens 1 --timeout 2 > /dev/null 2>&1 && return 0
+    sleep 1
+  done
+  echo "nothing answered on $1 within 600 s (log: $2)" >&2
+  return 1
+}
+
+stop() { kill -INT "$@" 2> /dev/null; wait "$@" 2> /dev/null; }
+
+load() {  # SERVER LOAD
+  local server=$1 name=$2 c n mode
+  c=${name%%-*}; c=${c#c}; n=${name##*-n}
+  if [ "$n" = 1 ]; then mode=(--temperature 0); else mode=(--temperature 0.8 --top-p 0.95); fi
+  local requests=$(( c == 1 ? 16 : 4 * c ))
+  for round in warm run; do
+    python3 -m bass.cli bench serve --address 127.0.0.1:50051 --concurrency $c -n $n --num-requests $requests \
+      --problems $problems --max-new-tokens $tokens "${mode[@]}" --no-check --no-progress \
+      --out $W/split-$server-$name-$round 2> $W/split-$server-$name-$round.log
+  done
+  tail -3 $W/split-$server-$name-run.log
+}
+
+answers() {  # SERVER: one seeded request of n = 8 (and its stream), token ids as JSON
+  python3 - "$tokens" <<'EOT' > $W/answers-$1.json
+import json, sys
+from bass.app.client import BassClient
+from bass.app.humaneval_problems import load_problems
+prompt = load_problems()[0]["prompt"]
+with BassClient("127.0.0.1:50051", timeout_s=120) as c:
+    tokens = int(sys.argv[1])
+    r = c.generate(prompt, n=8, max_new_tokens=tokens, temperature=0.8, top_p=0.95, seed=7)
+    streamed = {}
+    for m in c.stream_raw(prompt, n=8, max_new_tokens=tokens, temperature=0.8, top_p=0.95, seed=7):
+        for d in m.deltas:
+            streamed.setdefault(d.index, []).extend(d.token_ids)
+print(json.dumps({"unary": [list(s.token_ids) for s in r.sequences],
+                  "stream": [streamed[i] for i in range(8)],
+                  "finish_order": [s.finish_order for s in r.sequences]}))
+EOT
+}
+
+for server in ${SERVERS:-one two}; do
+  if [ $server = one ]; then
+    CUDA_VISIBLE_DEVICES=0 python3 -m bass.cli serve "${models[@]}" --port 50051 > $W/serve-one.log 2>&1 & s=$!
+  else
+    python3 -m bass.cli serve "${models[@]}" --replicas 2 --port 50051 --metrics-port 9465 > $W/serve-two.log 2>&1 & s=$!
+  fi
+  if wait_serving 127.0.0.1:50051 $W/serve-$server.log; then
+    answers $server
+    for name in $loads; do echo "== $server $name"; load $server $name; done
+    [ $server = two ] && curl -s 127.0.0.1:9465/metrics | grep '^bass_router' > $W/router-metrics.txt
+  fi
+  stop $s
+done
+
+python3 - $W <<'EOT' | tee $W/split-summary.txt
+import json, sys, pathlib
+w = pathlib.Path(sys.argv[1])
+print("commit", (w / "commit").read_text().strip(), "| GPUs:", " ".join((w / "gpus.csv").read_text().split("\n")[1:]).strip())
+for f in sorted(w.glob("split-*-run/serve.json")):
+    run = json.loads(f.read_text())["runs"][0]
+    print(f"{f.parent.name:28s} TPOT p50 {run['tpot_ms']['p50']} ms, TTFT p50 {run['ttft_ms']['p50']} ms, "
+          f"e2e p50 {run['e2e_ms']['p50']} ms, out tok/s {run['output_tokens_per_s']}, "
+          f"completed {run['completed']}/{run['requests']}")
+if not all((w / f"answers-{x}.json").exists() for x in ("one", "two")):
+    sys.exit(0)
+a, b = (json.loads((w / f"answers-{x}.json").read_text()) for x in ("one", "two"))
+print("same seeded n = 8 answer, unary:", a["unary"] == b["unary"], "stream:", a["stream"] == b["stream"] == a["unary"],
+      "finish orders:", a["finish_order"], b["finish_order"])
+EOT
+tar -C /tmp -czf $OUT/split.tgz split-out
