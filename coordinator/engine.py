@@ -62,6 +62,7 @@ class Load:
     kv_slots: int  # the target's slots (0 while it is unknown)
     max_batch_size: int
     max_waiting: int
+    max_n: int = 0  # sequences one request may ask for (0: not said)
 
 
 @dataclass
@@ -198,7 +199,8 @@ class CoordinatorEngine:
         return Load(serving=scheduler is not None and accepting, running_sequences=self._running,
                     queued_sequences=sequences, queued_requests=queued,
                     kv_slots=scheduler.slot_capacity if scheduler is not None else 0,
-                    max_batch_size=self.config.scheduler.max_batch_size, max_waiting=self.config.max_waiting)
+                    max_batch_size=self.config.scheduler.max_batch_size, max_waiting=self.config.max_waiting,
+                    max_n=self.config.scheduler.max_n)
 
     def cancel(self, handle: RequestHandle) -> None:
         if not handle.closed:

@@ -106,6 +106,12 @@ class Replica:
         capacity = min(load.kv_slots or load.max_batch_size, load.max_batch_size) or 1
         return (pending + n) / capacity
 
+    @property
+    def max_n(self) -> int:
+        """The most sequences a request may ask of it (its last poll; 0: not said)."""
+        with self.lock:
+            return self.load.max_n if self.load is not None else 0
+
     # -- forwarding ----------------------------------------------------------------------------------
     @contextmanager
     def forwarding(self, n: int) -> Iterator[Callable[[Callable[[], None]], None]]:
@@ -262,8 +268,13 @@ class ReplicaSet:
     def spread(self, n: int) -> list[Replica]:
         """The replicas to split a request of n sequences over: as many as have room for a part
         (not full, and the part fits in what each holds at once), at most n, the least loaded
-        first (ties round the replicas in turn); [] where fewer than two have room."""
-        candidates = [r for r in self.serving() if not r.full]
+        first (ties round the replicas in turn); [] where fewer than two have room, or where a
+        replica would refuse the whole request for its n (max_n): a request is refused or not
+        whatever the load."""
+        serving = self.serving()
+        if any(0 < r.max_n < n for r in serving):
+            return []
+        candidates = [r for r in serving if not r.full]
         if len(candidates) < 2 or n < 2:
             return []
         start = next(self._rotation) % len(candidates)

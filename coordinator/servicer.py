@@ -93,7 +93,8 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
 def load_to_proto(load: Load) -> pb.LoadResponse:
     return pb.LoadResponse(serving=load.serving, running_sequences=load.running_sequences,
                            queued_sequences=load.queued_sequences, queued_requests=load.queued_requests,
-                           kv_slots=load.kv_slots, max_batch_size=load.max_batch_size, max_waiting=load.max_waiting)
+                           kv_slots=load.kv_slots, max_batch_size=load.max_batch_size, max_waiting=load.max_waiting,
+                           max_n=load.max_n)
 
 
 class ReplicaServicer(generation_pb2_grpc.ReplicaServicer):

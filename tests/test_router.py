@@ -39,6 +39,7 @@ class FakeReplica(generation_pb2_grpc.GenerationServicer, generation_pb2_grpc.Re
         self.name, self.kv_slots = name, kv_slots
         self.running = self.queued = 0
         self.serving = True
+        self.max_n = 16
         self.load_delay_s = 0.0  # answer Load this late (past the probe timeout: as if gone)
         self.fail = False
         self.full = False
@@ -69,7 +70,7 @@ class FakeReplica(generation_pb2_grpc.GenerationServicer, generation_pb2_grpc.Re
         with self.lock:
             return pb.LoadResponse(serving=self.serving, running_sequences=self.running,
                                    queued_sequences=self.queued, kv_slots=self.kv_slots, max_batch_size=64,
-                                   max_waiting=16)
+                                   max_waiting=16, max_n=self.max_n)
 
     def _enter(self, request, context):
         with self.lock:

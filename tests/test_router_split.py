@@ -116,7 +116,8 @@ def test_a_replica_without_room_gets_no_part(replicas):
     a.running = 7  # 8 KV slots: room for one more sequence, not for a part of 2
     router = start_router(replicas)
     try:
-        time.sleep(3 * POLL_S)
+        seen = router.replicas.replicas[a.address]
+        wait_until(lambda: seen.load is not None and seen.load.running_sequences == 7)
         with BassClient(router.address, timeout_s=10) as c:
             reply = c.generate("p", n=4)
         assert [s.text for s in reply.sequences] == ["b"] * 4
@@ -126,6 +127,16 @@ def test_a_replica_without_room_gets_no_part(replicas):
         assert parts_received(replicas)["a"] == []
     finally:
         router.stop(0)
+
+
+def test_a_request_over_a_replicas_max_n_goes_whole_to_be_refused_as_it_would_be_anywhere(replicas, router):
+    a, b = replicas
+    a.max_n = b.max_n = 4
+    wait_until(lambda: all(r.max_n == 4 for r in router.replicas.replicas.values()))
+    with BassClient(router.address, timeout_s=10) as c:
+        c.generate("p", n=6)  # the stand-ins answer it; a coordinator answers INVALID_ARGUMENT
+        c.generate("p", n=4)
+    assert sorted(p for r in replicas for p in parts_received(replicas)[r.name]) == [(0, 2), (0, 6), (2, 2)]
 
 
 def test_splitting_can_be_turned_off_or_start_at_more_sequences(replicas):
@@ -269,3 +280,16 @@ def test_concurrent_split_requests_each_get_their_own_sequences(real):
         got = list(pool.map(lambda p: [list(s.token_ids) for s in
                                        c.generate(p, n=3, max_new_tokens=8, ignore_eos=True).sequences], prompts))
     assert got == alone
+
+
+def test_a_request_a_real_replica_would_refuse_is_refused_through_the_router_too(real):
+    from test_router import replica_load
+
+    router, stacks = real
+    limit = replica_load(stacks[0].address).max_n
+    assert limit >= 2
+    with BassClient(router.address, timeout_s=60) as c:
+        with pytest.raises(grpc.RpcError) as info:  # two parts would each be within the limit
+            c.generate([5, 17, 33], n=limit + 1, max_new_tokens=4)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == f"n: {limit + 1} exceeds the limit of {limit}"
