@@ -373,11 +373,14 @@ class GenerationRouter:
         merge = StreamMerge()
         queue: asyncio.Queue = asyncio.Queue()
 
-        async def pump(part: Part, replica: Replica, metadata_back: bool) -> None:
-            async for message in self._stream(part.raw, part.n, context, metadata, replica, metadata_back):
-                await queue.put(message)
+        async def pump(part: Part, replica: Replica) -> None:
+            # Closed however the task ends, so that a cancelled part cancels its upstream call.
+            async with contextlib.aclosing(self._stream(part.raw, part.n, context, metadata, replica,
+                                                        metadata_back=False)) as messages:
+                async for message in messages:
+                    queue.put_nowait(message)
 
-        tasks = [asyncio.ensure_future(pump(part, replica, False)) for part, replica in parts]
+        tasks = [asyncio.ensure_future(pump(part, replica)) for part, replica in parts]
         for task in tasks:
             task.add_done_callback(lambda _: queue.put_nowait(None))
         try:
