@@ -1,14 +1,19 @@
 """`bass router`: one public bass.v1.Generation address in front of several replicas.
 
 A replica is a whole coordinator with its own model pair (continuous batching in each); the
-router only picks one per request and passes bytes. Each request goes whole, all n sequences,
-to the serving replica with the lowest load (coordinator/replicas.py); the request is decoded
-once, for its n, and forwarded as the bytes that came in; answers and stream messages go back
-as the bytes that came out, never decoded. The router holds no request state beyond the call
-in flight, so any number of routers can front the same replicas.
+router picks replicas and passes bytes. A request goes whole, all n sequences, to the serving
+replica with the lowest load (coordinator/replicas.py); the request is decoded once, for its n,
+and forwarded as the bytes that came in; answers and stream messages go back as the bytes that
+came out, never decoded. A request of several sequences is split instead where two or more
+replicas have room (router.split_min_sequences): each part is a request of its own, and the
+parts' answers are decoded and merged (coordinator/request_split.py says how). The router
+holds no request state beyond the calls in flight, so any number of routers can front the same
+replicas.
 
-Failures: a replica's answer is passed on as it is, with two exceptions, for the statuses
-that say "not this replica, not now" rather than anything about the request: UNAVAILABLE (the
+Failures (of a request, or of one part of a split one; any part's failure that is passed on
+fails the request and cancels the other parts): a replica's answer is passed on as it is,
+with two exceptions, for the statuses that say "not this replica, not now" rather than anything
+about the request: UNAVAILABLE (the
 replica is down or shutting down; it is taken out until a poll finds it serving) and
 RESOURCE_EXHAUSTED (its queue is full, max_waiting, or its server's concurrent-call limit; it
 is chosen after every replica with room until its next poll). A call failed with one of them
