@@ -106,7 +106,10 @@ class SequenceOutput:
     token_ids: list[int]
     finish_reason: FinishReason
     finish_order: int = 0  # 1 = finished first (stop or length) among the request's sequences; 0 = did not
-    finish_ms: float = 0.0  # from submission to finishing (stop or length); 0 = did not
+    # From submission to finishing (stop or length; 0 = did not): for a router merging a split
+    # request's finish orders, so not in to_dict (a time in the sequences would make two runs'
+    # outputs differ).
+    finish_ms: float = 0.0
 
 
 @dataclass
@@ -151,7 +154,6 @@ class GenerationResult:
 
     def to_dict(self) -> dict:
         return {"sequences": [{"index": s.index, "text": s.text, "token_ids": s.token_ids,
-                               "finish_reason": s.finish_reason.value, "finish_order": s.finish_order,
-                               "finish_ms": round(s.finish_ms, 3)}
+                               "finish_reason": s.finish_reason.value, "finish_order": s.finish_order}
                               for s in self.sequences],
                 "stats": self.stats.to_dict()}
