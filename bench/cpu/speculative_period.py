@@ -106,15 +106,28 @@ class _Pending:
         return self.response
 
 
-class StandInDraft:
-    runner = _Runner()
+class _StandInWorker:
+    """What both stand-ins answer alike: their info, and releases and resets that hold nothing."""
 
-    def __init__(self, gpu: Gpu, forward_s: float):
-        self.gpu, self.forward_s = gpu, forward_s
+    runner = _Runner()
+    name = "stand-in"
 
     def info(self):
         from bass.core.worker_api import WorkerInfo
-        return WorkerInfo("stand-in draft", 151_936, 256, 4096, "bfloat16", "cpu")
+        return WorkerInfo(self.name, 151_936, 256, 4096, "bfloat16", "cpu")
+
+    def release(self, seq_ids):
+        pass
+
+    def reset(self):
+        pass
+
+
+class StandInDraft(_StandInWorker):
+    name = "stand-in draft"
+
+    def __init__(self, gpu: Gpu, forward_s: float):
+        self.gpu, self.forward_s = gpu, forward_s
 
     def chains(self, num_seqs, k, verified_k, sampled, tail=0) -> bool:
         return k >= 1
@@ -132,22 +145,12 @@ class StandInDraft:
     def propose(self, request):
         return self.start_propose(request).result()
 
-    def release(self, seq_ids):
-        pass
 
-    def reset(self):
-        pass
-
-
-class StandInTarget:
-    runner = _Runner()
+class StandInTarget(_StandInWorker):
+    name = "stand-in target"
 
     def __init__(self, gpu: Gpu, verify_s: float, host_s: float):
         self.gpu, self.verify_s, self.host_s = gpu, verify_s, host_s
-
-    def info(self):
-        from bass.core.worker_api import WorkerInfo
-        return WorkerInfo("stand-in target", 151_936, 256, 4096, "bfloat16", "cpu")
 
     def start_verify(self, request, drafts=None):
         from bass.core.worker_api import Verdict, VerifyResponse
@@ -159,12 +162,6 @@ class StandInTarget:
 
     def verify(self, request):
         return self.start_verify(request).result()
-
-    def release(self, seq_ids):
-        pass
-
-    def reset(self):
-        pass
 
 
 def serve(draft_ms: float, verify_ms: float, host_ms: float, address: str) -> None:

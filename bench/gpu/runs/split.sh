@@ -18,29 +18,17 @@
 # a CPU smoke test: SITE= MODELS=~/.cache/bass/models DEVICE=cpu DTYPE=bfloat16 TOKENS=4 PROBLEMS=0:1 LOADS=c1-n8 OUT=/tmp/x)
 # Writes $OUT/split-{one,two}-LOAD-{warm,run}/serve.{json,md}, logs, split-summary.txt, split.tgz.
 set -uo pipefail
+source "$(dirname "$0")/serve.sh"
 loads=${LOADS-c1-n1 c1-n8 c1-n16 c8-n1 c16-n1 c64-n1}
 problems=${PROBLEMS:-0:16}
 R=$PWD
 W=/tmp/split-out && mkdir -p $W
 cd /tmp
 export PYTHONPATH=${SITE-/tmp/site} PYTHONUNBUFFERED=1
-T=${MODELS:-/tmp/models}/qwen2.5-coder-1.5b-instruct
-D=${MODELS:-/tmp/models}/qwen2.5-coder-0.5b-instruct
-models=(--target $T --draft $D --device ${DEVICE:-cuda} ${DTYPE:+--dtype $DTYPE})
+export SERVE_WAIT_S=${SERVE_WAIT_S:-600}  # two replicas load and capture their graphs in turn
 tokens=${TOKENS:-128}
 nvidia-smi --query-gpu=index,name,memory.total --format=csv > $W/gpus.csv; cat $W/gpus.csv
 cp $R/.whl/COMMIT $W/commit 2>/dev/null || git -C $R rev-parse HEAD > $W/commit 2>/dev/null
-
-wait_serving() {  # ADDRESS LOG
-  for _ in $(seq 600); do
-    python3 -m bass.cli client --address $1 --prompt-ids 1,2 --max-new-tokens 1 --timeout 2 > /dev/null 2>&1 && return 0
-    sleep 1
-  done
-  echo "nothing answered on $1 within 600 s (log: $2)" >&2
-  return 1
-}
-
-stop() { kill -INT "$@" 2> /dev/null; wait "$@" 2> /dev/null; }
 
 load() {  # SERVER LOAD
   local server=$1 name=$2 c n mode
@@ -76,16 +64,16 @@ EOT
 
 for server in ${SERVERS:-one two}; do
   if [ $server = one ]; then
-    CUDA_VISIBLE_DEVICES=0 python3 -m bass.cli serve "${models[@]}" --port 50051 > $W/serve-one.log 2>&1 & s=$!
+    CUDA_VISIBLE_DEVICES=0 start_serve $W/serve-one.log ${DTYPE:+--dtype $DTYPE}
   else
-    python3 -m bass.cli serve "${models[@]}" --replicas 2 --port 50051 --metrics-port 9465 > $W/serve-two.log 2>&1 & s=$!
+    start_serve $W/serve-two.log ${DTYPE:+--dtype $DTYPE} --replicas 2 --metrics-port 9465
   fi
-  if wait_serving 127.0.0.1:50051 $W/serve-$server.log; then
+  if [ $? = 0 ]; then
     answers $server
     for name in $loads; do echo "== $server $name"; load $server $name; done
     [ $server = two ] && curl -s 127.0.0.1:9465/metrics | grep '^bass_router' > $W/router-metrics.txt
   fi
-  stop $s
+  kill -INT $serve 2> /dev/null; wait $serve 2> /dev/null
 done
 
 python3 - $W <<'EOT' | tee $W/split-summary.txt
