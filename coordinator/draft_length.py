@@ -432,13 +432,24 @@ class _Yields:
     / 4 committed 2.70 / 3.41 / 4.02 tokens a step greedy, 2.72 / 3.42 at T = 0.8: p0 ~0.93, p1
     ~0.86), so the one acceptance that reproduces k = 4, carried to k = 2 (as before), underrates
     it: auto on that H200 at T = 0.8 and 2 sequences decoded regularly where k = 2 ran 12%
-    faster."""
+    faster.
+    At one to four sequences the target also verifies lookup tokens after the drafts (a lookup
+    tail, target_service/worker.py), which a sequence that accepted all k drafts may take too:
+    a measured length's yield holds them, so the chain adds them as well, at the mean a
+    sequence took after accepting all its drafts (P(all k accepted) = p0 p1^(k - 1)). Without
+    them the chain underrated every length not measured against the one drafted (H200, T = 0.8,
+    one sequence: k = 2 scored 2.7 tokens a step where it commits 3.5; auto drafted k = 4 at
+    1.01 ms/token where k = 2 ran 0.92, bench/results 2026-11-28-h200-yield-tails). The tail
+    a step may take shrinks as k grows (7 - k tokens at one sequence), so the mean taken at a
+    longer k underrates a shorter one's: a guess on the safe side."""
 
     def __init__(self, decay: float):
         self.decay = decay
         self.sums: dict[int, tuple[float, float, int]] = {}  # k -> (tokens, sequence-steps) decayed, seen
         # decayed (first drafts accepted, first drafts tested, later drafts accepted, later tested)
         self.chain = [0.0, 0.0, 0.0, 0.0]
+        # decayed (lookup tokens taken after the last draft, sequences that accepted all their drafts)
+        self.tail = [0.0, 0.0]
 
     def add(self, k: int, accepted: Sequence[int]) -> None:
         """One step's sequences that drafted k tokens and accepted `accepted` of them (more than
@@ -451,6 +462,8 @@ class _Yields:
         # Draft j + 1 (j >= 1) is tested where the first j were accepted: min(m, k - 1) of them,
         # m - 1 of those accepted where m >= 1.
         first_ok, first, later_ok, later = (x * decay for x in self.chain)
+        taken, reached = (x * decay for x in self.tail)
+        self.tail = [taken + sum(m - k for m in accepted if m >= k), reached + sum(m >= k for m in accepted)]
         accepted = [min(m, k) for m in accepted]
         self.chain = [first_ok + sum(m >= 1 for m in accepted), first + len(accepted),
                       later_ok + sum(max(0, m - 1) for m in accepted),
@@ -467,14 +480,16 @@ class _Yields:
         return t / n if seen >= MIN_MEASURED_SEQUENCE_STEPS else None
 
     def chained_tokens(self, k: int) -> float | None:
-        """Tokens a step of k drafts yields under the chain model (None before any length was
-        measured)."""
+        """Tokens a step of k drafts yields under the chain model, lookup tails included (None
+        before any length was measured)."""
         if all(seen < MIN_MEASURED_SEQUENCE_STEPS for _, _, seen in self.sums.values()):
             return None
         first_ok, first, later_ok, later = self.chain
         p0 = first_ok / first
         p1 = min(0.999, (later_ok + 0.5) / (later + 1.0))  # a weak prior: k = 1 tests no later draft
-        return 1 + p0 * (1 - p1 ** k) / (1 - p1)
+        taken, reached = self.tail
+        tail = taken / reached if reached else 0.0
+        return 1 + p0 * (1 - p1 ** k) / (1 - p1) + p0 * p1 ** (k - 1) * tail
 
 
 class MeasuredCost:

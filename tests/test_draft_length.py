@@ -955,3 +955,50 @@ def test_the_batch_pace_is_computed_again_only_after_a_change():
     pace.forget(1)
     pace.gain_share([1])
     assert passes[2:] == [(1,), (1,)]
+
+
+def test_the_chain_counts_lookup_tails_so_a_shorter_untimed_length_is_not_underrated():
+    """At one to four sequences the target verifies lookup tokens after a step's drafts, and a
+    sequence that accepted all k drafts may take some of them: a measured length's tokens per
+    step hold them, so the chain that scores the lengths not measured must hold them too. On an
+    H200 at one sequence, T = 0.8 (bench/results/2026-11-28-h200-yield-tails), auto timed k = 4
+    and drafted it throughout at 1.01 ms/token where k = 2 ran 0.92: the chain without tails
+    scored k = 2 at ~2.7 tokens a step where it commits ~3.5. Here the pair is simulated as
+    there (first draft accepted at 0.93, each further one at 0.86, then up to 7 - k lookup
+    tokens, each kept at 0.47 after the one before), with the policy's costs from that run: k = 2
+    is scored near what it yields, and the policy leaves k = 4 for a shorter length."""
+    import random
+
+    from bass.coordinator.draft_length import MeasuredCost
+
+    p0, p1, keep = 0.93, 0.86, 0.47
+    rng = random.Random(3)
+
+    def step(k: int) -> int:  # tokens taken before the target's own
+        m = 0
+        while m < k and rng.random() < (p0 if m == 0 else p1):
+            m += 1
+        if m == k:
+            while m < 7 and rng.random() < keep:
+                m += 1
+        return m
+
+    pol = MeasuredCost(initial=4)
+    for _ in range(200):
+        pol.observe([7], [4], [step(4)])
+        pol.observe_costs(1, 4, 0.00254, 4, 0.00156)  # the H200's draft of 4 and the rest of the step
+    for _ in range(3):
+        pol.observe_costs(1, 0, 0.0, 0, 0.00146)
+    without_tails = 1 + p0 * (1 + p1)
+    with_tails = without_tails + p0 * p1 * keep * (1 - keep ** 5) / (1 - keep)  # up to 5 lookup tokens at k = 2
+    assert pol.tokens_per_step(2) == pytest.approx(with_tails, abs=0.2)
+    assert pol.tokens_per_step(2) > without_tails + 0.4
+    assert pol.yields.chained_tokens(4) == pytest.approx(pol.yields.measured(4), abs=0.25)
+    pol.chosen[1] = True  # speculating at one sequence
+    assert pol.best_length(1) in (1, 2, 3)
+
+    # Where no step takes lookup tokens (more than four sequences), the chain is as before.
+    plain = MeasuredCost(initial=4)
+    for _ in range(200):
+        plain.observe([7], [4], [min(step(4), 4)])
+    assert plain.tokens_per_step(2) == pytest.approx(without_tails, abs=0.12)

@@ -90,6 +90,14 @@ COST_SETS = {
     # k = 3 / 4 / 5 0.62 ms a token apart), larger buckets left at 4's. Greedy only.
     "h200-06ff26a": {
         "greedy": {1: (0.62, 0.16, 1.54, 1.44), 2: (0.62, 0.17, 1.68, 1.46), 4: (0.62, 0.18, 1.70, 1.48)}},
+    # "h200-631028b": `auto`'s policy states at 1, 2 and 4 sequences through the services, both
+    # modes, steps sent ahead (bench/results/2026-11-28-h200-yield-tails/speed-*-base.json: draft
+    # calls fitted over k = 1-5, the rest of the step at k = 3-4, regular steps at k = 0); larger
+    # buckets left at 4's. With --min-step-ms 2.85: a speculative step no shorter than the host's
+    # loop allows (k = 1's steps there: 0.82 ms of draft and 1.94-2.14 of the rest).
+    "h200-631028b": {
+        "greedy": {1: (0.617, 0.03, 1.53, 1.46), 2: (0.62, 0.17, 1.61, 1.45), 4: (0.62, 0.17, 1.61, 1.40)},
+        "sampled": {1: (0.625, 0.04, 1.56, 1.50), 2: (0.622, 0.19, 1.65, 1.53), 4: (0.63, 0.19, 1.65, 1.51)}},
 }
 COSTS = dict(COST_SETS["h100-2026-11-25"])  # --costs picks another
 TOKENS = 128
@@ -105,6 +113,9 @@ TAIL_P = [0.0]
 # step of their length (k = 3: 7.3 ms against fixed k = 3's 5.9). --unchained-ms sets it (0: none,
 # the simulation before 2026-11-27 night); the scheduler times such steps for the policy no more.
 UNCHAINED_MS = [0.0]
+# --min-step-ms: the least a speculative step costs, whatever its draft and verification (the
+# coordinator's and the workers' host loop; 0: none, the simulation before 2026-11-29).
+MIN_STEP_MS = [0.0]
 TIME_UNSTEADY = [False]  # --time-unsteady: give the policy unchained steps' times too (before 0c62e3b)
 PROMPT_TOKENS = 94  # HumanEval 0:16's prompts as `bass bench speed` sends them (no template): 53-137, mean 94
 JOIN_S_PER_TOKEN = 7e-6  # the draft's time per joined token on the H100 (5.6-8.6 us measured)
@@ -126,7 +137,10 @@ def step_cost(mode: str, batch: int, k: int, rng: random.Random) -> tuple[float,
     bucket = MeasuredCost.bucket(batch)
     per_token, fixed, verify, regular = COSTS[mode][max(b for b in COSTS[mode] if b <= bucket)]
     noise = rng.uniform(0.97, 1.03)
-    return (0.0, regular * noise / 1000) if k == 0 else ((fixed + per_token * k) * noise / 1000, verify * noise / 1000)
+    if k == 0:
+        return 0.0, regular * noise / 1000
+    draft = fixed + per_token * k
+    return draft * noise / 1000, max(verify, MIN_STEP_MS[0] - draft) * noise / 1000
 
 
 def one_run(seed: int, batch: int, mode: str, p0: tuple[float, float], p1: float, rounds: int,
@@ -210,6 +224,8 @@ def main() -> None:
                         help="the per-bucket step costs replayed (see COST_SETS)")
     parser.add_argument("--unchained-ms", type=float, default=0.0,
                         help="extra ms of a speculative step whose length differs from the step before (UNCHAINED_MS)")
+    parser.add_argument("--min-step-ms", type=float, default=0.0,
+                        help="the least a speculative step costs (MIN_STEP_MS)")
     parser.add_argument("--time-unsteady", action="store_true",
                         help="give the policy those steps' times too, as the scheduler did before 0c62e3b")
     parser.add_argument("--p0", type=float, nargs=2, default=(0.88, 0.97))
@@ -237,6 +253,7 @@ def main() -> None:
     COSTS.update(COST_SETS[args.costs])
     UNCHAINED_MS[0] = args.unchained_ms
     TIME_UNSTEADY[0] = args.time_unsteady
+    MIN_STEP_MS[0] = args.min_step_ms
     for setting in args.set:
         name, value = setting.split("=", 1)
         assert hasattr(draft_length, name), name
