@@ -117,6 +117,15 @@ UNCHAINED_MS = [0.0]
 # coordinator's and the workers' host loop; 0: none, the simulation before 2026-11-29).
 MIN_STEP_MS = [0.0]
 TIME_UNSTEADY = [False]  # --time-unsteady: give the policy unchained steps' times too (before 0c62e3b)
+# --sent-ahead: steps sent ahead over a co-located pair (coordinator/speculative_ahead.py, since
+# 1d501b2). A step is chained behind the last verification whatever its length, unless the step
+# before decoded regularly; it is sent ahead where the step before was chained too. The first
+# drafted step after regular decoding pays UNCHAINED_MS, the next (chained, not sent ahead: its
+# call waits for the answer before it) --not-sent-ms. The policy is given the times of the steps
+# the scheduler's rule takes: "length" (k the same as the step before's: main until 2026-11-29)
+# or "sent" (steps sent ahead only: the branch time-sent-ahead-steps).
+SENT_AHEAD = [""]
+NOT_SENT_MS = [0.0]
 PROMPT_TOKENS = 94  # HumanEval 0:16's prompts as `bass bench speed` sends them (no template): 53-137, mean 94
 JOIN_S_PER_TOKEN = 7e-6  # the draft's time per joined token on the H100 (5.6-8.6 us measured)
 STEADY_PENDING = 2  # as Scheduler._join_tokens: tokens a drafted step runs anyway
@@ -169,7 +178,7 @@ def one_run(seed: int, batch: int, mode: str, p0: tuple[float, float], p1: float
             draws = dict.fromkeys(seqs, rng)
         done, drafted, seconds = dict.fromkeys(seqs, 0), dict.fromkeys(seqs, [0, 0]), 0.0
         held, skipped, drafted_last = dict.fromkeys(seqs, False), dict.fromkeys(seqs, 0), False
-        last_k = 0
+        last_k, chained_before = 0, False
         if trace is not None:
             trace.append([])
         while any(done[s] < tokens for s in seqs):
@@ -186,9 +195,19 @@ def one_run(seed: int, batch: int, mode: str, p0: tuple[float, float], p1: float
                 tail = lookup_tail_length(len(live), k)
                 ms = [m + accepted(tail, TAIL_P[0], TAIL_P[0], draws[s]) if m == k else m for s, m in zip(live, ms)]
             draft_s, rest_s = step_cost(mode, len(live), k, rng)
-            steady = k == last_k
-            if k and not steady:
-                rest_s += UNCHAINED_MS[0] / 1000
+            if SENT_AHEAD[0]:
+                chained = k > 0 and last_k > 0
+                sent = chained and chained_before
+                if k and not chained:
+                    rest_s += UNCHAINED_MS[0] / 1000
+                elif k and not sent:
+                    rest_s += NOT_SENT_MS[0] / 1000
+                steady = sent if SENT_AHEAD[0] == "sent" else k == last_k
+                chained_before = chained
+            else:
+                steady = k == last_k
+                if k and not steady:
+                    rest_s += UNCHAINED_MS[0] / 1000
             last_k = k
             joined = joining if k else 0
             draft_s += joined * JOIN_S_PER_TOKEN
@@ -226,6 +245,10 @@ def main() -> None:
                         help="extra ms of a speculative step whose length differs from the step before (UNCHAINED_MS)")
     parser.add_argument("--min-step-ms", type=float, default=0.0,
                         help="the least a speculative step costs (MIN_STEP_MS)")
+    parser.add_argument("--sent-ahead", choices=["length", "sent"], default="",
+                        help="model steps sent ahead; the policy timed by the scheduler's rule (SENT_AHEAD)")
+    parser.add_argument("--not-sent-ms", type=float, default=0.0,
+                        help="extra ms of a chained step not sent ahead (NOT_SENT_MS)")
     parser.add_argument("--time-unsteady", action="store_true",
                         help="give the policy those steps' times too, as the scheduler did before 0c62e3b")
     parser.add_argument("--p0", type=float, nargs=2, default=(0.88, 0.97))
@@ -253,6 +276,7 @@ def main() -> None:
     COSTS.update(COST_SETS[args.costs])
     UNCHAINED_MS[0] = args.unchained_ms
     TIME_UNSTEADY[0] = args.time_unsteady
+    SENT_AHEAD[0], NOT_SENT_MS[0] = args.sent_ahead, args.not_sent_ms
     MIN_STEP_MS[0] = args.min_step_ms
     for setting in args.set:
         name, value = setting.split("=", 1)
