@@ -123,7 +123,7 @@ TIME_UNSTEADY = [False]  # --time-unsteady: give the policy unchained steps' tim
 # drafted step after regular decoding pays UNCHAINED_MS, the next (chained, not sent ahead: its
 # call waits for the answer before it) --not-sent-ms. The policy is given the times of the steps
 # the scheduler's rule takes: "length" (k the same as the step before's: main until 2026-11-29)
-# or "sent" (steps sent ahead only: the branch time-sent-ahead-steps).
+# or "sent" (steps sent ahead only: a candidate rule, journal 2026-11-28-h200-yield-tails).
 SENT_AHEAD = [""]
 NOT_SENT_MS = [0.0]
 PROMPT_TOKENS = 94  # HumanEval 0:16's prompts as `bass bench speed` sends them (no template): 53-137, mean 94
