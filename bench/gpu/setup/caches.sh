@@ -7,8 +7,9 @@
 #                       (copy it here into .devcache/, which git ignores)
 #   caches.sh restore   (install.sh runs it) unpack .devcache/gpu-caches.tar.gz where the
 #                       caches live, if it was carried (carry: [".devcache"])
-# Not yet measured: whether a restored cache leaves the first timed process without compile
-# stalls (compare its rounds with a second process's before skipping warm_kernels.sh).
+# First restored 2026-11-29 (426 files from the lease before). Not yet measured: whether a
+# restored cache leaves the first timed process without compile stalls (compare its rounds with
+# a second process's before skipping warm_kernels.sh).
 set -euo pipefail
 triton=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
 kernels=${BASS_KERNEL_CACHE:-$HOME/.cache/bass/kernels}
