@@ -182,10 +182,6 @@ class Transformer:
             few_row_kernel = load_skinny_gemm(weights.embed.device, programmatic=programmatic_launch)
         self.fused_layers = few_row_kernel is not None and fuse_layers and fused_layers.can_fuse(config)
         self.time_layer_paths = True  # see layer_paths
-        # Per layer, what its fused q|k|v (or o) product pulls into L2 for the products after it
-        # (set_l2_prefetch); empty: nothing.
-        self.layer_prefetch: list = []
-        self.prefetch_carrier = "qkv"
         self.folded_norms = False
         if self.fused_layers:
             log.info("decode steps of up to %d tokens run fused layers (engine/fused_layers.py)",
@@ -229,29 +225,6 @@ class Transformer:
             planned = SkinnyLinear(kernel, self.linear, {}, [])
         if planned is not None:  # routes only what it planned: the other shapes keep their path
             self.linear = planned
-
-    def set_l2_prefetch(self, budget: int, carrier: str = "qkv", at_start: bool = False) -> None:
-        """Have each fused layer's `carrier` product ("qkv" or "o") ask for the layer's later
-        weights (o, gate|up, down, in the order they run) to be pulled into L2, their first
-        `budget` bytes, while it, the attention and the small products run (kernels/cuda_skinny.
-        Prefetch). budget 0: none. Takes effect for steps captured or run after it."""
-        from bass.kernels.cuda_skinny import Prefetch
-
-        if carrier not in ("qkv", "o"):
-            raise ValueError(f"carrier must be 'qkv' or 'o', got {carrier!r}")
-        self.layer_prefetch, self.prefetch_carrier = [], carrier
-        if budget <= 0 or not self.fused_layers:
-            return
-        later = ("o", "gate_up", "down") if carrier == "qkv" else ("gate_up", "down")
-        for layer in self.weights.layers:
-            regions, left = [], budget
-            for name in later:
-                w = getattr(getattr(layer, name), "q", getattr(layer, name))  # an Int8Weight's matrix
-                take = min(left, w.numel() * w.element_size())
-                if take >= 16:
-                    regions.append((w, take))
-                left -= take
-            self.layer_prefetch.append(Prefetch(regions, at_start=at_start))
 
     def layer_paths(self, rows: int) -> tuple[bool, ...]:
         """The values of hidden()'s `fused` worth timing for a captured step of `rows` tokens
@@ -335,14 +308,11 @@ class Transformer:
         q_size = c.num_heads * c.head_dim
         x = self.weights.embed[batch.input_ids]
         q = torch.empty((x.shape[0], c.num_heads, c.head_dim), dtype=x.dtype, device=x.device)
-        prefetches = self.layer_prefetch or [None] * len(layers)
-        at_qkv = self.prefetch_carrier == "qkv"
         for i, layer in enumerate(layers):
             rope = Rope(self.cos, self.sin, batch.positions, batch.token_slots, q, cache.k[i], cache.v[i])
-            product(x, layer.qkv, layer.qkv_bias, norm_eps=eps, rope=rope, prefetch=prefetches[i] if at_qkv else None)
+            product(x, layer.qkv, layer.qkv_bias, norm_eps=eps, rope=rope)
             attn = self.attend(q, cache.k[i], cache.v[i], batch, self.scale)
-            product(attn.reshape(-1, q_size), layer.o, layer.o_bias, out=x, residual=x,
-                    prefetch=None if at_qkv else prefetches[i])
+            product(attn.reshape(-1, q_size), layer.o, layer.o_bias, out=x, residual=x)
             product(product(x, layer.gate_up, norm_eps=eps, silu_pairs=True), layer.down, out=x, residual=x)
         rows = batch.logit_rows
         h, _ = self.add_norm(x[rows], None, self.weights.final_norm, eps)

@@ -131,41 +131,6 @@ class _RopeArgs(ctypes.Structure):
                [(name, ctypes.c_int64) for name in ("slot_stride", "position_stride")]
 
 
-PREFETCH_REGIONS = 3  # skinny_gemm.cu's PrefetchArgs
-
-
-class _PrefetchArgs(ctypes.Structure):
-    """skinny_gemm.cu's PrefetchArgs."""
-
-    _fields_ = [("ptr", ctypes.c_void_p * PREFETCH_REGIONS), ("bytes", ctypes.c_int64 * PREFETCH_REGIONS),
-                ("at_start", ctypes.c_int)]
-
-
-class Prefetch:
-    """Weights of later products that a product asks the GPU to pull into L2 while it and the
-    kernels after it run (the .cu file's PrefetchArgs says why): up to PREFETCH_REGIONS
-    (tensor, bytes) regions, each the first `bytes` of a contiguous tensor. at_start: asked
-    before the product waits for the kernel before it, else once its own weight loads are
-    issued. Built once (a layer's regions do not change), so a step passes it as it is."""
-
-    def __init__(self, regions: list[tuple[torch.Tensor, int]], at_start: bool = False):
-        if len(regions) > PREFETCH_REGIONS:
-            raise ValueError(f"at most {PREFETCH_REGIONS} prefetch regions, got {len(regions)}")
-        self.regions = [(t, min(n, t.numel() * t.element_size()) // 16 * 16) for t, n in regions]
-        for t, _ in self.regions:
-            if not t.is_contiguous() or t.data_ptr() % 16:
-                raise ValueError("a prefetch region must be a contiguous, 16-byte aligned tensor")
-        self.at_start = at_start
-        self.args = _PrefetchArgs()
-        for i, (t, n) in enumerate(self.regions):
-            self.args.ptr[i], self.args.bytes[i] = t.data_ptr(), n
-        self.args.at_start = int(at_start)
-
-    @property
-    def bytes(self) -> int:
-        return sum(n for _, n in self.regions)
-
-
 class SkinnyGemm:
     """The loaded library: out = x @ w.T (* scale per column) (+ bias), for 1-64 rows, optionally
     with a fused epilogue (the .cu file's top comment): each row scaled by 1 / rms(x row), a
@@ -182,7 +147,7 @@ class SkinnyGemm:
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = ([ctypes.c_void_p] * 5 + [ctypes.c_int] * 10 + [ctypes.c_void_p] * 3
                              + [ctypes.c_int, ctypes.c_float, ctypes.c_int, ctypes.POINTER(_RopeArgs),
-                                ctypes.POINTER(_PrefetchArgs), ctypes.c_int, ctypes.c_void_p])
+                                ctypes.c_int, ctypes.c_void_p])
 
     def supports(self, rows: int, inner: int, weight_int8: bool) -> bool:
         return 1 <= rows <= MAX_ROWS and inner % inner_multiple(weight_int8) == 0
@@ -190,15 +155,13 @@ class SkinnyGemm:
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None,
                  out: torch.Tensor, launch: Launch | None = None, split: SplitScratch | None = None, *,
                  residual: torch.Tensor | None = None, norm_eps: float | None = None,
-                 silu_pairs: bool = False, rope: Rope | None = None,
-                 prefetch: Prefetch | None = None) -> torch.Tensor:
+                 silu_pairs: bool = False, rope: Rope | None = None) -> torch.Tensor:
         """x [rows, K] bf16 contiguous; weight [N, K] int8 (with fp32 scale [N]) or bf16; out
         [rows, N] bf16 or fp32 ([rows, N / 2] bf16 with silu_pairs); split: the scratch of a
         launch with k_splits > 1. residual: bf16 [rows, N] added to the product (out may be the
         same tensor); norm_eps: scale row r by 1 / sqrt(mean(x[r]^2) + eps) (<= 16 rows); rope:
         the product is q|k|v with its query and key heads' columns paired for the rotation
-        (engine/fused_layers.py): written where `rope` says, `out` untouched (returns q_out).
-        prefetch: weights of later products pulled into L2 meanwhile (Prefetch)."""
+        (engine/fused_layers.py): written where `rope` says, `out` untouched (returns q_out)."""
         rows, inner = x.shape
         cols = weight.shape[0]
         weight_int8 = weight.dtype == torch.int8
@@ -214,14 +177,12 @@ class SkinnyGemm:
                        launch.warps, launch.blocks_per_sm, launch.k_splits, partials, arrivals,
                        residual.data_ptr() if residual is not None else None, int(norm_eps is not None),
                        float(norm_eps or 0.0), int(silu_pairs),
-                       ctypes.byref(rope.args()) if rope is not None else None,
-                       ctypes.byref(prefetch.args) if prefetch is not None else None, int(self.programmatic),
+                       ctypes.byref(rope.args()) if rope is not None else None, int(self.programmatic),
                        torch.cuda.current_stream(x.device).cuda_stream)
         if err:
             raise RuntimeError(f"skinny_gemm launch failed (cudaError {err}): rows={rows} cols={cols} "
                                f"inner={inner} int8={weight_int8} {launch} residual={residual is not None} "
-                               f"norm={norm_eps is not None} silu_pairs={silu_pairs} rope={rope is not None} "
-                               f"prefetch={prefetch.bytes if prefetch is not None else 0}")
+                               f"norm={norm_eps is not None} silu_pairs={silu_pairs} rope={rope is not None}")
         return rope.q_out if rope is not None else out
 
 

@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from bass.kernels.cuda_skinny import Launch, Prefetch, Rope, SkinnyGemm, SplitScratch, launch_for, row_groups_for
+from bass.kernels.cuda_skinny import Launch, Rope, SkinnyGemm, SplitScratch, launch_for, row_groups_for
 from bass.kernels.timing import graph_us
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ class SkinnyLinear:
 
     def fused(self, x: torch.Tensor, weight, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None,
               residual: torch.Tensor | None = None, norm_eps: float | None = None,
-              silu_pairs: bool = False, rope: Rope | None = None, prefetch: Prefetch | None = None) -> torch.Tensor:
+              silu_pairs: bool = False, rope: Rope | None = None) -> torch.Tensor:
         """A product through the kernel with its fused epilogue (SkinnyGemm; engine/fused_layers.py),
         whatever the plan chose for the plain product: the fastest launch timed for its shape
         and rows where there is one, else the default launch."""
@@ -94,8 +94,7 @@ class SkinnyLinear:
             out = rope.q_out if rope is not None else torch.empty((rows, cols // 2 if silu_pairs else cols),
                                                                   dtype=x.dtype, device=x.device)
         return self.kernel(x if x.is_contiguous() else x.contiguous(), w, getattr(weight, "scale", None), bias, out,
-                           launch, self.split, residual=residual, norm_eps=norm_eps, silu_pairs=silu_pairs, rope=rope,
-                           prefetch=prefetch)
+                           launch, self.split, residual=residual, norm_eps=norm_eps, silu_pairs=silu_pairs, rope=rope)
 
 
 def _fits(weight, bias: torch.Tensor | None) -> bool:

@@ -356,10 +356,9 @@ def test_a_fused_draft_decodes_as_its_unfused_layers(qwen_wide_heads):
     assert tokens[True][0] == tokens[False][0]
 
 
-def _decode_three_prompts(cfg, prefetch: tuple = (0,)) -> tuple[torch.Tensor, torch.Tensor]:
+def _decode_three_prompts(cfg) -> tuple[torch.Tensor, torch.Tensor]:
     """Eight steps of three sequences (every fourth shaped like a verification of 3 tokens): the
-    logits, and the first layer's cache entries of the three slots. prefetch: set_l2_prefetch's
-    arguments."""
+    logits, and the first layer's cache entries of the three slots."""
     from bass.core.worker_api import AddSequence
     from bass.engine.runner import ModelRunner
 
@@ -367,7 +366,6 @@ def _decode_three_prompts(cfg, prefetch: tuple = (0,)) -> tuple[torch.Tensor, to
     if cfg.few_row_cuda:
         assert runner.model.fused_layers and runner.model.linear.kernel.programmatic is cfg.programmatic_launch
     runner.model.time_layer_paths = False  # the 12-row steps run the fused layers in both builds
-    runner.model.set_l2_prefetch(*prefetch)
     runner.warm_up(graph_shapes=[(1, 1), (3, 3)])
     runner.add([AddSequence(i, tuple(range(3 + i, 20 + 9 * i))) for i in range(3)])
     states, logits = [runner.get(i) for i in range(3)], []
@@ -402,87 +400,6 @@ def test_programmatic_launches_give_the_bits_of_serial_ones(qwen_wide_heads, dra
             results[programmatic] = _decode_three_prompts(cfg)
     assert torch.equal(results[True][0], results[False][0])
     assert torch.equal(results[True][1], results[False][1])
-
-
-@gpu
-@pytest.mark.parametrize("draft", [True, False], ids=["fused-int8-draft", "bf16-target"])
-@pytest.mark.parametrize("prefetch", [(32 << 20, "qkv", False), (1 << 20, "o", True)], ids=["qkv-end", "o-start"])
-def test_weights_prefetched_into_l2_change_no_value(qwen_wide_heads, draft, prefetch):
-    """A prefetch is a hint to the memory system: steps through CUDA graphs give the logits and
-    cache of the same model without it, bit for bit, wherever it is issued and whatever it covers
-    (the whole of each layer's later weights, or a part)."""
-    from bass.core.config import RunnerConfig
-
-    cfg = RunnerConfig(model_dir=qwen_wide_heads, device="cuda", dtype="bfloat16", num_slots=3, max_seq_len=96,
-                       attention="triton", cuda_graphs=True, int8_weights=draft, few_row_cuda=True)
-    with torch.inference_mode():
-        plain, prefetched = _decode_three_prompts(cfg), _decode_three_prompts(cfg, prefetch)
-    assert torch.equal(plain[0], prefetched[0])
-    assert torch.equal(plain[1], prefetched[1])
-
-
-def test_prefetch_regions_are_clipped_to_their_tensors_and_whole_16_byte_words(monkeypatch):
-    """What the kernel is told to prefetch: each region's bytes at most its tensor's, rounded down
-    to 16; no more regions than the kernel takes; the struct goes to the library just before the
-    programmatic flag."""
-    from bass.kernels.cuda_skinny import PREFETCH_REGIONS, Prefetch, SkinnyGemm
-
-    a, b = torch.zeros(1000, dtype=torch.int8), torch.zeros(64, 64, dtype=torch.bfloat16)
-    prefetch = Prefetch([(a, 999), (b, 1 << 30)])
-    assert [n for _, n in prefetch.regions] == [992, 64 * 64 * 2]
-    assert list(prefetch.args.bytes) == [992, 8192, 0] and prefetch.args.ptr[0] == a.data_ptr()
-    assert prefetch.bytes == 992 + 8192 and prefetch.args.at_start == 0
-    with pytest.raises(ValueError, match="at most"):
-        Prefetch([(a, 16)] * (PREFETCH_REGIONS + 1))
-    with pytest.raises(ValueError, match="aligned"):
-        Prefetch([(a[1:], 16)])
-
-    class _Library:
-        class bass_skinny_gemm:  # noqa: N801 - stands in for the C function
-            calls = []
-
-            def __call__(self, *args):
-                self.calls.append(args)
-                return 0
-
-        bass_skinny_gemm = bass_skinny_gemm()
-
-    library = _Library()
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 0})())
-    x, w = torch.zeros(4, 64, dtype=torch.bfloat16), torch.zeros(32, 64, dtype=torch.bfloat16)
-    SkinnyGemm(library)(x, w, None, None, torch.empty(4, 32, dtype=torch.bfloat16), Launch(1, 1, 4), prefetch=prefetch)
-    SkinnyGemm(library)(x, w, None, None, torch.empty(4, 32, dtype=torch.bfloat16), Launch(1, 1, 4))
-    given, none = library.bass_skinny_gemm.calls
-    assert ctypes.cast(given[-3], ctypes.c_void_p).value == ctypes.addressof(prefetch.args)
-    assert none[-3] is None
-
-
-def test_each_layer_prefetches_its_later_weights_in_the_order_they_run(qwen_target):
-    """set_l2_prefetch: a layer's q|k|v product takes o, then gate|up, then down, up to the budget
-    (an o carrier: gate|up, then down); budget 0 takes nothing."""
-    from bass.core.config import RunnerConfig
-    from bass.engine.runner import ModelRunner
-
-    model = ModelRunner(RunnerConfig(model_dir=qwen_target, device="cpu", dtype="float32", num_slots=1,
-                                     max_seq_len=32)).model
-    model.fused_layers = True  # on the CPU no step runs fused; the plan is what is tested
-    layer = model.weights.layers[0]
-    size = {name: getattr(layer, name).numel() * 4 for name in ("o", "gate_up", "down")}
-    budget = size["o"] + size["gate_up"] // 2 + 5
-    model.set_l2_prefetch(budget)
-    assert len(model.layer_prefetch) == len(model.weights.layers) and model.prefetch_carrier == "qkv"
-    regions = model.layer_prefetch[0].regions
-    assert [t.data_ptr() for t, _ in regions] == [layer.o.data_ptr(), layer.gate_up.data_ptr()]
-    assert [n for _, n in regions] == [size["o"], (size["gate_up"] // 2 + 5) // 16 * 16]
-    model.set_l2_prefetch(1 << 40, "o", at_start=True)
-    regions = model.layer_prefetch[-1].regions
-    assert [t.data_ptr() for t, _ in regions] == [model.weights.layers[-1].gate_up.data_ptr(),
-                                                  model.weights.layers[-1].down.data_ptr()]
-    assert model.layer_prefetch[-1].at_start
-    model.set_l2_prefetch(0)
-    assert model.layer_prefetch == []
-    with pytest.raises(ValueError, match="carrier"):
-        model.set_l2_prefetch(16, "down")
 
 
 @gpu

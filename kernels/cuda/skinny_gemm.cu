@@ -58,22 +58,6 @@ struct RopeArgs {
   int64_t slot_stride, position_stride;  // elements
 };
 
-// Weights of later products to pull into L2 while this one and the kernels after it run (regions
-// with bytes 0: none). Why: at 1-16 rows a decoder layer's attention and its small products leave
-// the memory bus mostly idle for microseconds, and the wide products after them (the target's
-// gate|up: 55 MB) then stream from DRAM with the bus to themselves. A prefetch started at the end
-// of q|k|v lets part of those bytes arrive during that idle window. Each block asks the copy
-// engine for its share of every region (cp.async.bulk.prefetch: a hint, asynchronous, no
-// completion to wait for); at_start: before the block's first wait on the kernel before it,
-// else once the block's own last weight loads are issued. Outside the anonymous namespace, like
-// RopeArgs: the exported entry point takes it.
-constexpr int PREFETCH_REGIONS = 3;
-struct PrefetchArgs {
-  const char* ptr[PREFETCH_REGIONS];
-  int64_t bytes[PREFETCH_REGIONS];  // multiples of 16, from 16-byte aligned pointers
-  int at_start;
-};
-
 namespace {
 
 template <bool F16>
@@ -110,25 +94,6 @@ __device__ __forceinline__ void wait_for_prior_grid() {
 __device__ __forceinline__ void allow_next_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
-// This block's share of each prefetch region, asked of the copy engine by one thread, in pieces of
-// at most 1 MB (the instruction's size operand is 32-bit).
-__device__ __forceinline__ void prefetch_share(const PrefetchArgs& p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (threadIdx.x != 0) return;
-  const int64_t blocks = static_cast<int64_t>(gridDim.x) * gridDim.y;
-  const int64_t block = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
-#pragma unroll
-  for (int r = 0; r < PREFETCH_REGIONS; ++r) {
-    const int64_t share = ((p.bytes[r] + blocks - 1) / blocks + 15) & ~static_cast<int64_t>(15);
-    const int64_t begin = block * share, end = begin + share < p.bytes[r] ? begin + share : p.bytes[r];
-    for (int64_t at = begin; at < end; at += 1 << 20) {
-      const uint32_t n = static_cast<uint32_t>(end - at < (1 << 20) ? end - at : (1 << 20));
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p.ptr[r] + at), "r"(n) : "memory");
-    }
-  }
 #endif
 }
 
@@ -179,7 +144,7 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
     const __nv_bfloat16* __restrict__ x, const uint4* __restrict__ w, const float* __restrict__ scale,
     const __nv_bfloat16* __restrict__ bias, void* out, int rows, int cols, int inner,
     float* __restrict__ split_partials, int* __restrict__ split_arrivals, const __nv_bfloat16* residual,
-    float eps, bool silu_pairs, RopeArgs rope, PrefetchArgs prefetch) {
+    float eps, bool silu_pairs, RopeArgs rope) {
   constexpr int KL = INT8 ? 16 : 8;  // inner positions in one lane's 16-byte weight load
   constexpr int STEPS = KL / 4;      // mma k-steps per load (4 lanes x 4 positions each)
   constexpr int CHUNK = 4 * KL;      // inner positions a warp covers per load
@@ -267,7 +232,6 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
   uint4 cur_x[U][NT][XV], nxt_x[U][NT][XV];
   int tile = blockIdx.x, step = 0;
   load_weights(cur_w, tile, step);
-  if (prefetch.at_start) prefetch_share(prefetch);
   wait_for_prior_grid();
   load_activations(cur_x, tile, step);
   while (tile < tiles) {
@@ -281,10 +245,7 @@ __global__ void __launch_bounds__(WARPS * 32) skinny_gemm_kernel(
     // This block's last weight loads are issued: the next kernel may start loading its own. Not
     // earlier: kernels that each let the next one start at once pile up, loading weights beside
     // the one that runs (on an H100 that made a fused draft forward 11% slower, not faster).
-    if (next_tile >= tiles) {
-      allow_next_grid();
-      if (!prefetch.at_start) prefetch_share(prefetch);
-    }
+    if (next_tile >= tiles) allow_next_grid();
 
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -497,7 +458,6 @@ struct Product {
   float eps;
   bool silu_pairs;
   RopeArgs rope;
-  PrefetchArgs prefetch;
 };
 
 template <bool INT8, int NT, int CG, int WARPS, bool OUT_F32, bool NORM>
@@ -537,7 +497,7 @@ cudaError_t launch_kernel(const Product& p, int max_blocks_per_sm, Split split, 
   return cudaLaunchKernelEx(&config, kernel, static_cast<const __nv_bfloat16*>(p.x), static_cast<const uint4*>(p.w),
                             p.scale, static_cast<const __nv_bfloat16*>(p.bias), p.out, p.rows, p.cols, p.inner,
                             split.partials, split.arrivals, static_cast<const __nv_bfloat16*>(p.residual), p.eps,
-                            p.silu_pairs, p.rope, p.prefetch);
+                            p.silu_pairs, p.rope);
 }
 
 template <bool INT8, int NT, int CG, int WARPS>
@@ -597,16 +557,14 @@ cudaError_t by_rows(int row_groups, int column_groups, int warps, const Product&
 // left zeroed) where it is > 1. The fused epilogue (see the top): residual (null: none; bf16 out
 // only), norm with eps (bf16 out, row_groups <= 2), silu_pairs (bf16 out of cols / 2 columns, cols
 // a multiple of 16, no residual), rope (null: none; else q, k and v written where it says, out
-// unused; head_dim a multiple of 16, cols = (heads + 2 kv_heads) head_dim). prefetch (null: none):
-// regions pulled into L2 (see PrefetchArgs; sm_90+, a no-op elsewhere). programmatic: launch
+// unused; head_dim a multiple of 16, cols = (heads + 2 kv_heads) head_dim). programmatic: launch
 // with programmatic dependent launch (sm_90+; see wait_for_prior_grid). Returns a cudaError_t
 // (0: launched).
 extern "C" int bass_skinny_gemm(const void* x, const void* w, const float* scale, const void* bias, void* out,
                                 int rows, int cols, int inner, int w_int8, int out_f32, int row_groups,
                                 int column_groups, int warps, int blocks_per_sm, int k_splits, float* split_partials,
                                 int* split_arrivals, const void* residual, int norm, float eps, int silu_pairs,
-                                const RopeArgs* rope, const PrefetchArgs* prefetch, int programmatic,
-                                void* stream) {
+                                const RopeArgs* rope, int programmatic, void* stream) {
   const int chunk = w_int8 ? 64 : 32;
   const bool fused = residual != nullptr || norm || silu_pairs || rope != nullptr;
   if (rows < 1 || rows > 8 * row_groups || inner % chunk != 0 || k_splits < 1 ||
@@ -618,13 +576,8 @@ extern "C" int bass_skinny_gemm(const void* x, const void* w, const float* scale
   auto s = static_cast<cudaStream_t>(stream);
   const Split split{k_splits, split_partials, split_arrivals};
   const RopeArgs no_rope{};
-  const PrefetchArgs no_prefetch{};
-  if (prefetch != nullptr)
-    for (int r = 0; r < PREFETCH_REGIONS; ++r)
-      if (prefetch->bytes[r] < 0 || prefetch->bytes[r] % 16 != 0 || reinterpret_cast<uintptr_t>(prefetch->ptr[r]) % 16 != 0)
-        return static_cast<int>(cudaErrorInvalidValue);
   const Product p{x, w, scale, bias, out, rows, cols, inner, out_f32 != 0, residual, norm != 0, eps, silu_pairs != 0,
-                  rope != nullptr ? *rope : no_rope, prefetch != nullptr ? *prefetch : no_prefetch};
+                  rope != nullptr ? *rope : no_rope};
   const bool pdl = programmatic != 0;
   return static_cast<int>(w_int8 ? by_rows<true>(row_groups, column_groups, warps, p, blocks_per_sm, split, pdl, s)
                                  : by_rows<false>(row_groups, column_groups, warps, p, blocks_per_sm, split, pdl, s));
