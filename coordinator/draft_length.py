@@ -237,15 +237,6 @@ THIN_REGULAR_LEAD = 0.08
 THIN_PROBE_STEPS = 4
 THIN_PROBE_EVERY = 24
 THIN_FIRST_PROBE_AFTER = 12  # regular steps after leaving speculation
-# Where regular decoding leads every draft length by more than THIN_REGULAR_LEAD, the choice is
-# not scored again for this many steps at that bucket (probes due meanwhile still run). Scoring
-# is a pass over every length and the batch's paces, ~0.1 ms a step at 64 sequences on a 2-core
-# CPU (bench/policy/auto_policy_cost.py), and there a regular step is bound by the host: on one
-# H200 `auto`, decoding regularly at 64, spent 5-26 ms a 128-step round more than regular
-# decoding outside its steps (bench/results/journal/2026-11-29-h200-final-table.md). While it
-# decodes regularly nothing it scores on moves but regular decoding's own price, which a lead
-# that wide outlasts.
-SETTLED_REGULAR_STEPS = 16
 # Sequences that have barely speculated (a new batch) take the pace their batch-size bucket
 # showed before, in proportion to what they lack of SEQUENCE_PRIOR_STEPS drafted steps each;
 # starting each batch from the mean sent auto into a few speculative steps per new batch where
@@ -579,8 +570,6 @@ class MeasuredCost:
         # weighs a k = 0 probe on them rather than pass over the batch again.
         self.last_scores: list[float] | None = None
         self.joins = [0.0, 0.0]  # decayed (seconds, tokens) the draft spent on joins
-        # bucket -> the step up to which regular decoding stands there unscored (SETTLED_REGULAR_STEPS)
-        self.settled_regular: dict[int, int] = {}
 
     @staticmethod
     def bucket(batch: int) -> int:
@@ -726,9 +715,6 @@ class MeasuredCost:
     def lengths(self, seq_ids, join=None):
         self.steps += 1
         bucket = self.bucket(len(seq_ids))
-        if (self.steps <= self.settled_regular.get(bucket, 0) and not self.last_choice_drafted
-                and not self.thin_probe_left and self.steps < self.next_zero_probe):
-            return [0] * len(seq_ids)  # regular decoding leads by far (SETTLED_REGULAR_STEPS)
         model = self.costs.get(bucket)
         if (model is not None and model.ready and len(model.verify.get(0, ())) < MIN_TIMED_STEPS
                 and self._shared_regular_cost(bucket) is None):
@@ -767,8 +753,6 @@ class MeasuredCost:
                 k = 1
                 self.zero_probe_every = min(2 * self.zero_probe_every, self.max_probe_every)
                 self.next_zero_probe = self.steps + self.zero_probe_every
-            elif scores is not None and max(scores[1:]) < (1 - THIN_REGULAR_LEAD) * scores[0]:
-                self.settled_regular[bucket] = self.steps + SETTLED_REGULAR_STEPS - 1
         else:
             self.thin_probe_left = 0
             self.zero_probe_every = self.regular_probe_every

@@ -935,45 +935,6 @@ def test_a_thin_probe_waits_while_its_join_costs_more_than_it_could_win(expensiv
         assert starts == list(range(THIN_FIRST_PROBE_AFTER, 101 - THIN_PROBE_STEPS, THIN_PROBE_EVERY)), chosen
 
 
-@pytest.mark.parametrize("lead", [0.25, 0.03])
-def test_regular_decoding_far_ahead_is_scored_again_only_every_few_steps(monkeypatch, lead):
-    """Where regular decoding leads every length by more than THIN_REGULAR_LEAD, the choice stands
-    unscored for SETTLED_REGULAR_STEPS steps at that bucket (scoring is a pass over every length
-    and the batch's paces, on the host of a host-bound regular step), with the same choices as
-    scoring every step: the catch-up probes keep their schedule. A thin lead, and another
-    bucket, are scored every step."""
-    from bass.coordinator import draft_length
-    from bass.coordinator.draft_length import SETTLED_REGULAR_STEPS, THIN_REGULAR_LEAD, MeasuredCost
-
-    def run(settled_steps: int) -> tuple[list[int], int]:
-        monkeypatch.setattr(draft_length, "SETTLED_REGULAR_STEPS", settled_steps)
-        pol = MeasuredCost(regular_probe_every=40, max_probe_every=80)
-        _regular_ahead_by(pol, 8, lead)
-        calls = []
-        scores = pol.scores
-        monkeypatch.setattr(pol, "scores", lambda *a: calls.append(a) or scores(*a))
-        chosen = [pol.lengths(list(range(8)))[0] for _ in range(200)]
-        return chosen, len(calls)
-
-    every_step, scored_every_step = run(1)
-    settled, scored = run(SETTLED_REGULAR_STEPS)
-    assert settled == every_step and scored_every_step == 200
-    if lead > THIN_REGULAR_LEAD:
-        assert set(settled) == {0, 1} and settled.index(1) == 39  # the first catch-up probe, on time
-        assert scored <= 200 // SETTLED_REGULAR_STEPS + 2 * settled.count(1) + 1, scored
-    else:
-        assert scored == 200  # a thin lead: thin probes are weighed before every step
-    pol = MeasuredCost()
-    _regular_ahead_by(pol, 8, 0.25)
-    pol.lengths(list(range(8)))
-    assert pol.settled_regular and pol.bucket(2) not in pol.settled_regular
-    calls = []
-    scores = pol.scores
-    monkeypatch.setattr(pol, "scores", lambda *a: calls.append(a) or scores(*a))
-    pol.lengths([0, 1])  # another bucket: scored
-    assert len(calls) == 1
-
-
 def test_the_batch_pace_is_computed_again_only_after_a_change():
     """gain_share, asked before every step, answers from its last pass while the sequences and
     their paces are the same, and passes over them again after any change."""

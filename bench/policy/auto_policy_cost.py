@@ -3,11 +3,7 @@
 No models and no GPU; the policy's own Python work, which a step pays on the host. "near tie":
 64 sequences decoding regularly where the best draft length scores 4% behind (inside
 THIN_REGULAR_LEAD, so a thin probe is due) and the probe's join, priced as Scheduler._join
-prices it (a pass over the batch), is too dear to run (2026-11-28: an H100 process at 64). "far
-ahead": regular decoding leads every length by ~30% (regular steps of 1.5 ms; as on an H200 at
-64 sequences, bench/results/journal/2026-11-29-h200-final-table.md), where the choice is scored
-again only every SETTLED_REGULAR_STEPS steps. Before that (main at 16a9f4a) the first three cases ran 72 / 67 /
-66 µs and far ahead ~the same as batch 64 on a 2-core CPU.
+prices it (a pass over the batch), is too dear to run (2026-11-28: an H100 process at 64).
 
     python bench/policy/auto_policy_cost.py
 """
@@ -23,12 +19,13 @@ from bass.coordinator.draft_length import Join, MeasuredCost
 STEPS = 2000
 
 
-def per_step_us(batch: int, near_tie: bool = False, regular_s: float = 0.0021) -> float:
+def per_step_us(batch: int, near_tie: bool = False) -> float:
     rng = random.Random(0)
     policy, seq_ids = MeasuredCost(), list(range(batch))
     for _ in range(40):
         policy.observe(seq_ids, [4] * batch, [rng.randint(0, 4) for _ in seq_ids])
         policy.observe_costs(batch, 4, 0.005, 4, 0.003)
+    regular_s = 0.0021
     join = None
     if near_tie:
         scores = policy.scores(batch, seq_ids) or [0.0] * 5
@@ -50,7 +47,6 @@ def per_step_us(batch: int, near_tie: bool = False, regular_s: float = 0.0021) -
 
 
 if __name__ == "__main__":
-    for batch, near_tie, regular_s in ((8, False, 0.0021), (64, False, 0.0021), (64, True, 0.0021),
-                                       (64, False, 0.0015)):
-        name = f"batch {batch}" + (", near tie" if near_tie else "") + (", far ahead" if regular_s < 0.002 else "")
-        print(f"{name}: {min(per_step_us(batch, near_tie, regular_s) for _ in range(5)):.1f} us per step (best of 5)")
+    for batch, near_tie in ((8, False), (64, False), (64, True)):
+        name = f"batch {batch}" + (", near tie" if near_tie else "")
+        print(f"{name}: {min(per_step_us(batch, near_tie) for _ in range(5)):.1f} us per step (best of 5)")
