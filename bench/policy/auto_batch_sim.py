@@ -98,6 +98,15 @@ COST_SETS = {
     "h200-631028b": {
         "greedy": {1: (0.617, 0.03, 1.53, 1.46), 2: (0.62, 0.17, 1.61, 1.45), 4: (0.62, 0.17, 1.61, 1.40)},
         "sampled": {1: (0.625, 0.04, 1.56, 1.50), 2: (0.622, 0.19, 1.65, 1.53), 4: (0.63, 0.19, 1.65, 1.51)}},
+    # "h200-17677a1": `auto`'s policy states in the README table's first processes at 17677a1
+    # (bench/results/2026-11-29-h200-final-table/m1-readme-*.json, steps sent ahead): draft calls
+    # fitted over the lengths each bucket timed, verification at k = 3-5, regular steps where a
+    # bucket timed them (greedy 2 and 4, T = 0.8 2 and 4: between 1's and 8's).
+    "h200-17677a1": {
+        "greedy": {1: (0.614, 0.03, 1.55, 1.47), 2: (0.615, 0.1, 1.55, 1.5), 4: (0.62, 0.2, 1.6, 1.52),
+                   8: (0.616, 0.2, 1.71, 1.555)},
+        "sampled": {1: (0.585, 0.19, 1.55, 1.419), 2: (0.635, 0.15, 1.69, 1.5), 4: (0.626, 0.215, 1.69, 1.55),
+                    8: (0.645, 0.175, 1.76, 1.621)}},
 }
 COSTS = dict(COST_SETS["h100-2026-11-25"])  # --costs picks another
 TOKENS = 128
