@@ -170,7 +170,11 @@ def test_a_part_whose_replica_fails_before_answering_is_retried_on_another(repli
     with BassClient(router.address, timeout_s=10) as c:
         reply = c.generate("p", n=4)
         assert [(s.index, s.text) for s in reply.sequences] == [(i, "b") for i in range(4)]
-        # a was taken out by the failure: with one replica serving, the next request goes whole.
+        # The failure took a out, but its next poll (every POLL_S) would put it back while it
+        # says it serves: as a replica whose target is down, it now says it does not. With one
+        # replica serving, the next request goes whole.
+        a.serving = False
+        wait_until(lambda: [r.address for r in router.replicas.serving()] == [b.address])
         messages = list(c.stream_raw("p", n=4))
     assert sorted(parts_received(replicas)["b"]) == [(0, 2), (0, 4), (2, 2)]
     assert len(parts_received(replicas)["a"]) == 1
