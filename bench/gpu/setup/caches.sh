@@ -6,7 +6,8 @@
 #   caches.sh save      after a lease's warm-up: the two caches into $OUT/gpu-caches.tar.gz
 #                       (copy it here into .devcache/, which git ignores)
 #   caches.sh restore   (install.sh runs it) unpack .devcache/gpu-caches.tar.gz where the
-#                       caches live, if it was carried (carry: [".devcache"])
+#                       caches live, and copy the few-row kernel prepare.sh compiled here
+#                       (.devcache/kernels/*.so) into the kernel cache, if carried (carry: [".devcache"])
 # First restored 2026-11-29 (426 files from the lease before). Not yet measured: whether a
 # restored cache leaves the first timed process without compile stalls (compare its rounds with
 # a second process's before skipping warm_kernels.sh).
@@ -24,6 +25,9 @@ case ${1:-} in
     if [ -f .devcache/gpu-caches.tar.gz ]; then
       tar xzf .devcache/gpu-caches.tar.gz -C /
       echo "caches.sh: restored $(tar tzf .devcache/gpu-caches.tar.gz | grep -vc '/$') cached files" >&2
+    fi
+    if ls .devcache/kernels/*.so > /dev/null 2>&1; then
+      mkdir -p "$kernels" && cp .devcache/kernels/*.so "$kernels/"
     fi ;;
   *) echo "usage: caches.sh save|restore" >&2; exit 2 ;;
 esac
